@@ -1,0 +1,65 @@
+# ducklake-kit: `just` lists the recipes. The two that matter: `just ducklake-test` and `just test`.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# uv must never try to download a Python interpreter (no internet beyond the package registries)
+export UV_PYTHON_DOWNLOADS := "never"
+
+uv := "scripts/uv.sh"
+kit := "scripts/uv.sh run --frozen python ducklake_test.py"
+
+# list the recipes
+default:
+    @just --list --unsorted
+
+# the whole flow, checked (for now: up, buckets, a table, two inserts, snapshots, time travel); exit 0 only if all hold
+[group('main')]
+ducklake-test platform="local": setup
+    {{kit}} --platform {{platform}} all
+
+# run the test suite (real PostgreSQL and S3, started by the tests); extra args go to pytest
+[group('main')]
+test *args: setup
+    {{uv}} run --frozen pytest {{args}}
+
+# install the pinned environment from uv.lock (idempotent: fast when nothing changed)
+[group('setup')]
+setup:
+    @command -v python3 >/dev/null || { echo "Error: python3 not found. Try: install Python 3.11+." >&2; exit 3; }
+    {{uv}} sync --frozen --quiet
+
+# check prerequisites with versions and install hints
+[group('setup')]
+doctor platform="local": setup
+    {{kit}} --platform {{platform}} doctor
+
+# start PostgreSQL (catalog) and the S3 store (idempotent)
+[group('lake')]
+up platform="local": setup
+    {{kit}} --platform {{platform}} up
+
+# show the services' health, ports and data sizes
+[group('lake')]
+status platform="local": setup
+    {{kit}} --platform {{platform}} status
+
+# stop the services (data stays)
+[group('lake')]
+down platform="local": setup
+    {{kit}} --platform {{platform}} down
+
+# how to reach the catalog and the lake with psql, the DuckDB CLI and DBeaver
+[group('lake')]
+connect platform="local": setup
+    {{kit}} --platform {{platform}} connect
+
+# run SQL against the lake, e.g. just sql "FROM ducklake_snapshots('lake')"
+[group('lake')]
+sql query platform="local": setup
+    {{kit}} --platform {{platform}} sql {{quote(query)}}
+
+# stop the services and delete their data and credentials
+[group('lake')]
+[confirm("Delete the catalog, the lake data and the credentials in the state folder?")]
+reset platform="local": setup
+    {{kit}} --platform {{platform}} reset --yes

@@ -1,0 +1,238 @@
+"""The harness: thin commands that parse, call the library, and render.
+
+Exit codes: 0 ok, 1 a computed check failed, 2 usage error, 3 bad input or an environment problem.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from . import connect as connect_mod
+from . import doctor as doctor_mod
+from . import smoke
+from .checks import CheckRun
+from .errors import EXIT_CHECK_FAILED, EXIT_ERROR, KitError
+from .lake import Lake
+from .output import console, print_json, render_checks, render_statement, table
+from .platforms import PLATFORMS, get_platform
+from .state import State
+
+app = typer.Typer(
+    help="ducklake-kit: a DuckLake learning lab (DuckDB engine, PostgreSQL catalog, Parquet on S3).\n\n"
+    "Exit codes: 0 ok, 1 a check failed, 2 usage error, 3 bad input or environment problem.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help='Print {"status", "result", "catalog_info"} as JSON.')]
+
+
+class Ctx:
+    def __init__(self, platform: str, home: Path | None, pg_port: int | None, s3_port: int | None):
+        self.platform_name = platform
+        self.state = State(home)
+        self.options = {"pg_port": pg_port, "s3_port": s3_port} if platform == "local" else {}
+
+    def platform(self):
+        return get_platform(self.platform_name, self.state, **self.options)
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    platform: Annotated[str, typer.Option(envvar="DUCKLAKE_PLATFORM", help=f"Where the services run: {', '.join(PLATFORMS)}.")] = "local",
+    home: Annotated[Optional[Path], typer.Option(envvar="DUCKLAKE_HOME", help="State folder (data, logs, credentials). Default: ./.ducklake")] = None,
+    pg_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_PG_PORT", help="Local PostgreSQL port (default 55432).")] = None,
+    s3_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_S3_PORT", help="Local S3 port (default 59000).")] = None,
+) -> None:
+    if platform not in PLATFORMS:
+        raise typer.BadParameter(f"choose one of {', '.join(PLATFORMS)}", param_hint="--platform")
+    ctx.obj = Ctx(platform, home, pg_port, s3_port)
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn KitError into one line on stderr (or a JSON error envelope) and its exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KitError as exc:
+            if kwargs.get("as_json"):
+                print_json("error", {"error": exc.line(), "detail": exc.detail})
+            else:
+                typer.echo(exc.line(), err=True)  # one line, never wrapped
+                if exc.detail:
+                    typer.echo(exc.detail, err=True)
+            raise typer.Exit(exc.exit_code) from None
+
+    return wrapper
+
+
+def _services_table(statuses) -> Any:
+    rows = [[s.name, "yes" if s.healthy else "NO", s.port or "", s.pid or "", _size(s.data_bytes), s.detail] for s in statuses]
+    return table("Services", ["service", "healthy", "port", "pid", "data", "detail"], rows)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@app.command()
+@command
+def doctor(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Check prerequisites (Python, Java 17+, uv, just; docker, k3d, kubectl for k3d) with versions and install hints."""
+    c: Ctx = ctx.obj
+    tools = doctor_mod.check(c.platform_name)
+    ok = all(t.ok for t in tools)
+    if as_json:
+        print_json("ok" if ok else "error", {"platform": c.platform_name, "tools": [t.as_dict() for t in tools]})
+    else:
+        rows = [[t.name, "ok" if t.found else ("MISSING" if t.required else "missing (optional here)"), t.version,
+                 "" if t.found else t.hint] for t in tools]
+        console().print(table(f"Prerequisites for --platform {c.platform_name}", ["tool", "state", "version", "install hint"], rows))
+        for t in tools:
+            if not t.ok:
+                typer.echo(f"Error: {t.name} is missing or too old ({t.why}). Try: {t.hint}.", err=True)
+    if not ok:
+        raise typer.Exit(EXIT_ERROR)
+
+
+@app.command()
+@command
+def up(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Start the catalog (PostgreSQL) and the S3 store, create the catalog database and buckets. Idempotent."""
+    platform = ctx.obj.platform()
+    statuses = platform.up()
+    if as_json:
+        print_json("ok", {"services": [vars(s) for s in statuses]})
+    else:
+        console().print(_services_table(statuses))
+
+
+@app.command()
+@command
+def down(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Stop the services the kit started. Data stays (see `reset`)."""
+    msgs = ctx.obj.platform().down()
+    if as_json:
+        print_json("ok", {"stopped": msgs})
+    else:
+        for m in msgs:
+            console().print(m, markup=False)
+
+
+@app.command()
+@command
+def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Show each service's health (a real round trip), port, pid and data size. Exit 1 when one is down."""
+    statuses = ctx.obj.platform().status()
+    healthy = all(s.healthy for s in statuses)
+    if as_json:
+        print_json("ok" if healthy else "error", {"services": [vars(s) for s in statuses]})
+    else:
+        console().print(_services_table(statuses))
+    if not healthy:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+@app.command()
+@command
+def reset(
+    ctx: typer.Context,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop the services and delete all their data and credentials (asks first)."""
+    c: Ctx = ctx.obj
+    if not yes and not typer.confirm(f"Delete the catalog, the lake data and the credentials in {c.state.home}?", default=False):
+        raise KitError("reset cancelled; nothing was deleted", "pass --yes to reset without asking", exit_code=EXIT_CHECK_FAILED)
+    msgs = c.platform().reset()
+    if as_json:
+        print_json("ok", {"reset": msgs})
+    else:
+        for m in msgs:
+            console().print(m, markup=False)
+
+
+@app.command()
+@command
+def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Print how to reach the catalog (psql, DBeaver) and the lake (DuckDB CLI with an init SQL file)."""
+    c: Ctx = ctx.obj
+    info = connect_mod.describe(c.state, c.platform().endpoints())
+    if as_json:
+        print_json("ok", info)
+        return
+    out = console()
+    out.print("[bold]Catalog (PostgreSQL) with psql:[/]")
+    out.print(f"  {info['psql']}", markup=False)
+    out.print("  worth running there:")
+    for q in info["psql_queries"]:
+        out.print(f"    {q}", markup=False)
+    out.print("[bold]Lake with the DuckDB CLI[/] (extensions from the wheels, lake attached):")
+    out.print(f"  {info['duckdb_cli']}", markup=False)
+    out.print("  then e.g.: FROM ducklake_snapshots('lake');", markup=False)
+    out.print("[bold]DBeaver:[/]")
+    for kind, settings in info["dbeaver"].items():
+        out.print(f"  {kind}: " + ", ".join(f"{k}={v}" for k, v in settings.items()), markup=False)
+    out.print("[bold]S3:[/] " + ", ".join(f"{k}={v}" for k, v in info["s3"].items()), markup=False)
+
+
+@app.command()
+@command
+def sql(
+    ctx: typer.Context,
+    query: Annotated[str, typer.Argument(help="One or more SQL statements, run against the attached lake (USE lake).")],
+    as_json: JsonOpt = False,
+) -> None:
+    """Run SQL against the lake; rows for every statement that returns them, real affected-row counts."""
+    c: Ctx = ctx.obj
+    with Lake(c.platform().endpoints()) as lake:
+        results = lake.run(query)
+        info = lake.catalog_info(c.platform_name)
+    if as_json:
+        print_json("ok", {"statements": [r.as_dict() for r in results]}, info)
+    else:
+        for r in results:
+            console().print(render_statement(r))
+
+
+@app.command(name="all")
+@command
+def all_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """The whole flow with checks (what `just ducklake-test` runs). Exit 0 only if every check holds."""
+    c: Ctx = ctx.obj
+    run = CheckRun()
+    result = smoke.run(c.platform(), run)
+    info = result.pop("catalog_info")
+    if as_json:
+        print_json("ok" if run.ok else "error", {**result, **run.as_dict()}, info)
+    else:
+        out = console()
+        out.print(render_checks(run, f"ducklake-test on --platform {c.platform_name}"))
+        out.print("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in run.timings.items()), markup=False)
+        verdict = f"{len(run.checks) - len(run.failed)}/{len(run.checks)} checks passed"
+        out.print(f"[green]{verdict}[/]" if run.ok else f"[red]{verdict}[/]")
+    if not run.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,137 @@
+"""Fixtures: real PostgreSQL and rclone S3 servers in temporary state folders on free ports.
+
+DUCKLAKE_TEST_BACKEND=containers runs the same integration tests against containers (testcontainers) through
+the external platform, where a Docker engine answers; otherwise those tests are skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ducklake_kit.cli import app
+from ducklake_kit.platforms.local import LocalPlatform
+from ducklake_kit.procs import free_port
+from ducklake_kit.state import State
+
+BACKEND = os.environ.get("DUCKLAKE_TEST_BACKEND", "local")
+PG_IMAGE = "postgres:16.6"
+RCLONE_IMAGE = "rclone/rclone:1.75.2"
+
+
+def make_home() -> Path:
+    # Not pytest's tmp_path: its parents are 0700, and as root PostgreSQL runs as another user who must traverse them.
+    home = Path(tempfile.mkdtemp(prefix="ducklake-test-"))
+    home.chmod(0o711)
+    return home
+
+
+class LocalStack:
+    """A LocalPlatform in its own state folder on free ports, plus the env a CLI run needs to find it."""
+
+    def __init__(self) -> None:
+        self.home = make_home()
+        self.pg_port, self.s3_port = free_port(), free_port()
+        self.state = State(self.home)
+        self.platform = LocalPlatform(self.state, pg_port=self.pg_port, s3_port=self.s3_port)
+        self.env = {
+            "DUCKLAKE_PLATFORM": "local",
+            "DUCKLAKE_HOME": str(self.home),
+            "DUCKLAKE_PG_PORT": str(self.pg_port),
+            "DUCKLAKE_S3_PORT": str(self.s3_port),
+        }
+
+    def close(self) -> None:
+        self.platform.down()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+class ContainerStack:
+    """PostgreSQL and rclone in containers, reached through --platform external."""
+
+    def __init__(self) -> None:
+        try:
+            import docker
+
+            docker.from_env().ping()
+        except Exception as exc:  # noqa: BLE001 - any failure means no engine to run containers on
+            pytest.skip(f"DUCKLAKE_TEST_BACKEND=containers but no Docker engine answers ({type(exc).__name__})")
+        from testcontainers.core.container import DockerContainer
+        from testcontainers.core.waiting_utils import wait_for_logs
+        from testcontainers.postgres import PostgresContainer
+
+        self.home = make_home()
+        self.pg = PostgresContainer(PG_IMAGE, username="ducklake", password="test-only-pw", dbname="ducklake_catalog")
+        self.pg.start()
+        self.s3 = (
+            DockerContainer(RCLONE_IMAGE)
+            .with_command("serve s3 /data --addr :9000 --auth-key testkey,test-only-secret")
+            .with_exposed_ports(9000)
+        )
+        self.s3.start()
+        wait_for_logs(self.s3, "Starting s3 server", timeout=60)
+        host = self.pg.get_container_host_ip()
+        self.env = {
+            "DUCKLAKE_PLATFORM": "external",
+            "DUCKLAKE_HOME": str(self.home),
+            "DUCKLAKE_PG_DSN": f"postgresql://ducklake:test-only-pw@{host}:{self.pg.get_exposed_port(5432)}/ducklake_catalog",
+            "DUCKLAKE_S3_ENDPOINT": f"http://{host}:{self.s3.get_exposed_port(9000)}",
+            "DUCKLAKE_S3_KEY_ID": "testkey",
+            "DUCKLAKE_S3_SECRET": "test-only-secret",
+        }
+        os.environ.update(self.env)
+        from ducklake_kit.platforms.external import ExternalPlatform
+
+        self.state = State(self.home)
+        self.platform = ExternalPlatform(self.state)
+        self.platform.up()
+
+    def close(self) -> None:
+        self.pg.stop()
+        self.s3.stop()
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def stack() -> Iterator[LocalStack | ContainerStack]:
+    """The services every integration test shares, started once per session."""
+    s = ContainerStack() if BACKEND == "containers" else LocalStack()
+    try:
+        if BACKEND != "containers":
+            s.platform.up()
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def local_only() -> None:
+    if BACKEND != "local":
+        pytest.skip("manages local processes (pids, ports): only meaningful on the local backend")
+
+
+@pytest.fixture
+def fresh_stack(local_only) -> Iterator[LocalStack]:
+    """A private local stack, for tests that stop, kill or break services."""
+    s = LocalStack()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def cli():
+    """Invoke the harness like a user: `cli(env, "sql", "SELECT 1")` -> click Result."""
+    runner = CliRunner()
+
+    def invoke(env: dict[str, str], *args: str, input: str | None = None):
+        return runner.invoke(app, list(args), env={**env, "COLUMNS": "200"}, input=input)
+
+    return invoke
