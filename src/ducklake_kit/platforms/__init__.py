@@ -19,10 +19,9 @@ def get_platform(name: str, state: State | None = None, **options) -> Platform:
 
         return ExternalPlatform(state)
     if name == "k3d":
-        raise KitError(
-            "the k3d platform is not built yet (the Kubernetes manifests and port-forwards come with issue 5)",
-            "use --platform local (the default) or --platform external",
-        )
+        from .k3d import K3dPlatform
+
+        return K3dPlatform(state, **options)
     raise KitError(f"unknown platform '{name}'", f"choose one of: {', '.join(PLATFORMS)}")
 
 
