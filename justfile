@@ -12,7 +12,7 @@ kit := "scripts/uv.sh run --frozen python ducklake_test.py"
 default:
     @just --list --unsorted
 
-# the whole flow, checked (for now: up, buckets, a table, two inserts, snapshots, time travel); exit 0 only if all hold
+# the whole flow, checked: up, buckets, snapshots and time travel, the taxi load through PySpark; exit 0 only if all hold
 [group('main')]
 ducklake-test platform="local": setup
     {{kit}} --platform {{platform}} all
@@ -63,3 +63,18 @@ sql query platform="local": setup
 [confirm("Delete the catalog, the lake data and the credentials in the state folder?")]
 reset platform="local": setup
     {{kit}} --platform {{platform}} reset --yes
+
+# create or start the k3d cluster, apply overlays/local, port-forward PostgreSQL and S3 (idempotent)
+[group('k3d')]
+cluster-up: setup
+    {{kit}} --platform k3d up
+
+# the cluster, its pods (phase, readiness, restarts) and the port-forwards (pid, port, a real round trip)
+[group('k3d')]
+cluster-status: setup
+    {{kit}} --platform k3d status
+
+# stop the port-forwards and the cluster; data kept (`just reset k3d` deletes the cluster and its data)
+[group('k3d')]
+cluster-down: setup
+    {{kit}} --platform k3d down

@@ -21,6 +21,8 @@ from ducklake_kit.procs import free_port
 from ducklake_kit.state import State
 
 BACKEND = os.environ.get("DUCKLAKE_TEST_BACKEND", "local")
+# `all` loads three synthetic months; small ones keep the suite quick on 2 cores
+os.environ.setdefault("DUCKLAKE_ALL_ROWS_PER_MONTH", "20000")
 PG_IMAGE = "postgres:16.6"
 RCLONE_IMAGE = "rclone/rclone:1.75.2"
 

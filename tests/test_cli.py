@@ -27,7 +27,10 @@ def test_all_runs_the_flow_and_every_check_holds(stack, cli):
     assert set(doc) == {"status", "result", "catalog_info"}
     assert doc["result"]["failed"] == 0 and doc["result"]["passed"] >= 10
     assert doc["catalog_info"]["data_path"] == "s3://lake/"
-    # re-running is safe: the table is rebuilt, the checks hold again
+    names = [c["name"] for c in doc["result"]["checks"]]
+    assert "the load made exactly one snapshot" in names and "re-running the load skips every file" in names
+    assert doc["catalog_info"]["snapshot_id"] >= doc["result"]["load"]["snapshot_id"]
+    # re-running the whole flow is safe: the smoke table is rebuilt, the load is skipped, the checks hold again
     again = cli(stack.env, "all")
     assert again.exit_code == 0, again.output
     assert re.search(r"(\d+)/\1 checks passed", again.output)
@@ -164,9 +167,15 @@ def test_reset_asks_first_and_keeps_data_when_declined(fresh_stack, cli):
     assert not fresh_stack.home.exists()
 
 
-def test_k3d_platform_is_reported_as_not_built(cli, tmp_path):
-    result = cli({"DUCKLAKE_HOME": str(tmp_path)}, "--platform", "k3d", "up")
-    assert result.exit_code == 3 and "k3d platform is not built yet" in result.stderr
+def test_k3d_platform_without_docker_or_k3d_says_what_is_missing(cli, tmp_path):
+    # a PATH with neither docker nor k3d (kubectl is still found in this venv): one line naming both, exit 3
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    result = cli({"DUCKLAKE_HOME": str(tmp_path / "home"), "PATH": str(empty_bin)}, "--platform", "k3d", "up")
+    assert result.exit_code == 3
+    assert result.stderr.startswith("Error: docker, k3d not found (--platform k3d needs docker, k3d, kubectl). "
+                                    "Try: install Docker Engine"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_doctor_reports_missing_java_with_a_hint(cli, tmp_path):

@@ -14,7 +14,9 @@ import typer
 
 from . import connect as connect_mod
 from . import doctor as doctor_mod
-from . import smoke
+from . import flow
+from .taxi import flow as taxi_flow
+from .taxi import sources
 from .checks import CheckRun
 from .errors import EXIT_CHECK_FAILED, EXIT_ERROR, KitError
 from .lake import Lake
@@ -37,7 +39,7 @@ class Ctx:
     def __init__(self, platform: str, home: Path | None, pg_port: int | None, s3_port: int | None):
         self.platform_name = platform
         self.state = State(home)
-        self.options = {"pg_port": pg_port, "s3_port": s3_port} if platform == "local" else {}
+        self.options = {"pg_port": pg_port, "s3_port": s3_port} if platform in ("local", "k3d") else {}
 
     def platform(self):
         return get_platform(self.platform_name, self.state, **self.options)
@@ -48,8 +50,8 @@ def main_options(
     ctx: typer.Context,
     platform: Annotated[str, typer.Option(envvar="DUCKLAKE_PLATFORM", help=f"Where the services run: {', '.join(PLATFORMS)}.")] = "local",
     home: Annotated[Optional[Path], typer.Option(envvar="DUCKLAKE_HOME", help="State folder (data, logs, credentials). Default: ./.ducklake")] = None,
-    pg_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_PG_PORT", help="Local PostgreSQL port (default 55432).")] = None,
-    s3_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_S3_PORT", help="Local S3 port (default 59000).")] = None,
+    pg_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_PG_PORT", help="Local PostgreSQL port (default 55432; k3d: 55433, the port-forward).")] = None,
+    s3_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_S3_PORT", help="Local S3 port (default 59000; k3d: 59001, the port-forward).")] = None,
 ) -> None:
     if platform not in PLATFORMS:
         raise typer.BadParameter(f"choose one of {', '.join(PLATFORMS)}", param_hint="--platform")
@@ -210,13 +212,63 @@ def sql(
             console().print(render_statement(r))
 
 
+@app.command()
+@command
+def load(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Option(help="auto (TLC if reachable, else synthetic), tlc, synthetic or files.")] = "auto",
+    months: Annotated[str, typer.Option(help="Months to load: 2024-01..2024-03 or 2024-01,2024-05.")] = sources.DEFAULT_MONTHS,
+    path: Annotated[Optional[list[str]], typer.Option(help="Files or globs for --source files (repeatable).")] = None,
+    rows_per_month: Annotated[int, typer.Option(help="Rows a synthetic month holds.")] = sources.DEFAULT_ROWS_PER_MONTH,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic generator (same seed, same data).")] = 0,
+    mode: Annotated[str, typer.Option(help="skip (a file already loaded is not loaded again), append, or replace.")] = "skip",
+    spark_master: Annotated[Optional[str], typer.Option(help="Spark master URL (default local[*]); SPARK_REMOTE for Spark Connect.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Load NYC taxi trips through PySpark into the lake: one load, one snapshot; re-running is a no-op."""
+    c: Ctx = ctx.obj
+    result, run = taxi_flow.load_and_verify(
+        c.platform(), c.state, source=source, months=months, paths=path or [], rows_per_month=rows_per_month,
+        seed=seed, mode=mode, spark_master=spark_master, on_step=_step_printer(as_json))
+    if as_json:
+        print_json("ok" if run.ok else "error", {**result.as_dict(), **run.as_dict()})
+    else:
+        _render_load(result, run)
+    if not run.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _step_printer(as_json: bool) -> Callable[[str], None]:
+    out = console(stderr=as_json)
+    return lambda msg: out.print(f"[dim]•[/] {msg}", markup=True, highlight=False)
+
+
+def _render_load(result, run: CheckRun) -> None:
+    out = console()
+    rows = [[f.source.path.name, f.source.period, f.status, f"{f.rows_read:,}", f"{f.rows_accepted:,}", f"{f.rows_rejected:,}",
+             f.data_files, f.reason] for f in result.files]
+    out.print(table(f"Load {result.load_id} ({result.source_note}; zones: {result.zones})",
+                    ["file", "period", "status", "read", "accepted", "quarantined", "data files", "note"], rows))
+    snap = (f"snapshot {result.snapshot_id} (was {result.previous_snapshot})" if result.snapshot_id is not None
+            else f"no new snapshot (still {result.previous_snapshot})")
+    timing = ", ".join(f"{k} {v:.1f}s" for k, v in result.timings.items())
+    out.print(f"{snap}; {timing}", markup=False)
+    if run.checks:
+        out.print(render_checks(run, "Loaded figures vs the source (computed independently)"))
+
+
 @app.command(name="all")
 @command
-def all_(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+def all_(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Option(help="Where the trips come from: auto, tlc or synthetic.")] = "auto",
+    mode: Annotated[str, typer.Option(help="Mode of the first load: skip, append or replace (the second is always skip).")] = "skip",
+    as_json: JsonOpt = False,
+) -> None:
     """The whole flow with checks (what `just ducklake-test` runs). Exit 0 only if every check holds."""
     c: Ctx = ctx.obj
     run = CheckRun()
-    result = smoke.run(c.platform(), run)
+    result = flow.run_all(c.platform(), c.state, run, source=source, mode=mode, on_step=_step_printer(as_json))
     info = result.pop("catalog_info")
     if as_json:
         print_json("ok" if run.ok else "error", {**result, **run.as_dict()}, info)

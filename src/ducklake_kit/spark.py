@@ -1,0 +1,39 @@
+"""The SparkSession: `local[*]` by default, small local config; `--spark-master` or SPARK_REMOTE for a cluster."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .errors import KitError
+
+LOCAL_CONF = {
+    "spark.ui.enabled": "false",  # no web UI: nothing to open, one less port
+    "spark.sql.shuffle.partitions": "4",  # 2 cores: the default 200 would be 200 tiny tasks
+    "spark.driver.memory": "1g",
+    "spark.sql.execution.arrow.maxRecordsPerBatch": "20000",  # rows per Arrow batch handed to the writer
+    "spark.sql.session.timeZone": "UTC",  # trips are TIMESTAMP_NTZ (wall clock); this only affects logs
+    "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
+}
+
+
+def session(master: str | None = None, app_name: str = "ducklake-kit"):
+    """Start (or reuse) a SparkSession. Needs Java 17+ (checked by `doctor`)."""
+    from pyspark.sql import SparkSession
+
+    remote = os.environ.get("SPARK_REMOTE")
+    # the executors' Python workers must be this interpreter: they import duckdb and the extension wheels
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    try:
+        if remote and not master:
+            return SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
+        builder = SparkSession.builder.master(master or os.environ.get("SPARK_MASTER", "local[*]")).appName(app_name)
+        for k, v in LOCAL_CONF.items():
+            builder = builder.config(k, v)
+        spark = builder.getOrCreate()
+    except Exception as exc:  # noqa: BLE001 - JVM start failures surface as several exception types
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise KitError(f"Spark did not start ({msg})", "run `doctor`: Spark 4 needs Java 17+ (JAVA_HOME or java on PATH)") from None
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark

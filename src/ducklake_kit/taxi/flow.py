@@ -1,0 +1,47 @@
+"""The load as the harness runs it: resolve the sources, run the Spark load, then check it against the source."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..checks import CheckRun
+from ..lake import Lake
+from ..platforms.base import Platform
+from ..state import State
+from . import sources
+from .load import LoadResult, run_load
+from .verify import verify_file
+
+
+def load_and_verify(
+    platform: Platform,
+    state: State,
+    *,
+    source: str = "auto",
+    months: str = sources.DEFAULT_MONTHS,
+    paths: list[str] | None = None,
+    rows_per_month: int = sources.DEFAULT_ROWS_PER_MONTH,
+    seed: int = 0,
+    mode: str = "skip",
+    spark_master: str | None = None,
+    on_step: Callable[[str], None] = lambda _m: None,
+    checks: CheckRun | None = None,
+) -> tuple[LoadResult, CheckRun]:
+    checks = checks if checks is not None else CheckRun()
+    ep = platform.endpoints()
+    cache = state.home / "cache"
+    files, note = sources.resolve(source, cache, months=months, paths=paths or [], rows_per_month=rows_per_month, seed=seed)
+    on_step(f"source: {note}; {len(files)} file(s)")
+    zones_path, zones_note = sources.zone_lookup(cache, [f.path for f in files])
+    result = run_load(ep, files, zones_path=zones_path, zones_note=zones_note, source_note=note, mode=mode,
+                      spark_master=spark_master, on_step=on_step)
+    with Lake(ep) as lake:
+        after = lake.current_snapshot()
+        loaded = [f for f in result.files if f.status == "loaded"]
+        if loaded:
+            checks.equal("the load made exactly one snapshot", after - (result.previous_snapshot or 0), 1)
+            for fr in loaded:
+                verify_file(lake, fr, checks)
+        else:
+            checks.equal("nothing new to load: the lake is unchanged (same latest snapshot)", after, result.previous_snapshot)
+    return result, checks

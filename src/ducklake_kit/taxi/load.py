@@ -1,0 +1,325 @@
+"""The PySpark load: source files -> raw bucket -> Spark (conform, quality flags, derived columns) ->
+executors write Parquet into the lake's data path -> the driver registers every file of the load in ONE
+DuckLake transaction (one snapshot), together with the zones and the load_log.
+
+The driver never collects trip rows: executors return only the paths they wrote and their row counts.
+A killed or failed load registers nothing, so the lake is as it was (files it wrote are unreferenced and
+removed by `ducklake_delete_orphaned_files`); a retried Spark task writes new files and only the
+successful attempt's files are registered, so retries never duplicate rows.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import s3
+from ..errors import KitError
+from ..lake import Lake, load_statements, secret_statements
+from ..platforms.base import Endpoints
+from . import schema
+from .sources import SourceFile
+
+TRIPS = "trips"
+QUARANTINE = "quarantine"
+ZONES = "zones"
+LOAD_LOG = "load_log"
+MODES = ("skip", "append", "replace")
+PARTITION_KEYS = ("pickup_year", "pickup_month")
+
+_DUCK_TYPES = {"DATE": "DATE", "INT": "INTEGER", "BIGINT": "BIGINT", "STRING": "VARCHAR", "DOUBLE": "DOUBLE", "TIMESTAMP_NTZ": "TIMESTAMP"}
+LINEAGE_COLUMNS = (("load_id", "VARCHAR"), ("source_file", "VARCHAR"))
+
+
+def trips_columns() -> list[tuple[str, str]]:
+    from .transforms import DERIVED_COLUMNS
+
+    return ([(c.name, c.duckdb_type) for c in schema.CANONICAL_COLUMNS]
+            + [(n, _DUCK_TYPES[t]) for n, t in DERIVED_COLUMNS] + list(LINEAGE_COLUMNS))
+
+
+def ddl_statements() -> list[str]:
+    """The tables, created once and from one place (here), idempotently, inside the load's transaction.
+
+    `load_log` needs no snapshot column: DuckLake's virtual column `snapshot_id` (`SELECT snapshot_id, *
+    FROM load_log`) is the snapshot that inserted each row, i.e. the load's own snapshot."""
+    cols = ", ".join(f"{n} {t}" for n, t in trips_columns())
+    return [
+        f"CREATE TABLE IF NOT EXISTS {TRIPS} ({cols})",
+        f"ALTER TABLE {TRIPS} SET PARTITIONED BY ({', '.join(PARTITION_KEYS)})",
+        f"CREATE TABLE IF NOT EXISTS {QUARANTINE} ({cols}, reject_reason VARCHAR)",
+        f"CREATE TABLE IF NOT EXISTS {ZONES} (location_id INTEGER, borough VARCHAR, zone VARCHAR, service_zone VARCHAR)",
+        f"CREATE TABLE IF NOT EXISTS {LOAD_LOG} (load_id VARCHAR, source VARCHAR, source_file VARCHAR, raw_uri VARCHAR, "
+        "sha256 VARCHAR, period VARCHAR, mode VARCHAR, rows_read BIGINT, rows_accepted BIGINT, rows_rejected BIGINT, "
+        "data_files INTEGER, started_at TIMESTAMP, seconds DOUBLE)",
+    ]
+
+
+@dataclass
+class FileResult:
+    source: SourceFile
+    raw_uri: str = ""
+    status: str = "pending"  # loaded | skipped
+    reason: str = ""
+    rows_read: int = 0
+    rows_accepted: int = 0
+    rows_rejected: int = 0
+    data_files: int = 0
+
+
+@dataclass
+class LoadResult:
+    load_id: str
+    mode: str
+    source_note: str
+    files: list[FileResult] = field(default_factory=list)
+    snapshot_id: int | None = None  # None: nothing new to load, no snapshot made
+    previous_snapshot: int | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    zones: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "load_id": self.load_id, "mode": self.mode, "source": self.source_note, "zones": self.zones,
+            "snapshot_id": self.snapshot_id, "previous_snapshot": self.previous_snapshot, "timings_s": self.timings,
+            "files": [{**{k: v for k, v in asdict(f).items() if k != "source"}, "file": f.source.path.name,
+                       "period": f.source.period, "sha256": f.source.sha256, "kind": f.source.kind} for f in self.files],
+        }
+
+
+# -- landing in the raw bucket ---------------------------------------------------------------------------
+
+
+def land_raw(ep: Endpoints, src: SourceFile) -> tuple[str, bool]:
+    """Upload to s3://raw/<kind>/<name> unless the same content (sha256 metadata) is already there."""
+    key = f"{src.kind}/{src.path.name}"
+    client = s3.client(ep.s3)
+    try:
+        head = client.head_object(Bucket="raw", Key=key)
+        if head.get("Metadata", {}).get("sha256") == src.sha256:
+            return f"s3://raw/{key}", False
+    except client.exceptions.ClientError:
+        pass
+    client.upload_file(str(src.path), "raw", key, ExtraArgs={"Metadata": {"sha256": src.sha256}})
+    return f"s3://raw/{key}", True
+
+
+# -- the executors' writer -------------------------------------------------------------------------------
+
+WRITTEN_SCHEMA = "tbl string, path string, rows long, source_file string"
+
+
+def make_writer(ep: Endpoints, data_path: str, fail_first_attempt: bool = False) -> Callable[[Iterator], Iterator]:
+    """A mapInArrow function: stream the task's rows into Parquet on S3 with DuckDB, accepted rows
+    partitioned like DuckLake lays them out, rejected rows into one quarantine file. Yields only
+    (table, path, rows) per written file, never the rows themselves."""
+    setup = load_statements() + secret_statements(ep)[:1]  # extensions + the S3 secret only
+    trips_dir = f"{data_path.rstrip('/')}/main/{TRIPS}"
+    quarantine_dir = f"{data_path.rstrip('/')}/main/{QUARANTINE}"
+    keys = ", ".join(PARTITION_KEYS)
+
+    def write(batches: Iterator) -> Iterator:
+        import duckdb
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        from pyspark import TaskContext
+
+        con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
+                                     "threads": 1})  # Spark already runs one task per core
+        for stmt in setup:
+            con.execute(stmt)
+        rejected: list = []
+        first = next(batches, None)
+        if first is None:
+            return
+        out_schema = first.schema.remove(first.schema.get_field_index("reject_reason"))
+
+        def accepted() -> Iterator:
+            for batch in _chain(first, batches):
+                bad = pc.is_valid(batch.column("reject_reason"))
+                if pc.any(bad).as_py():
+                    rejected.append(batch.filter(bad))
+                yield batch.filter(pc.invert(bad)).drop_columns(["reject_reason"])
+
+        reader = pa.RecordBatchReader.from_batches(out_schema, accepted())  # noqa: F841 - DuckDB scans it by name
+        rows, files = con.execute(
+            f"COPY (SELECT * FROM reader) TO '{trips_dir}' (FORMAT parquet, PARTITION_BY ({keys}), "
+            "WRITE_PARTITION_COLUMNS true, FILENAME_PATTERN 'ducklake-{uuid}', RETURN_FILES true, APPEND)"
+        ).fetchone()
+        # a task reads one split of one source file (union keeps partitions apart): name it per written file
+        source_file = first.column("source_file")[0].as_py()
+        out: dict[str, list] = {"tbl": [], "path": [], "rows": [], "source_file": []}
+        if files:
+            counts = dict(con.execute("SELECT file_name, sum(num_rows) FROM parquet_file_metadata(?) GROUP BY 1", [list(files)]).fetchall())
+            for f in files:
+                out["tbl"].append(TRIPS), out["path"].append(f), out["rows"].append(int(counts[f])), out["source_file"].append(source_file)
+            if sum(out["rows"]) != rows:
+                raise RuntimeError(f"DuckDB reported {rows} rows written but the files hold {sum(out['rows'])}")
+        if rejected:
+            bad_table = pa.Table.from_batches(rejected)  # noqa: F841 - rejects are a small share of a task's rows
+            path = f"{quarantine_dir}/ducklake-{uuid.uuid4()}.parquet"
+            con.execute(f"COPY (SELECT * FROM bad_table) TO '{path}' (FORMAT parquet)")
+            out["tbl"].append(QUARANTINE), out["path"].append(path), out["rows"].append(bad_table.num_rows)
+            out["source_file"].append(source_file)
+        con.close()
+        ctx = TaskContext.get()
+        if fail_first_attempt and ctx is not None and ctx.attemptNumber() == 0:
+            raise RuntimeError("injected fault: this task attempt fails after writing its files")
+        yield pa.RecordBatch.from_pydict(out)
+
+    return write
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+# -- the load ------------------------------------------------------------------------------------------------
+
+
+def _previous_loads(lake: Lake) -> list[dict[str, Any]]:
+    exists = lake.scalar(f"SELECT count(*) FROM duckdb_tables() WHERE database_name = '{lake.alias}' AND table_name = '{LOAD_LOG}'")
+    if not exists:
+        return []
+    cur = lake.con.execute(f"SELECT load_id, sha256, period, source_file FROM {LOAD_LOG}")
+    cols = [d[0] for d in cur.description]
+    return [dict(zip(cols, r)) for r in cur.fetchall()]
+
+
+def plan(lake: Lake, files: list[SourceFile], mode: str) -> tuple[list[SourceFile], list[FileResult], list[str]]:
+    """Which files to load, which to skip (and why), and which earlier loads `replace` supersedes."""
+    if mode not in MODES:
+        raise KitError(f"unknown mode '{mode}'", f"choose one of: {', '.join(MODES)}")
+    previous = _previous_loads(lake)
+    todo, skipped, superseded = [], [], []
+    for f in files:
+        same_content = [p for p in previous if p["sha256"] == f.sha256]
+        same_period = [p for p in previous if p["period"] == f.period and p["period"] != "any"]
+        if mode == "skip" and same_content:
+            skipped.append(FileResult(f, status="skipped", reason=f"already loaded (load {same_content[0]['load_id']})"))
+            continue
+        if mode == "skip" and same_period:
+            raise KitError(
+                f"{f.period} was already loaded from different content ({same_period[0]['source_file']})",
+                "pass --mode replace to swap it, or --mode append to add the rows",
+            )
+        if mode == "replace":
+            superseded += [p["load_id"] for p in same_content + same_period]
+        todo.append(f)
+    return todo, skipped, sorted(set(superseded))
+
+
+def run_load(
+    ep: Endpoints,
+    files: list[SourceFile],
+    *,
+    zones_path: Path,
+    zones_note: str,
+    source_note: str,
+    mode: str = "skip",
+    spark_master: str | None = None,
+    on_step: Callable[[str], None] = lambda _msg: None,
+) -> LoadResult:
+    load_id = uuid.uuid4().hex[:12]
+    result = LoadResult(load_id, mode, source_note, zones=zones_note)
+    started = time.time()
+    fault = os.environ.get("DUCKLAKE_FAULT", "")  # test hook: kill-before-commit | fail-first-task-attempt
+
+    with Lake(ep) as lake:
+        result.previous_snapshot = lake.current_snapshot()
+        todo, skipped, superseded = plan(lake, files, mode)
+        result.files.extend(skipped)
+        if not todo:
+            on_step("nothing new to load: no snapshot made")
+            return result
+
+        on_step("landing raw files in s3://raw")
+        t = time.perf_counter()
+        landed = {f.path: land_raw(ep, f)[0] for f in todo}
+        result.timings["raw"] = round(time.perf_counter() - t, 2)
+
+        on_step("Spark: conform, flag quality, derive, write Parquet from the executors")
+        t = time.perf_counter()
+        from .. import spark as spark_mod
+        from . import transforms as tr
+
+        spark = spark_mod.session(spark_master)
+        zones_df = tr.read_zones(spark, zones_path)
+        frames = []
+        for f in todo:
+            raw = tr.read_trips(spark, f.path)
+            conformed = tr.conform(raw.df, raw.variant)
+            flagged = tr.flag_quality(conformed, f.year, f.month) if f.year else conformed.withColumn("reject_reason", _null_reason())
+            frames.append(tr.derive(flagged, zones_df).select(
+                *[c for c, _ in trips_columns() if c not in ("load_id", "source_file")], "reject_reason",
+                *_lineage(load_id, f.path.name)))
+        df = frames[0]
+        for other in frames[1:]:
+            df = df.unionByName(other)
+        written = df.mapInArrow(make_writer(ep, ep.data_path, fault == "fail-first-task-attempt"), WRITTEN_SCHEMA).collect()
+        result.timings["spark"] = round(time.perf_counter() - t, 2)
+
+        by_table = {TRIPS: [r for r in written if r.tbl == TRIPS], QUARANTINE: [r for r in written if r.tbl == QUARANTINE]}
+        on_step(f"registering {len(written)} data files in one DuckLake transaction")
+        t = time.perf_counter()
+        con = lake.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            for stmt in ddl_statements():
+                con.execute(stmt)
+            for load in superseded:
+                con.execute(f"DELETE FROM {TRIPS} WHERE load_id = ?", [load])
+                con.execute(f"DELETE FROM {QUARANTINE} WHERE load_id = ?", [load])
+                con.execute(f"DELETE FROM {LOAD_LOG} WHERE load_id = ?", [load])
+            for tbl, rows in by_table.items():
+                for r in rows:
+                    con.execute(f"CALL ducklake_add_data_files('{lake.alias}', '{tbl}', ?)", [r.path])
+            con.execute(f"DELETE FROM {ZONES}")
+            con.execute(f"INSERT INTO {ZONES} SELECT LocationID, Borough, Zone, service_zone FROM read_csv(?, header = true)", [str(zones_path)])
+            for f in todo:
+                fr = FileResult(f, raw_uri=landed[f.path], status="loaded")
+                counts = dict(con.execute(
+                    f"SELECT 'accepted', count(*) FROM {TRIPS} WHERE load_id = ? AND source_file = ? "
+                    f"UNION ALL SELECT 'rejected', count(*) FROM {QUARANTINE} WHERE load_id = ? AND source_file = ?",
+                    [load_id, f.path.name, load_id, f.path.name]).fetchall())
+                fr.rows_accepted, fr.rows_rejected = int(counts["accepted"]), int(counts["rejected"])
+                fr.rows_read = fr.rows_accepted + fr.rows_rejected
+                fr.data_files = sum(1 for r in written if r.source_file == f.path.name)
+                if f.rows is not None and fr.rows_read != f.rows:
+                    raise KitError(f"{f.path.name}: {fr.rows_read} rows reached the lake but the file holds {f.rows}",
+                                   "this is a bug in the load; the lake was left unchanged")
+                result.files.append(fr)
+                con.execute(f"INSERT INTO {LOAD_LOG} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, to_timestamp(?)::TIMESTAMP, ?)",
+                            [load_id, f.kind, f.path.name, fr.raw_uri, f.sha256, f.period, mode, fr.rows_read,
+                             fr.rows_accepted, fr.rows_rejected, fr.data_files, started, round(time.time() - started, 3)])
+            con.execute(f"CALL ducklake_set_commit_message('{lake.alias}', 'ducklake-kit', ?)",
+                        [f"load {load_id}: {len(todo)} file(s), mode {mode}"])
+            if fault == "kill-before-commit":
+                os.kill(os.getpid(), signal.SIGKILL)
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        result.timings["commit"] = round(time.perf_counter() - t, 2)
+        result.snapshot_id = lake.current_snapshot()
+    return result
+
+
+def _lineage(load_id: str, source_file: str) -> list:
+    from pyspark.sql import functions as F
+
+    return [F.lit(load_id).alias("load_id"), F.lit(source_file).alias("source_file")]
+
+
+def _null_reason():
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    return F.lit(None).cast(T.StringType())

@@ -1,0 +1,246 @@
+"""Where trips come from: the official TLC files (downloaded once, cached, verified), the offline generator,
+or files you name. Each source yields `SourceFile`s: a local file, its period and its content checksum.
+"""
+
+from __future__ import annotations
+
+import csv
+import glob
+import hashlib
+import os
+import re
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+from ..errors import KitError
+from . import schema, synthetic
+
+TLC_BASE_URL = "https://d37ci6vzurychx.cloudfront.net"
+SOURCES = ("auto", "tlc", "synthetic", "files")
+DEFAULT_MONTHS = "2024-01..2024-03"
+DEFAULT_ROWS_PER_MONTH = 200_000
+
+
+def tlc_base_url() -> str:
+    return os.environ.get("DUCKLAKE_TLC_BASE_URL", TLC_BASE_URL).rstrip("/")
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: Path  # local file Spark reads
+    kind: str  # tlc | synthetic | files
+    year: int | None  # the period the file holds (pickups outside it are quarantined)
+    month: int | None
+    sha256: str
+    rows: int | None  # from the Parquet footer; None for CSV
+
+    @property
+    def period(self) -> str:
+        if self.year is None:
+            return "any"
+        return f"{self.year:04d}-{self.month:02d}" if self.month else f"{self.year:04d}"
+
+
+def parse_months(spec: str) -> list[tuple[int, int]]:
+    """'2024-01..2024-03' or '2024-01,2024-05' -> [(2024, 1), (2024, 2), (2024, 3)]."""
+    out: list[tuple[int, int]] = []
+    for part in spec.split(","):
+        part = part.strip()
+        m = re.fullmatch(r"(\d{4})-(\d{2})(?:\.\.(\d{4})-(\d{2}))?", part)
+        if not m:
+            raise KitError(f"cannot read the months '{part}'", "write YYYY-MM, YYYY-MM..YYYY-MM, or a comma list")
+        y1, m1 = int(m.group(1)), int(m.group(2))
+        y2, m2 = (int(m.group(3)), int(m.group(4))) if m.group(3) else (y1, m1)
+        for y, mo in ((y1, m1), (y2, m2)):
+            if not 1 <= mo <= 12:
+                raise KitError(f"no such month: {y}-{mo:02d}", "months run from 01 to 12")
+        if (y2, m2) < (y1, m1):
+            raise KitError(f"the range '{part}' ends before it starts", "write the earlier month first")
+        y, mo = y1, m1
+        while (y, mo) <= (y2, m2):
+            out.append((y, mo))
+            y, mo = (y + 1, 1) if mo == 12 else (y, mo + 1)
+    return sorted(set(out))
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def parquet_rows(path: Path) -> int:
+    """Rows from the footer; a truncated or corrupt file is one clear error."""
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for broken files
+        raise KitError(
+            f"{path} is not a readable Parquet file ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})",
+            "re-download or regenerate it; a truncated download is deleted and fetched again by --source tlc",
+        ) from None
+
+
+def period_from_name(name: str) -> tuple[int | None, int | None]:
+    """yellow_tripdata_2025-01_head10000.parquet -> (2025, 1); ..._2022_random10000.csv -> (2022, None)."""
+    m = re.search(r"(?<!\d)(\d{4})-(\d{2})(?!\d)", name)
+    if m and 1 <= int(m.group(2)) <= 12:
+        return int(m.group(1)), int(m.group(2))
+    m = re.search(r"(?<![\d-])(20\d{2}|19\d{2})(?![\d-])", name)
+    return (int(m.group(1)), None) if m else (None, None)
+
+
+def columns_of(path: Path) -> list[str]:
+    """Column names from the Parquet schema or the CSV header, without reading the data."""
+    if path.suffix.lower() == ".parquet":
+        return list(pq.ParquetFile(path).schema_arrow.names)
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        return next(csv.reader(f), [])
+
+
+def describe_file(path: Path, kind: str) -> SourceFile:
+    """Checked before anything is landed or loaded: a readable footer and a known schema."""
+    year, month = period_from_name(path.name)
+    rows = parquet_rows(path) if path.suffix.lower() == ".parquet" else None
+    schema.detect_variant(columns_of(path), source=path.name)  # one clear error for an unknown schema
+    return SourceFile(path.resolve(), kind, year, month, sha256_file(path), rows)
+
+
+# -- synthetic --------------------------------------------------------------------------------------------
+
+
+def synthetic_files(cache: Path, months: list[tuple[int, int]], rows_per_month: int, seed: int = 0) -> list[SourceFile]:
+    """Generate each month once per (seed, size); deterministic, so a cached file is the same file."""
+    folder = cache / "synthetic" / f"seed{seed}-rows{rows_per_month}"
+    out = []
+    for year, month in months:
+        path = folder / synthetic.month_file_name(year, month)
+        if not path.exists():
+            synthetic.generate_month(path, year, month, rows_per_month, seed=seed)
+        out.append(describe_file(path, "synthetic"))
+    return out
+
+
+def zone_lookup(cache: Path, near: list[Path] | None = None) -> tuple[Path, str]:
+    """The zone lookup: a real taxi_zone_lookup.csv next to the given files or downloaded before, else synthetic."""
+    for folder in {p.parent for p in near or []}:
+        candidate = folder / "taxi_zone_lookup.csv"
+        if candidate.exists():
+            return candidate, "real (next to the files)"
+    cached = cache / "tlc" / "taxi_zone_lookup.csv"
+    if cached.exists():
+        return cached, "real (TLC download)"
+    path = cache / "synthetic" / "taxi_zone_lookup.csv"
+    if not path.exists():
+        synthetic.write_zone_lookup(path)
+    return path, "synthetic (offline)"
+
+
+# -- files ------------------------------------------------------------------------------------------------
+
+
+def user_files(patterns: list[str]) -> list[SourceFile]:
+    paths: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(os.path.expanduser(pattern)))
+        if not matches:
+            raise KitError(f"no file matches '{pattern}'", "check the path or glob (quote it so the shell does not expand it)")
+        paths.extend(Path(m) for m in matches if Path(m).name != "taxi_zone_lookup.csv")
+    bad = [p for p in paths if p.suffix.lower() not in (".parquet", ".csv")]
+    if bad:
+        raise KitError(f"{bad[0]} is neither Parquet nor CSV", "give .parquet or .csv files of TLC yellow trips")
+    return [describe_file(p, "files") for p in paths]
+
+
+# -- TLC download -----------------------------------------------------------------------------------------
+
+
+def tlc_url(year: int, month: int) -> str:
+    return f"{tlc_base_url()}/trip-data/{synthetic.month_file_name(year, month)}"
+
+
+def tlc_reachable(timeout: float = 3.0) -> tuple[bool, str]:
+    """Can we reach the TLC download host? (a HEAD of a known file, no download)."""
+    try:
+        req = urllib.request.Request(tlc_url(2024, 1), method="HEAD")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status == 200, f"{tlc_base_url()} answered {resp.status}"
+    except urllib.error.HTTPError as exc:
+        return False, f"{tlc_base_url()} answered {exc.code}"
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return False, f"{tlc_base_url()} is unreachable ({reason})"
+
+
+def download(url: str, dest: Path, *, label: str, timeout: float = 30.0) -> Path:
+    """Download to `dest` once: resume a partial `.part` file with a Range request, then rename."""
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    have = part.stat().st_size if part.exists() else 0
+    req = urllib.request.Request(url, headers={"Range": f"bytes={have}-"} if have else {})
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416 and have:  # the .part is already complete
+            part.rename(dest)
+            return dest
+        if exc.code in (403, 404):
+            raise KitError(f"TLC has no file at {url} (HTTP {exc.code})", "pick months TLC has published (from 2009-01, about two months behind)") from None
+        raise KitError(f"downloading {url} failed (HTTP {exc.code})", "try again later, or use --source synthetic") from None
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        raise KitError(f"cannot reach {url} ({getattr(exc, 'reason', exc)})", "check the network, or use --source synthetic") from None
+    with resp:
+        resumed = resp.status == 206
+        total = int(resp.headers.get("Content-Length") or 0) + (have if resumed else 0)
+        with open(part, "ab" if resumed else "wb") as out, Progress(
+            TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True
+        ) as progress:
+            task = progress.add_task(label, total=total or None, completed=have if resumed else 0)
+            for block in iter(lambda: resp.read(1 << 20), b""):
+                out.write(block)
+                progress.advance(task, len(block))
+    part.rename(dest)
+    return dest
+
+
+def tlc_files(cache: Path, months: list[tuple[int, int]]) -> list[SourceFile]:
+    out = []
+    for year, month in months:
+        dest = cache / "tlc" / synthetic.month_file_name(year, month)
+        download(tlc_url(year, month), dest, label=dest.name)
+        try:
+            parquet_rows(dest)  # verified: a footer that reads
+        except KitError:
+            dest.unlink()  # never keep a broken download: the next run fetches it again
+            raise
+        out.append(describe_file(dest, "tlc"))
+    download(f"{tlc_base_url()}/misc/taxi_zone_lookup.csv", cache / "tlc" / "taxi_zone_lookup.csv", label="taxi_zone_lookup.csv")
+    return out
+
+
+def resolve(source: str, cache: Path, *, months: str, paths: list[str], rows_per_month: int, seed: int = 0) -> tuple[list[SourceFile], str]:
+    """The files to load and one sentence saying which source was used and why."""
+    if source not in SOURCES:
+        raise KitError(f"unknown source '{source}'", f"choose one of: {', '.join(SOURCES)}")
+    if source == "files":
+        if not paths:
+            raise KitError("--source files needs --path", "e.g. --path '../shared/tlc-samples/*2025*.parquet'")
+        return user_files(paths), f"files: {len(paths)} pattern(s)"
+    wanted = parse_months(months)
+    if source == "auto":
+        ok, why = tlc_reachable()
+        source = "tlc" if ok else "synthetic"
+        note = f"auto chose {source}: {why}"
+    else:
+        note = source
+    if source == "tlc":
+        return tlc_files(cache, wanted), note
+    return synthetic_files(cache, wanted, rows_per_month, seed), note + f" ({rows_per_month:,} rows a month, seed {seed})"
