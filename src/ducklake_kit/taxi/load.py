@@ -44,18 +44,20 @@ def trips_columns() -> list[tuple[str, str]]:
             + [(n, _DUCK_TYPES[t]) for n, t in DERIVED_COLUMNS] + list(LINEAGE_COLUMNS))
 
 
-def ddl_statements() -> list[str]:
+def ddl_statements(schema_name: str = "main", existing: frozenset[str] = frozenset()) -> list[str]:
     """The tables, created once and from one place (here), idempotently, inside the load's transaction.
 
     `load_log` needs no snapshot column: DuckLake's virtual column `snapshot_id` (`SELECT snapshot_id, *
     FROM load_log`) is the snapshot that inserted each row, i.e. the load's own snapshot."""
     cols = ", ".join(f"{n} {t}" for n, t in trips_columns())
+    q = schema_name
     return [
-        f"CREATE TABLE IF NOT EXISTS {TRIPS} ({cols})",
-        f"ALTER TABLE {TRIPS} SET PARTITIONED BY ({', '.join(PARTITION_KEYS)})",
-        f"CREATE TABLE IF NOT EXISTS {QUARANTINE} ({cols}, reject_reason VARCHAR)",
-        f"CREATE TABLE IF NOT EXISTS {ZONES} (location_id INTEGER, borough VARCHAR, zone VARCHAR, service_zone VARCHAR)",
-        f"CREATE TABLE IF NOT EXISTS {LOAD_LOG} (load_id VARCHAR, source VARCHAR, source_file VARCHAR, raw_uri VARCHAR, "
+        f"CREATE SCHEMA IF NOT EXISTS {q}",
+        f"CREATE TABLE IF NOT EXISTS {q}.{TRIPS} ({cols})",
+        *([] if TRIPS in existing else [f"ALTER TABLE {q}.{TRIPS} SET PARTITIONED BY ({', '.join(PARTITION_KEYS)})"]),
+        f"CREATE TABLE IF NOT EXISTS {q}.{QUARANTINE} ({cols}, reject_reason VARCHAR)",
+        f"CREATE TABLE IF NOT EXISTS {q}.{ZONES} (location_id INTEGER, borough VARCHAR, zone VARCHAR, service_zone VARCHAR)",
+        f"CREATE TABLE IF NOT EXISTS {q}.{LOAD_LOG} (load_id VARCHAR, source VARCHAR, source_file VARCHAR, raw_uri VARCHAR, "
         "sha256 VARCHAR, period VARCHAR, mode VARCHAR, rows_read BIGINT, rows_accepted BIGINT, rows_rejected BIGINT, "
         "data_files INTEGER, started_at TIMESTAMP, seconds DOUBLE)",
     ]
@@ -115,13 +117,13 @@ def land_raw(ep: Endpoints, src: SourceFile) -> tuple[str, bool]:
 WRITTEN_SCHEMA = "tbl string, path string, rows long, source_file string"
 
 
-def make_writer(ep: Endpoints, data_path: str, fail_first_attempt: bool = False) -> Callable[[Iterator], Iterator]:
+def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_first_attempt: bool = False) -> Callable[[Iterator], Iterator]:
     """A mapInArrow function: stream the task's rows into Parquet on S3 with DuckDB, accepted rows
     partitioned like DuckLake lays them out, rejected rows into one quarantine file. Yields only
     (table, path, rows) per written file, never the rows themselves."""
     setup = load_statements() + secret_statements(ep)[:1]  # extensions + the S3 secret only
-    trips_dir = f"{data_path.rstrip('/')}/main/{TRIPS}"
-    quarantine_dir = f"{data_path.rstrip('/')}/main/{QUARANTINE}"
+    trips_dir = f"{data_path.rstrip('/')}/{schema_name}/{TRIPS}"  # where DuckLake itself would put them
+    quarantine_dir = f"{data_path.rstrip('/')}/{schema_name}/{QUARANTINE}"
     keys = ", ".join(PARTITION_KEYS)
 
     def write(batches: Iterator) -> Iterator:
@@ -184,20 +186,21 @@ def _chain(first, rest):
 # -- the load ------------------------------------------------------------------------------------------------
 
 
-def _previous_loads(lake: Lake) -> list[dict[str, Any]]:
-    exists = lake.scalar(f"SELECT count(*) FROM duckdb_tables() WHERE database_name = '{lake.alias}' AND table_name = '{LOAD_LOG}'")
+def _previous_loads(lake: Lake, schema_name: str) -> list[dict[str, Any]]:
+    exists = lake.scalar("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? AND table_name = ?",
+                         [lake.alias, schema_name, LOAD_LOG])
     if not exists:
         return []
-    cur = lake.con.execute(f"SELECT load_id, sha256, period, source_file FROM {LOAD_LOG}")
+    cur = lake.con.execute(f"SELECT load_id, sha256, period, source_file FROM {schema_name}.{LOAD_LOG}")
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
-def plan(lake: Lake, files: list[SourceFile], mode: str) -> tuple[list[SourceFile], list[FileResult], list[str]]:
+def plan(lake: Lake, files: list[SourceFile], mode: str, schema_name: str = "main") -> tuple[list[SourceFile], list[FileResult], list[str]]:
     """Which files to load, which to skip (and why), and which earlier loads `replace` supersedes."""
     if mode not in MODES:
         raise KitError(f"unknown mode '{mode}'", f"choose one of: {', '.join(MODES)}")
-    previous = _previous_loads(lake)
+    previous = _previous_loads(lake, schema_name)
     todo, skipped, superseded = [], [], []
     for f in files:
         same_content = [p for p in previous if p["sha256"] == f.sha256]
@@ -225,6 +228,7 @@ def run_load(
     source_note: str,
     mode: str = "skip",
     spark_master: str | None = None,
+    schema_name: str = "main",
     on_step: Callable[[str], None] = lambda _msg: None,
 ) -> LoadResult:
     load_id = uuid.uuid4().hex[:12]
@@ -234,7 +238,7 @@ def run_load(
 
     with Lake(ep) as lake:
         result.previous_snapshot = lake.current_snapshot()
-        todo, skipped, superseded = plan(lake, files, mode)
+        todo, skipped, superseded = plan(lake, files, mode, schema_name)
         result.files.extend(skipped)
         if not todo:
             on_step("nothing new to load: no snapshot made")
@@ -251,43 +255,34 @@ def run_load(
         from . import transforms as tr
 
         spark = spark_mod.session(spark_master)
-        zones_df = tr.read_zones(spark, zones_path)
-        frames = []
-        for f in todo:
-            raw = tr.read_trips(spark, f.path)
-            conformed = tr.conform(raw.df, raw.variant)
-            flagged = tr.flag_quality(conformed, f.year, f.month) if f.year else conformed.withColumn("reject_reason", _null_reason())
-            frames.append(tr.derive(flagged, zones_df).select(
-                *[c for c, _ in trips_columns() if c not in ("load_id", "source_file")], "reject_reason",
-                *_lineage(load_id, f.path.name)))
-        df = frames[0]
-        for other in frames[1:]:
-            df = df.unionByName(other)
-        written = df.mapInArrow(make_writer(ep, ep.data_path, fault == "fail-first-task-attempt"), WRITTEN_SCHEMA).collect()
+        df = build_frame(spark, todo, zones_path, load_id)
+        written = df.mapInArrow(make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt"), WRITTEN_SCHEMA).collect()
         result.timings["spark"] = round(time.perf_counter() - t, 2)
 
         by_table = {TRIPS: [r for r in written if r.tbl == TRIPS], QUARANTINE: [r for r in written if r.tbl == QUARANTINE]}
         on_step(f"registering {len(written)} data files in one DuckLake transaction")
         t = time.perf_counter()
         con = lake.con
+        q = schema_name
         con.execute("BEGIN TRANSACTION")
         try:
-            for stmt in ddl_statements():
+            existing = frozenset(r[0] for r in con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = ?", [lake.alias, q]).fetchall())
+            for stmt in ddl_statements(q, existing):
                 con.execute(stmt)
             for load in superseded:
-                con.execute(f"DELETE FROM {TRIPS} WHERE load_id = ?", [load])
-                con.execute(f"DELETE FROM {QUARANTINE} WHERE load_id = ?", [load])
-                con.execute(f"DELETE FROM {LOAD_LOG} WHERE load_id = ?", [load])
+                for tbl in (TRIPS, QUARANTINE, LOAD_LOG):
+                    con.execute(f"DELETE FROM {q}.{tbl} WHERE load_id = ?", [load])
             for tbl, rows in by_table.items():
-                for r in rows:
-                    con.execute(f"CALL ducklake_add_data_files('{lake.alias}', '{tbl}', ?)", [r.path])
-            con.execute(f"DELETE FROM {ZONES}")
-            con.execute(f"INSERT INTO {ZONES} SELECT LocationID, Borough, Zone, service_zone FROM read_csv(?, header = true)", [str(zones_path)])
+                if rows:
+                    con.execute(f"CALL ducklake_add_data_files(?, ?, ?, schema => ?)", [lake.alias, tbl, [r.path for r in rows], q])
+            con.execute(f"DELETE FROM {q}.{ZONES}")
+            con.execute(f"INSERT INTO {q}.{ZONES} SELECT LocationID, Borough, Zone, service_zone FROM read_csv(?, header = true)", [str(zones_path)])
             for f in todo:
                 fr = FileResult(f, raw_uri=landed[f.path], status="loaded")
                 counts = dict(con.execute(
-                    f"SELECT 'accepted', count(*) FROM {TRIPS} WHERE load_id = ? AND source_file = ? "
-                    f"UNION ALL SELECT 'rejected', count(*) FROM {QUARANTINE} WHERE load_id = ? AND source_file = ?",
+                    f"SELECT 'accepted', count(*) FROM {q}.{TRIPS} WHERE load_id = ? AND source_file = ? "
+                    f"UNION ALL SELECT 'rejected', count(*) FROM {q}.{QUARANTINE} WHERE load_id = ? AND source_file = ?",
                     [load_id, f.path.name, load_id, f.path.name]).fetchall())
                 fr.rows_accepted, fr.rows_rejected = int(counts["accepted"]), int(counts["rejected"])
                 fr.rows_read = fr.rows_accepted + fr.rows_rejected
@@ -296,7 +291,7 @@ def run_load(
                     raise KitError(f"{f.path.name}: {fr.rows_read} rows reached the lake but the file holds {f.rows}",
                                    "this is a bug in the load; the lake was left unchanged")
                 result.files.append(fr)
-                con.execute(f"INSERT INTO {LOAD_LOG} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, to_timestamp(?)::TIMESTAMP, ?)",
+                con.execute(f"INSERT INTO {q}.{LOAD_LOG} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, to_timestamp(?)::TIMESTAMP, ?)",
                             [load_id, f.kind, f.path.name, fr.raw_uri, f.sha256, f.period, mode, fr.rows_read,
                              fr.rows_accepted, fr.rows_rejected, fr.data_files, started, round(time.time() - started, 3)])
             con.execute(f"CALL ducklake_set_commit_message('{lake.alias}', 'ducklake-kit', ?)",
@@ -312,14 +307,26 @@ def run_load(
     return result
 
 
+def build_frame(spark, files: list[SourceFile], zones_path: Path, load_id: str):
+    """One DataFrame over all files of a load: each conformed from its own variant, flagged against its own
+    period, with derived columns and lineage (load_id, source_file), in the lake's column order."""
+    from . import transforms as tr
+
+    zones_df = tr.read_zones(spark, zones_path)
+    frames = []
+    for f in files:
+        raw = tr.read_trips(spark, f.path)
+        flagged = tr.flag_quality(tr.conform(raw.df, raw.variant), f.year, f.month)
+        frames.append(tr.derive(flagged, zones_df).select(
+            *[c for c, _ in trips_columns() if c not in ("load_id", "source_file")], "reject_reason",
+            *_lineage(load_id, f.path.name)))
+    df = frames[0]
+    for other in frames[1:]:
+        df = df.unionByName(other)
+    return df
+
+
 def _lineage(load_id: str, source_file: str) -> list:
     from pyspark.sql import functions as F
 
     return [F.lit(load_id).alias("load_id"), F.lit(source_file).alias("source_file")]
-
-
-def _null_reason():
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    return F.lit(None).cast(T.StringType())

@@ -152,15 +152,19 @@ def period_bounds(year: int, month: int | None = None) -> tuple[datetime, dateti
     return datetime(year, month, 1), datetime(year + month // 12, month % 12 + 1, 1)
 
 
-def flag_quality(df: DataFrame, year: int, month: int | None = None) -> DataFrame:
+def flag_quality(df: DataFrame, year: int | None, month: int | None = None) -> DataFrame:
     """Add `reject_reason` (STRING): the first `QUALITY_RULES` code the row breaks, null for a good row.
 
     `year`/`month` is the period being loaded (a month's file); give only `year` for files that span a
-    year, such as the BigQuery export. Rows are kept, not dropped: the loader routes them by the flag.
+    year, such as the BigQuery export, and None when the period is unknown (then no row breaks the period
+    rule). Rows are kept, not dropped: the loader routes them by the flag.
     """
-    start, end = period_bounds(year, month)
     pickup, dropoff = F.col("pickup_at"), F.col("dropoff_at")
-    start_lit, end_lit = _ntz(start), _ntz(end)
+    if year is None:
+        outside = F.lit(False)
+    else:
+        start, end = period_bounds(year, month)
+        outside = (pickup < _ntz(start)) | (pickup >= _ntz(end))
     duration_us = _wall_clock_micros(pickup, dropoff)
 
     def bad_zone(c: Column) -> Column:
@@ -168,7 +172,7 @@ def flag_quality(df: DataFrame, year: int, month: int | None = None) -> DataFram
 
     checks = [
         ("missing_timestamp", pickup.isNull() | dropoff.isNull()),
-        ("pickup_outside_period", (pickup < start_lit) | (pickup >= end_lit)),
+        ("pickup_outside_period", outside),
         ("dropoff_before_pickup", dropoff < pickup),
         ("duration_over_24h", duration_us > MAX_DURATION_S * 1_000_000),
         ("negative_amount", (F.col("fare_amount") < 0) | (F.col("total_amount") < 0)),
