@@ -192,7 +192,7 @@ def test_doctor_reports_missing_java_with_a_hint(cli, tmp_path):
     assert tools["java"]["found"] is False and tools["java"]["required"] is True
     assert "openjdk-17" in tools["java"]["hint"]
     text = cli(env, "doctor")
-    assert "Error: java is missing or too old" in text.stderr
+    assert "Error: java is missing (PySpark 4 runs on the JVM, Java 17 or newer). Try: " in text.stderr
 
 
 def test_doctor_passes_here_for_local_and_names_what_k3d_lacks(cli):

@@ -464,5 +464,6 @@ def test_doctor_for_k3d_names_the_missing_docker_engine_and_k3d(cli, tmp_path):
     text = cli(env, "--platform", "k3d", "doctor")
     assert text.exit_code == 3
     assert "no Docker engine answers" in text.stdout
-    named = {line.split(" is missing")[0].removeprefix("Error: ") for line in text.stderr.splitlines()}
+    named = {line.removeprefix("Error: ").split(" is ")[0] for line in text.stderr.splitlines()}
     assert {"docker", "k3d"} <= named and "kubectl" not in named  # (java too, on a machine without it)
+    assert "Error: docker is not usable: 28.2.2 (client only: no Docker engine answers)" in text.stderr

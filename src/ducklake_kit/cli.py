@@ -107,7 +107,8 @@ def doctor(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         console().print(table(f"Prerequisites for --platform {c.platform_name}", ["tool", "state", "version", "install hint"], rows))
         for t in tools:
             if not t.ok:
-                typer.echo(f"Error: {t.name} is missing or too old ({t.why}). Try: {t.hint}.", err=True)
+                problem = "is missing" if t.version == "not found" else f"is not usable: {t.version}"
+                typer.echo(f"Error: {t.name} {problem} ({t.why}). Try: {t.hint}.", err=True)
     if not ok:
         raise typer.Exit(EXIT_ERROR)
 

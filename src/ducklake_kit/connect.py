@@ -61,9 +61,9 @@ def describe(state: State, ep: Endpoints) -> dict[str, Any]:
         "duckdb_init_sql": str(files["init_sql"]),
         "dbeaver": {
             "postgresql": {"host": pg.host, "port": pg.port, "database": pg.dbname, "user": pg.user,
-                           "password": f"the pgpass file {files['pgpass']} (or .ducklake/credentials.json)"},
+                           "password": f"from the pgpass file {files['pgpass']}"},
             "duckdb": {"path": ":memory:", "bootstrap_queries": f"the statements in {files['init_sql']}"},
         },
-        "s3": {"endpoint": ep.s3.url, "key_id": ep.s3.key_id, "secret": "in .ducklake/credentials.json (local) or your settings",
+        "s3": {"endpoint": ep.s3.url, "key_id": ep.s3.key_id, "secret": "in the platform's credentials.json (.ducklake/ for local, .ducklake/k3d/ for k3d) or your external settings",
                "url_style": ep.s3.url_style, "region": ep.s3.region, "buckets": ["lake", "raw"]},
     }

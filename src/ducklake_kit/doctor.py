@@ -75,7 +75,7 @@ def check(platform: str) -> list[Tool]:
         version = f"{major} is too old ({java})"
     tools.append(Tool("java", java_ok, version, True,
                       "install Java 17+: `sudo apt-get install openjdk-17-jre-headless`, `brew install openjdk@17`, or set JAVA_HOME",
-                      "PySpark 4 runs on the JVM (Java 17 or newer)"))
+                      "PySpark 4 runs on the JVM, Java 17 or newer"))
 
     for name, hint, why in (
         ("uv", "`pip install uv` or see https://docs.astral.sh/uv/getting-started/installation/", "installs the pinned environment"),
