@@ -6,6 +6,7 @@ Exit codes: 0 ok, 1 a computed check failed, 2 usage error, 3 bad input or an en
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
@@ -256,6 +257,35 @@ def _render_load(result, run: CheckRun) -> None:
     out.print(f"{snap}; {timing}", markup=False)
     if run.checks:
         out.print(render_checks(run, "Loaded figures vs the source (computed independently)"))
+
+
+@app.command()
+@command
+def bench(
+    ctx: typer.Context,
+    suite: Annotated[str, typer.Option(help="What to measure: load (more suites come with the query issue).")] = "load",
+    rows: Annotated[Optional[list[int]], typer.Option(help="Rows to load (repeat to compare sizes, e.g. --rows 1000000 --rows 10000000).")] = None,
+    json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write the results to this JSON file.")] = None,
+) -> None:
+    """Measure, in one run, and print the figures: --suite load = DuckLake vs plain Parquet from the same Spark job."""
+    from . import bench as bench_mod
+
+    if suite not in bench_mod.SUITES:
+        raise KitError(f"unknown suite '{suite}'", f"choose one of: {', '.join(bench_mod.SUITES)}")
+    c: Ctx = ctx.obj
+    step = _step_printer(False)
+    results = [bench_mod.bench_load(c.platform(), c.state, n, on_step=step) for n in (rows or [1_000_000])]
+    rows_out = []
+    for r in results:
+        d, p = r["ducklake"], r["parquet"]
+        rows_out.append([f"{r['rows']:,}", f"{d['rows_per_s']:,}", f"{p['rows_per_s']:,}", f"{r['ratio_ducklake_to_parquet']:.2f}",
+                         f"{d['driver_python_peak_mib']} / {d['driver_jvm_peak_mib']}", f"{p['driver_python_peak_mib']} / {p['driver_jvm_peak_mib']}"])
+    console().print(table(f"bench --suite load ({results[0]['cores']} cores; goal: ratio >= {results[0]['goal_ratio']})",
+                          ["rows", "DuckLake rows/s", "Parquet rows/s", "ratio", "driver peak MiB (python / JVM), DuckLake",
+                           "driver peak MiB, Parquet"], rows_out))
+    if json_file:
+        json_file.write_text(json.dumps({"suite": suite, "results": results}, indent=2))
+        console().print(f"wrote {json_file}", markup=False)
 
 
 @app.command(name="all")
