@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import glob
 import hashlib
+import http.client
 import os
 import re
 import urllib.error
@@ -23,7 +24,7 @@ from . import schema, synthetic
 TLC_BASE_URL = "https://d37ci6vzurychx.cloudfront.net"
 SOURCES = ("auto", "tlc", "synthetic", "files")
 DEFAULT_MONTHS = "2024-01..2024-03"
-DEFAULT_ROWS_PER_MONTH = 200_000
+DEFAULT_ROWS_PER_MONTH = 100_000  # the same size `all` loads, so a plain `load` after it is a no-op
 
 
 def tlc_base_url() -> str:
@@ -147,11 +148,19 @@ def zone_lookup(cache: Path, near: list[Path] | None = None) -> tuple[Path, str]
 
 def user_files(patterns: list[str]) -> list[SourceFile]:
     paths: list[Path] = []
+    seen: set[Path] = set()
     for pattern in patterns:
         matches = sorted(glob.glob(os.path.expanduser(pattern)))
         if not matches:
             raise KitError(f"no file matches '{pattern}'", "check the path or glob (quote it so the shell does not expand it)")
-        paths.extend(Path(m) for m in matches if Path(m).name != "taxi_zone_lookup.csv")
+        for m in matches:
+            p = Path(m)
+            if p.name != "taxi_zone_lookup.csv" and p.resolve() not in seen:  # a file named twice loads once
+                seen.add(p.resolve())
+                paths.append(p)
+    if not paths:
+        raise KitError(f"no trips file matches {', '.join(repr(p) for p in patterns)} (only the zone lookup)",
+                       "give the trips files; a taxi_zone_lookup.csv next to them is used for the zones")
     bad = [p for p in paths if p.suffix.lower() not in (".parquet", ".csv")]
     if bad:
         raise KitError(f"{bad[0]} is neither Parquet nor CSV", "give .parquet or .csv files of TLC yellow trips")
@@ -199,16 +208,32 @@ def download(url: str, dest: Path, *, label: str, timeout: float = 30.0) -> Path
         raise KitError(f"cannot reach {url} ({getattr(exc, 'reason', exc)})", "check the network, or use --source synthetic") from None
     with resp:
         resumed = resp.status == 206
-        total = int(resp.headers.get("Content-Length") or 0) + (have if resumed else 0)
-        with open(part, "ab" if resumed else "wb") as out, Progress(
-            TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True
-        ) as progress:
-            task = progress.add_task(label, total=total or None, completed=have if resumed else 0)
-            for block in iter(lambda: resp.read(1 << 20), b""):
-                out.write(block)
-                progress.advance(task, len(block))
+        length = int(resp.headers.get("Content-Length") or 0)
+        done = have if resumed else 0
+        total = length + done
+        try:
+            with open(part, "ab" if resumed else "wb") as out, Progress(
+                TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True
+            ) as progress:
+                task = progress.add_task(label, total=total or None, completed=done)
+                # read1: what arrived is written before a stall or a reset, so a re-run resumes from it
+                for block in iter(lambda: resp.read1(1 << 20), b""):
+                    out.write(block)
+                    done += len(block)
+                    progress.advance(task, len(block))
+        except (OSError, http.client.HTTPException) as exc:  # reset, timeout, broken chunked encoding
+            raise _broke_off(url, done, total, f"{type(exc).__name__}: {exc}") from None
+        if length and done < total:  # http.client returns short reads silently when the server closes early
+            raise _broke_off(url, done, total, "the server closed the connection early")
     part.rename(dest)
     return dest
+
+
+def _broke_off(url: str, done: int, total: int, why: str) -> KitError:
+    """A transfer that stopped mid-way: the `.part` keeps the bytes that arrived; the next run resumes."""
+    of = f" of {total:,}" if total else ""
+    return KitError(f"the download of {url} broke off after {done:,}{of} bytes ({why})",
+                    "run it again: it resumes from the bytes kept, or use --source synthetic")
 
 
 def tlc_files(cache: Path, months: list[tuple[int, int]]) -> list[SourceFile]:
