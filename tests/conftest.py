@@ -23,6 +23,8 @@ from ducklake_kit.state import State
 BACKEND = os.environ.get("DUCKLAKE_TEST_BACKEND", "local")
 # `all` loads three synthetic months; small ones keep the suite quick on 2 cores
 os.environ.setdefault("DUCKLAKE_ALL_ROWS_PER_MONTH", "20000")
+# nothing is downloaded in tests: `auto` finds the TLC host unreachable (a loopback port nobody listens on)
+os.environ["DUCKLAKE_TLC_BASE_URL"] = "http://127.0.0.1:9"
 PG_IMAGE = "postgres:16.6"
 RCLONE_IMAGE = "rclone/rclone:1.75.2"
 

@@ -160,7 +160,7 @@ def test_commands_before_up_say_to_run_up(cli, tmp_path):
 def test_reset_asks_first_and_keeps_data_when_declined(fresh_stack, cli):
     fresh_stack.platform.up()
     result = cli(fresh_stack.env, "reset", input="n\n")
-    assert result.exit_code == 1 and "nothing was deleted" in result.stderr
+    assert result.exit_code == 3 and "nothing was deleted" in result.stderr
     assert fresh_stack.state.credentials_file.exists()
     result = cli(fresh_stack.env, "reset", "--yes")
     assert result.exit_code == 0, result.output

@@ -4,7 +4,6 @@ atomic under a kill, no duplicates under task retries, bad files refused with th
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from ducklake_kit import s3
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.taxi import flow
@@ -112,7 +112,14 @@ def test_a_retried_spark_task_does_not_duplicate_rows(stack, local_only):
     assert proc.returncode == 0, proc.stderr[-3000:]
     with Lake(stack.platform.endpoints()) as lake:
         n = lake.scalar("SELECT count(*) FROM (FROM trips UNION ALL BY NAME FROM quarantine) WHERE source_file LIKE '%2021-04%'")
+        registered = {r[0] for r in lake.con.execute("SELECT data_file FROM ducklake_list_files('lake', 'trips')").fetchall()}
     assert n == ROWS
+    # the failed first attempts did write files: they are in the bucket but not in the lake (proof the retry ran)
+    ep = stack.platform.endpoints()
+    listing = s3.client(ep.s3).list_objects_v2(Bucket="lake", Prefix="main/trips/pickup_year=2021/pickup_month=4/")
+    on_s3 = {f"s3://lake/{o['Key']}" for o in listing.get("Contents", [])}
+    assert on_s3 - registered, "no orphan file: the injected task failure never happened"
+    assert registered & on_s3
 
 
 def _bad_files(tmp_path: Path) -> dict[str, Path]:

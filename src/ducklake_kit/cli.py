@@ -1,6 +1,6 @@
 """The harness: thin commands that parse, call the library, and render.
 
-Exit codes: 0 ok, 1 a computed check failed, 2 usage error, 3 bad input or an environment problem.
+Exit codes: 0 ok, 1 a computed check failed, 2 usage error, 3 bad input, an environment problem or a declined confirmation.
 """
 
 from __future__ import annotations
@@ -11,7 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import duckdb
+import psycopg
 import typer
+from botocore.exceptions import BotoCoreError, ClientError
 
 from . import connect as connect_mod
 from . import doctor as doctor_mod
@@ -27,7 +30,7 @@ from .state import State
 
 app = typer.Typer(
     help="ducklake-kit: a DuckLake learning lab (DuckDB engine, PostgreSQL catalog, Parquet on S3).\n\n"
-    "Exit codes: 0 ok, 1 a check failed, 2 usage error, 3 bad input or environment problem.",
+    "Exit codes: 0 ok, 1 a check failed, 2 usage error, 3 bad input, an environment problem or a declined confirmation.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -67,15 +70,24 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except KitError as exc:
-            if kwargs.get("as_json"):
-                print_json("error", {"error": exc.line(), "detail": exc.detail})
-            else:
-                typer.echo(exc.line(), err=True)  # one line, never wrapped
-                if exc.detail:
-                    typer.echo(exc.detail, err=True)
-            raise typer.Exit(exc.exit_code) from None
+            _fail(exc, kwargs.get("as_json") is True)
+        except (duckdb.Error, psycopg.Error, BotoCoreError, ClientError) as exc:
+            # a service failed in a place without its own explanation: still one line, not a traceback
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            _fail(KitError(f"{type(exc).__name__}: {first}", "run `status` to see whether the services answer"),
+                  kwargs.get("as_json") is True)
 
     return wrapper
+
+
+def _fail(exc: KitError, as_json: bool) -> None:
+    if as_json:
+        print_json("error", {"error": exc.line(), "detail": exc.detail})
+    else:
+        typer.echo(exc.line(), err=True)  # one line, never wrapped
+        if exc.detail:
+            typer.echo(exc.detail, err=True)
+    raise typer.Exit(exc.exit_code)
 
 
 def _services_table(statuses) -> Any:
@@ -162,7 +174,7 @@ def reset(
     """Stop the services and delete all their data and credentials (asks first)."""
     c: Ctx = ctx.obj
     if not yes and not typer.confirm(f"Delete the catalog, the lake data and the credentials in {c.state.home}?", default=False):
-        raise KitError("reset cancelled; nothing was deleted", "pass --yes to reset without asking", exit_code=EXIT_CHECK_FAILED)
+        raise KitError("reset cancelled; nothing was deleted", "pass --yes to reset without asking")
     msgs = c.platform().reset()
     if as_json:
         print_json("ok", {"reset": msgs})
@@ -279,10 +291,11 @@ def bench(
     for r in results:
         d, p = r["ducklake"], r["parquet"]
         rows_out.append([f"{r['rows']:,}", f"{d['rows_per_s']:,}", f"{p['rows_per_s']:,}", f"{r['ratio_ducklake_to_parquet']:.2f}",
-                         f"{d['driver_python_peak_mib']} / {d['driver_jvm_peak_mib']}", f"{p['driver_python_peak_mib']} / {p['driver_jvm_peak_mib']}"])
+                         f"{d['driver_python_peak_mib']} (+{d['driver_python_growth_mib']}) / {d['driver_jvm_peak_mib']}",
+                         f"{p['driver_python_peak_mib']} (+{p['driver_python_growth_mib']}) / {p['driver_jvm_peak_mib']}"])
     console().print(table(f"bench --suite load ({results[0]['cores']} cores; goal: ratio >= {results[0]['goal_ratio']})",
-                          ["rows", "DuckLake rows/s", "Parquet rows/s", "ratio", "driver peak MiB (python / JVM), DuckLake",
-                           "driver peak MiB, Parquet"], rows_out))
+                          ["rows", "DuckLake rows/s", "Parquet rows/s", "ratio",
+                           "DuckLake: driver peak MiB, python (+growth during the load) / JVM", "Parquet: same"], rows_out))
     if json_file:
         json_file.write_text(json.dumps({"suite": suite, "results": results}, indent=2))
         console().print(f"wrote {json_file}", markup=False)
@@ -292,7 +305,7 @@ def bench(
 @command
 def all_(
     ctx: typer.Context,
-    source: Annotated[str, typer.Option(help="Where the trips come from: auto, tlc or synthetic.")] = "auto",
+    source: Annotated[str, typer.Option(help="Where the trips come from: synthetic (offline, quick), auto or tlc (downloads the real months).")] = "synthetic",
     mode: Annotated[str, typer.Option(help="Mode of the first load: skip, append or replace (the second is always skip).")] = "skip",
     as_json: JsonOpt = False,
 ) -> None:

@@ -82,7 +82,13 @@ def check(platform: str) -> list[Tool]:
         ("just", "`pip install rust-just`, `brew install just` or `cargo install just`", "runs the README's commands"),
     ):
         path = shutil.which(name)
-        tools.append(Tool(name, bool(path), _first_version(_run([path, "--version"])) if path else "not found", True, hint, why))
+        version = _first_version(_run([path, "--version"])) if path else "not found"
+        if not path and name == "uv" and shutil.which("python3"):
+            # scripts/uv.sh falls back to a pip-installed `python3 -m uv`, which is not on PATH
+            module = _run([shutil.which("python3"), "-m", "uv", "--version"])
+            if module.startswith("uv "):
+                path, version = "python3 -m uv", _first_version(module) + " (python3 -m uv)"
+        tools.append(Tool(name, bool(path), version, True, hint, why))
 
     k3d = platform == "k3d"
     docker = shutil.which("docker")

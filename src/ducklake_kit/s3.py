@@ -52,7 +52,7 @@ def client(ep: S3Endpoint, *, timeout: float = 5.0):
     )
 
 
-def _explain(ep: S3Endpoint, exc: Exception) -> KitError:
+def explain(ep: S3Endpoint, exc: Exception) -> KitError:
     where = f"S3 at {ep.url}"
     if isinstance(exc, EndpointConnectionError):
         return KitError(f"{where} is not reachable", "run `up` (or `status` to see what is down)")
@@ -69,7 +69,7 @@ def list_buckets(ep: S3Endpoint) -> list[str]:
     try:
         return sorted(b["Name"] for b in client(ep, timeout=2).list_buckets().get("Buckets", []))
     except (BotoCoreError, ClientError) as exc:
-        raise _explain(ep, exc) from None
+        raise explain(ep, exc) from None
 
 
 def ensure_buckets(ep: S3Endpoint, names: tuple[str, ...] = BUCKETS) -> list[str]:
@@ -84,6 +84,6 @@ def ensure_buckets(ep: S3Endpoint, names: tuple[str, ...] = BUCKETS) -> list[str
             s3.create_bucket(Bucket=name)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                raise _explain(ep, exc) from None
+                raise explain(ep, exc) from None
         created.append(name)
     return created

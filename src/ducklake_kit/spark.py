@@ -28,9 +28,13 @@ def session(master: str | None = None, app_name: str = "ducklake-kit"):
     try:
         if remote and not master:
             return SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
-        builder = SparkSession.builder.master(master or os.environ.get("SPARK_MASTER", "local[*]")).appName(app_name)
+        url = master or os.environ.get("SPARK_MASTER", "local[*]")
+        builder = SparkSession.builder.master(url).appName(app_name)
         for k, v in LOCAL_CONF.items():
             builder = builder.config(k, v)
+        if url.startswith("local"):
+            # loopback only, and no dependence on the host name resolving (containers, CI)
+            builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
         spark = builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - JVM start failures surface as several exception types
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -5,9 +5,12 @@ Default `<project>/.ducklake` (gitignored); `DUCKLAKE_HOME` overrides it. Secret
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +97,17 @@ class State:
 
     def log_file(self, service: str) -> Path:
         return self.log_dir / f"{service}.log"
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Serialise `up`, `down` and `reset` of one state folder (two at once could orphan a server)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / "lifecycle.lock", "w") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
 
     def ensure_dirs(self) -> None:
         for d in (self.home, self.run_dir, self.log_dir):

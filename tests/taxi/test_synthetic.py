@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ducklake_kit.errors import KitError
-from ducklake_kit.taxi import schema, synthetic
+from ducklake_kit.taxi import schema
 from ducklake_kit.taxi.synthetic import QuirkRates, generate_month, write_zone_lookup
 
 ROWS = 200_000  # enough for the rarest default quirk (0.05%) to be measured within about +-40%

@@ -57,6 +57,10 @@ class LocalPlatform(Platform):
     def up(self) -> list[ServiceStatus]:
         """Start what is not running; reuse what is healthy. Idempotent: safe to re-run."""
         self.state.ensure_dirs()
+        with self.state.lock():
+            return self._up()
+
+    def _up(self) -> list[ServiceStatus]:
         creds = self.state.credentials(create=True)
         ep = self.endpoints()
         statuses = []
@@ -109,6 +113,12 @@ class LocalPlatform(Platform):
 
     def down(self) -> list[str]:
         """Stop exactly the processes the kit started (by pid file and start time). Data stays."""
+        if not self.state.home.exists():
+            return [f"{name}: not running" for name in ("s3", "postgres")]
+        with self.state.lock():
+            return self._down()
+
+    def _down(self) -> list[str]:
         msgs = []
         for name, sig in (("s3", signal.SIGTERM), ("postgres", signal.SIGINT)):  # SIGINT: PostgreSQL fast shutdown
             msgs.append(f"{name}: {procs.stop(self.state.pid_file(name), sig=sig)}")
@@ -141,8 +151,10 @@ class LocalPlatform(Platform):
 
     def reset(self) -> list[str]:
         """Stop the services and delete everything in the state folder: catalog, lake data, credentials."""
-        msgs = self.down()
-        if self.state.home.exists():
+        if not self.state.home.exists():
+            return [f"nothing to delete: {self.state.home} does not exist"]
+        with self.state.lock():
+            msgs = self._down()
             shutil.rmtree(self.state.home)
-            msgs.append(f"deleted {self.state.home}")
+        msgs.append(f"deleted {self.state.home}")
         return msgs

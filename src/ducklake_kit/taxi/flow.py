@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..checks import CheckRun
+from ..errors import KitError
 from ..lake import Lake
 from ..platforms.base import Platform
 from ..state import State
 from . import sources
-from .load import LoadResult, run_load
+from .load import MODES, LoadResult, run_load
 from .verify import verify_file
 
 
@@ -27,6 +28,8 @@ def load_and_verify(
     on_step: Callable[[str], None] = lambda _m: None,
     checks: CheckRun | None = None,
 ) -> tuple[LoadResult, CheckRun]:
+    if mode not in MODES:  # before anything is downloaded or generated
+        raise KitError(f"unknown mode '{mode}'", f"choose one of: {', '.join(MODES)}")
     checks = checks if checks is not None else CheckRun()
     ep = platform.endpoints()
     cache = state.home / "cache"
@@ -41,7 +44,7 @@ def load_and_verify(
         if loaded:
             checks.equal("the load made exactly one snapshot", after - (result.previous_snapshot or 0), 1)
             for fr in loaded:
-                verify_file(lake, fr, checks)
+                verify_file(lake, fr, result.load_id, checks)
         else:
             checks.equal("nothing new to load: the lake is unchanged (same latest snapshot)", after, result.previous_snapshot)
     return result, checks

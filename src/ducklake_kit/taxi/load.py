@@ -19,6 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from boto3.exceptions import S3UploadFailedError
+from botocore.exceptions import BotoCoreError, ClientError
+
 from .. import s3
 from ..errors import KitError
 from ..lake import Lake, load_statements, secret_statements
@@ -99,16 +102,23 @@ class LoadResult:
 
 
 def land_raw(ep: Endpoints, src: SourceFile) -> tuple[str, bool]:
-    """Upload to s3://raw/<kind>/<name> unless the same content (sha256 metadata) is already there."""
-    key = f"{src.kind}/{src.path.name}"
+    """Upload to s3://raw/<kind>/<sha256 prefix>/<name> unless that object is already there.
+
+    Content-addressed: an object's key names its content, so a later file of the same name never overwrites
+    the copy an earlier load (and its load_log row) points at."""
+    key = f"{src.kind}/{src.sha256[:16]}/{src.path.name}"
     client = s3.client(ep.s3)
     try:
-        head = client.head_object(Bucket="raw", Key=key)
-        if head.get("Metadata", {}).get("sha256") == src.sha256:
-            return f"s3://raw/{key}", False
-    except client.exceptions.ClientError:
-        pass
-    client.upload_file(str(src.path), "raw", key, ExtraArgs={"Metadata": {"sha256": src.sha256}})
+        try:
+            head = client.head_object(Bucket="raw", Key=key)
+            if head.get("Metadata", {}).get("sha256") == src.sha256:
+                return f"s3://raw/{key}", False
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+                raise
+        client.upload_file(str(src.path), "raw", key, ExtraArgs={"Metadata": {"sha256": src.sha256}})
+    except (BotoCoreError, ClientError, S3UploadFailedError) as exc:
+        raise s3.explain(ep.s3, exc) from None
     return f"s3://raw/{key}", True
 
 
@@ -121,7 +131,7 @@ def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_f
     """A mapInArrow function: stream the task's rows into Parquet on S3 with DuckDB, accepted rows
     partitioned like DuckLake lays them out, rejected rows into one quarantine file. Yields only
     (table, path, rows) per written file, never the rows themselves."""
-    setup = load_statements() + secret_statements(ep)[:1]  # extensions + the S3 secret only
+    s3_secret = secret_statements(ep)[0]  # the S3 secret only: executors never touch the catalog
     trips_dir = f"{data_path.rstrip('/')}/{schema_name}/{TRIPS}"  # where DuckLake itself would put them
     quarantine_dir = f"{data_path.rstrip('/')}/{schema_name}/{QUARANTINE}"
     keys = ", ".join(PARTITION_KEYS)
@@ -134,7 +144,8 @@ def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_f
 
         con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
                                      "threads": 1})  # Spark already runs one task per core
-        for stmt in setup:
+        # extension paths are resolved here, on the executor: its Python environment may live elsewhere
+        for stmt in [*load_statements(), s3_secret]:
             con.execute(stmt)
         rejected: list = []
         first = next(batches, None)
@@ -200,6 +211,10 @@ def plan(lake: Lake, files: list[SourceFile], mode: str, schema_name: str = "mai
     """Which files to load, which to skip (and why), and which earlier loads `replace` supersedes."""
     if mode not in MODES:
         raise KitError(f"unknown mode '{mode}'", f"choose one of: {', '.join(MODES)}")
+    names = [f.path.name for f in files]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise KitError(f"two files of this load share the name {dups[0]}", "load them one at a time (lineage records the file name)")
     previous = _previous_loads(lake, schema_name)
     todo, skipped, superseded = [], [], []
     for f in files:
@@ -252,11 +267,15 @@ def run_load(
         on_step("Spark: conform, flag quality, derive, write Parquet from the executors")
         t = time.perf_counter()
         from .. import spark as spark_mod
-        from . import transforms as tr
 
         spark = spark_mod.session(spark_master)
         df = build_frame(spark, todo, zones_path, load_id)
-        written = df.mapInArrow(make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt"), WRITTEN_SCHEMA).collect()
+        try:
+            written = df.mapInArrow(make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt"),
+                                    WRITTEN_SCHEMA).collect()
+        except Exception as exc:  # noqa: BLE001 - Spark surfaces executor failures as several exception types
+            raise KitError(f"the Spark job failed, nothing was registered and the lake is unchanged ({spark_error_line(exc)})",
+                           "fix the input (e.g. a value that is not a number) and run the load again") from None
         result.timings["spark"] = round(time.perf_counter() - t, 2)
 
         by_table = {TRIPS: [r for r in written if r.tbl == TRIPS], QUARANTINE: [r for r in written if r.tbl == QUARANTINE]}
@@ -266,6 +285,11 @@ def run_load(
         q = schema_name
         con.execute("BEGIN TRANSACTION")
         try:
+            # plan again inside the transaction: a load that committed the same files meanwhile wins, this one stops
+            todo_now, _, superseded_now = plan(lake, todo, mode, schema_name)
+            if [f.sha256 for f in todo_now] != [f.sha256 for f in todo] or superseded_now != superseded:
+                raise KitError("another load committed some of these files while this one ran; nothing was registered",
+                               "run the load again: it skips what is already there")
             existing = frozenset(r[0] for r in con.execute(
                 "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = ?", [lake.alias, q]).fetchall())
             for stmt in ddl_statements(q, existing):
@@ -275,7 +299,7 @@ def run_load(
                     con.execute(f"DELETE FROM {q}.{tbl} WHERE load_id = ?", [load])
             for tbl, rows in by_table.items():
                 if rows:
-                    con.execute(f"CALL ducklake_add_data_files(?, ?, ?, schema => ?)", [lake.alias, tbl, [r.path for r in rows], q])
+                    con.execute("CALL ducklake_add_data_files(?, ?, ?, schema => ?)", [lake.alias, tbl, [r.path for r in rows], q])
             con.execute(f"DELETE FROM {q}.{ZONES}")
             con.execute(f"INSERT INTO {q}.{ZONES} SELECT LocationID, Borough, Zone, service_zone FROM read_csv(?, header = true)", [str(zones_path)])
             for f in todo:
@@ -305,6 +329,18 @@ def run_load(
         result.timings["commit"] = round(time.perf_counter() - t, 2)
         result.snapshot_id = lake.current_snapshot()
     return result
+
+
+def spark_error_line(exc: BaseException) -> str:
+    """The most telling line of a Spark failure: the Python or Spark error class, not the JVM stack."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith(("RuntimeError", "ValueError", "duckdb.", "_duckdb.", "KitError", "pyarrow.")):
+            return ln[:300]
+    for ln in lines:
+        if ln.startswith("[") or "Error" in ln or "Exception" in ln:
+            return ln[:300]
+    return (lines[0] if lines else type(exc).__name__)[:300]
 
 
 def build_frame(spark, files: list[SourceFile], zones_path: Path, load_id: str):
