@@ -20,6 +20,9 @@ from .lake import StatementResult
 
 def console(stderr: bool = False) -> Console:
     width = int(os.environ["COLUMNS"]) if os.environ.get("COLUMNS", "").isdigit() else None
+    stream = sys.stderr if stderr else sys.stdout
+    if width is None and not stream.isatty():
+        width = 140  # logs and CI: Rich would assume 80 columns and wrap every table row
     return Console(stderr=stderr, width=width, soft_wrap=False, highlight=False)
 
 
