@@ -18,8 +18,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from . import connect as connect_mod
 from . import doctor as doctor_mod
-from . import flow
-from .taxi import flow as taxi_flow
 from .taxi import sources
 from .checks import CheckRun
 from .errors import EXIT_CHECK_FAILED, EXIT_ERROR, KitError
@@ -240,6 +238,8 @@ def load(
     as_json: JsonOpt = False,
 ) -> None:
     """Load NYC taxi trips through PySpark into the lake: one load, one snapshot; re-running is a no-op."""
+    from .taxi import flow as taxi_flow  # Spark and pyarrow load only for the commands that use them
+
     c: Ctx = ctx.obj
     result, run = taxi_flow.load_and_verify(
         c.platform(), c.state, source=source, months=months, paths=path or [], rows_per_month=rows_per_month,
@@ -310,6 +310,8 @@ def all_(
     as_json: JsonOpt = False,
 ) -> None:
     """The whole flow with checks (what `just ducklake-test` runs). Exit 0 only if every check holds."""
+    from . import flow
+
     c: Ctx = ctx.obj
     run = CheckRun()
     result = flow.run_all(c.platform(), c.state, run, source=source, mode=mode, on_step=_step_printer(as_json))

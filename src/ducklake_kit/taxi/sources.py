@@ -15,11 +15,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
 from ..errors import KitError
-from . import schema, synthetic
 
 TLC_BASE_URL = "https://d37ci6vzurychx.cloudfront.net"
 SOURCES = ("auto", "tlc", "synthetic", "files")
@@ -79,6 +76,7 @@ def sha256_file(path: Path) -> str:
 
 def parquet_rows(path: Path) -> int:
     """Rows from the footer; a truncated or corrupt file is one clear error."""
+    import pyarrow.parquet as pq  # imported here: `up`, `sql` and `status` never need it
     try:
         return pq.ParquetFile(path).metadata.num_rows
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for broken files
@@ -99,6 +97,7 @@ def period_from_name(name: str) -> tuple[int | None, int | None]:
 
 def columns_of(path: Path) -> list[str]:
     """Column names from the Parquet schema or the CSV header, without reading the data."""
+    import pyarrow.parquet as pq  # imported here: `up`, `sql` and `status` never need it
     if path.suffix.lower() == ".parquet":
         return list(pq.ParquetFile(path).schema_arrow.names)
     with open(path, newline="", encoding="utf-8-sig") as f:
@@ -107,6 +106,7 @@ def columns_of(path: Path) -> list[str]:
 
 def describe_file(path: Path, kind: str) -> SourceFile:
     """Checked before anything is landed or loaded: a readable footer and a known schema."""
+    from . import schema
     year, month = period_from_name(path.name)
     rows = parquet_rows(path) if path.suffix.lower() == ".parquet" else None
     schema.detect_variant(columns_of(path), source=path.name)  # one clear error for an unknown schema
@@ -118,6 +118,7 @@ def describe_file(path: Path, kind: str) -> SourceFile:
 
 def synthetic_files(cache: Path, months: list[tuple[int, int]], rows_per_month: int, seed: int = 0) -> list[SourceFile]:
     """Generate each month once per (seed, size); deterministic, so a cached file is the same file."""
+    from . import synthetic
     folder = cache / "synthetic" / f"seed{seed}-rows{rows_per_month}"
     out = []
     for year, month in months:
@@ -130,6 +131,7 @@ def synthetic_files(cache: Path, months: list[tuple[int, int]], rows_per_month: 
 
 def zone_lookup(cache: Path, near: list[Path] | None = None) -> tuple[Path, str]:
     """The zone lookup: a real taxi_zone_lookup.csv next to the given files or downloaded before, else synthetic."""
+    from . import synthetic
     for folder in {p.parent for p in near or []}:
         candidate = folder / "taxi_zone_lookup.csv"
         if candidate.exists():
@@ -171,6 +173,7 @@ def user_files(patterns: list[str]) -> list[SourceFile]:
 
 
 def tlc_url(year: int, month: int) -> str:
+    from . import synthetic
     return f"{tlc_base_url()}/trip-data/{synthetic.month_file_name(year, month)}"
 
 
@@ -189,6 +192,7 @@ def tlc_reachable(timeout: float = 3.0) -> tuple[bool, str]:
 
 def download(url: str, dest: Path, *, label: str, timeout: float = 30.0) -> Path:
     """Download to `dest` once: resume a partial `.part` file with a Range request, then rename."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -237,6 +241,7 @@ def _broke_off(url: str, done: int, total: int, why: str) -> KitError:
 
 
 def tlc_files(cache: Path, months: list[tuple[int, int]]) -> list[SourceFile]:
+    from . import synthetic
     out = []
     for year, month in months:
         dest = cache / "tlc" / synthetic.month_file_name(year, month)
