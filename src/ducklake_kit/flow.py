@@ -36,7 +36,8 @@ def run_all(platform: Platform, state: State, checks: CheckRun, *, source: str =
     with checks.step("load again (no-op)"):
         on_step("the same load again: every file must be skipped")
         again, _ = taxi_flow.load_and_verify(platform, state, source=source, months=ALL_MONTHS,
-                                             rows_per_month=all_rows_per_month(), on_step=on_step, checks=checks)
+                                             rows_per_month=all_rows_per_month(), on_step=on_step, checks=checks,
+                                             verify_skipped=False)  # the figures were just checked
     checks.equal("re-running the load skips every file", [f.status for f in again.files], ["skipped"] * len(first.files))
     result["load"] = first.as_dict()
     with Lake(platform.endpoints()) as lake:

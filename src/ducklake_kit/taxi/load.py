@@ -76,6 +76,7 @@ class FileResult:
     rows_accepted: int = 0
     rows_rejected: int = 0
     data_files: int = 0
+    load_id: str = ""  # the load whose rows came from this file (an earlier one when skipped)
 
 
 @dataclass
@@ -202,7 +203,7 @@ def _previous_loads(lake: Lake, schema_name: str) -> list[dict[str, Any]]:
                          [lake.alias, schema_name, LOAD_LOG])
     if not exists:
         return []
-    cur = lake.con.execute(f"SELECT load_id, sha256, period, source_file FROM {schema_name}.{LOAD_LOG}")
+    cur = lake.con.execute(f"SELECT load_id, sha256, period, source_file, raw_uri FROM {schema_name}.{LOAD_LOG}")
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, r)) for r in cur.fetchall()]
 
@@ -221,7 +222,9 @@ def plan(lake: Lake, files: list[SourceFile], mode: str, schema_name: str = "mai
         same_content = [p for p in previous if p["sha256"] == f.sha256]
         same_period = [p for p in previous if p["period"] == f.period and p["period"] != "any"]
         if mode == "skip" and same_content:
-            skipped.append(FileResult(f, status="skipped", reason=f"already loaded (load {same_content[0]['load_id']})"))
+            prev = same_content[0]
+            skipped.append(FileResult(f, raw_uri=prev["raw_uri"], status="skipped", load_id=prev["load_id"],
+                                      reason=f"already loaded (load {prev['load_id']})"))
             continue
         if mode == "skip" and same_period:
             raise KitError(
@@ -303,7 +306,7 @@ def run_load(
             con.execute(f"DELETE FROM {q}.{ZONES}")
             con.execute(f"INSERT INTO {q}.{ZONES} SELECT LocationID, Borough, Zone, service_zone FROM read_csv(?, header = true)", [str(zones_path)])
             for f in todo:
-                fr = FileResult(f, raw_uri=landed[f.path], status="loaded")
+                fr = FileResult(f, raw_uri=landed[f.path], status="loaded", load_id=load_id)
                 counts = dict(con.execute(
                     f"SELECT 'accepted', count(*) FROM {q}.{TRIPS} WHERE load_id = ? AND source_file = ? "
                     f"UNION ALL SELECT 'rejected', count(*) FROM {q}.{QUARANTINE} WHERE load_id = ? AND source_file = ?",
