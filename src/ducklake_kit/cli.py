@@ -301,6 +301,68 @@ def bench(
         console().print(f"wrote {json_file}", markup=False)
 
 
+@app.command()
+@command
+def timetravel(
+    ctx: typer.Context,
+    rows_per_month: Annotated[int, typer.Option(help="Synthetic trips a month in the lesson's two loads.")] = 20_000,
+    as_json: JsonOpt = False,
+) -> None:
+    """The time-travel and change-feed lesson, checked: two loads, a correction, AT (VERSION/TIMESTAMP), table_changes, a restore."""
+    from . import timetravel as tt
+
+    c: Ctx = ctx.obj
+    run = CheckRun()
+    result = tt.run_timetravel(c.platform(), c.state, run, rows_per_month=rows_per_month, on_step=_step_printer(as_json))
+    if as_json:
+        print_json("ok" if run.ok else "error", {**result, **run.as_dict()})
+    else:
+        out = console()
+        out.print(table(f"Snapshots of the lesson (schema {result['schema']})", ["step", "snapshot_id", "time", "message"],
+                        [[r.get("step"), r.get("snapshot_id"), r.get("snapshot_time"), r.get("commit_message")]
+                         for r in result["snapshots"]]))
+        out.print(table("trips AT (VERSION => n)", ["step", "snapshot_id", "trips"],
+                        [[r["step"], r["snapshot_id"], f"{r['trips']:,}"] for r in result["counts_at_version"]]))
+        out.print(f"AT (TIMESTAMP => ...): {result['at_timestamp']}", markup=False)
+        out.print(table("ducklake_table_changes (from..to, both included)", ["from", "to", "changes"],
+                        [[r["from"], r["to"], {k: v for k, v in r.items() if k not in ("from", "to")}] for r in result["changes"]]))
+        out.print(f"correction: {result['rule']} ({result['rule_why']}); restore: {result['restore']}", markup=False)
+        out.print(render_checks(run, "Time travel checks"))
+    if not run.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+@app.command()
+@command
+def maintain(
+    ctx: typer.Context,
+    older_than: Annotated[str, typer.Option(help="Expire snapshots (and delete orphaned files) older than this: '7 days', '2 hours', 'now', or a timestamp.")] = "7 days",
+    version: Annotated[Optional[list[int]], typer.Option(help="Expire exactly this snapshot instead (repeatable).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; change nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Flush inlined data, merge adjacent files, expire snapshots, clean up old and orphaned files, CHECKPOINT; checked."""
+    from . import maintain as mt
+
+    c: Ctx = ctx.obj
+    run = CheckRun()
+    result = mt.run_maintain(c.platform(), run, older_than=older_than, versions=version or None, dry_run=dry_run,
+                             on_step=_step_printer(as_json))
+    if as_json:
+        print_json("ok" if run.ok else "error", {**result, **run.as_dict()})
+    else:
+        out = console()
+        before, after = result["before"], result["after"]
+        out.print(table("Before / after" + (" (dry run: nothing changed)" if dry_run else ""), ["", "before", "after"],
+                        [[k, before[k], after.get(k)] for k in before]))
+        detail = result.get("would") if dry_run else result.get("done")
+        for k, v in (detail or {}).items():
+            out.print(f"{'would ' if dry_run else ''}{k}: {v if not isinstance(v, list) or len(v) <= 5 else f'{len(v)} items'}", markup=False)
+        out.print(render_checks(run, "Maintenance checks"))
+    if not run.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
 @app.command(name="all")
 @command
 def all_(
