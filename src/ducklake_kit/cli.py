@@ -303,6 +303,40 @@ def bench(
 
 @app.command()
 @command
+def query(
+    ctx: typer.Context,
+    names: Annotated[Optional[list[str]], typer.Argument(help="Queries to run (file names in queries/ without the number); all by default.")] = None,
+    check: Annotated[bool, typer.Option("--check/--no-check", help="Check each answer against the source files (default).")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the named queries from queries/ and check each answer against an independent computation on the raw files."""
+    from . import queries as q
+
+    c: Ctx = ctx.obj
+    run = CheckRun()
+    with Lake(c.platform().endpoints()) as lake:
+        if check:
+            answers = q.check_queries(lake, run, names or None)
+        else:
+            answers = {n: q.run_query(lake, n) for n in (names or [x.name for x in q.list_queries()])}
+        info = lake.catalog_info(c.platform_name)
+    if as_json:
+        print_json("ok" if run.ok else "error", {"queries": q.answers_as_dict(answers), **run.as_dict()}, info)
+    else:
+        out = console()
+        teaches = {x.name: x.teaches for x in q.list_queries()}
+        for name, (columns, rows, seconds) in answers.items():
+            out.print(table(f"{name} ({len(rows)} rows, {seconds * 1000:.0f} ms): {teaches.get(name, '')}", columns, rows[:25]))
+            if len(rows) > 25:
+                out.print(f"... {len(rows) - 25} more rows (--json for all)", markup=False)
+        if check:
+            out.print(render_checks(run, "Answers vs the source files (computed independently)"))
+    if check and not run.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+@app.command()
+@command
 def timetravel(
     ctx: typer.Context,
     rows_per_month: Annotated[int, typer.Option(help="Synthetic trips a month in the lesson's two loads.")] = 20_000,

@@ -1,0 +1,323 @@
+"""The named queries in `queries/*.sql`, run against the lake and checked against the source files.
+
+    for q in list_queries(): print(q.name, q.teaches)
+    columns, rows, seconds = run_query(lake, "q1_trips_by_vendor")
+    check_queries(lake, checks)        # one check per query: "query <name> matches the source"
+
+The check is an independent computation. It does not read `trips`: a private DuckDB connection reads the raw
+objects that `load_log.raw_uri` names (one read per load still in load_log, so a file loaded twice with
+`--mode append` counts twice, as it does in the lake), conforms each with its own variant's column spellings
+(`schema.detect_variant`), applies the quality rules re-implemented in SQL below (`REFERENCE_RULES`, not the
+Spark code), joins the `zones` lookup and computes each aggregate with its own SQL (`REFERENCE_SQL`). The
+lake's answer must equal it exactly: money and distances are summed as DECIMAL(18, 2) and averages and
+percentages rounded to 2 decimals in both, so no floating-point summation order can differ.
+
+A dropped partition, a duplicated load, a row the loader kept or rejected wrongly, a shifted timestamp or a
+wrong derived column (weekday, hour, date, year) makes the lake's answer differ from the reference.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from .checks import CheckRun
+from .errors import KitError
+from .lake import Lake, load_statements, secret_statements
+from .state import project_root
+from .taxi import schema
+
+QUERIES_DIR = (project_root() or Path.cwd()) / "queries"
+_FILE_NAME = re.compile(r"^(\d+)_(\w+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Query:
+    name: str  # the file name without its number and .sql: `query daily_summary`
+    path: Path
+    teaches: str  # the leading `--` comment, joined into one paragraph
+    sql: str
+
+
+def _parse(path: Path) -> Query:
+    m = _FILE_NAME.match(path.name)
+    sql = path.read_text(encoding="utf-8")
+    comment = []
+    for line in sql.splitlines():
+        if not line.startswith("--"):
+            break
+        comment.append(line[2:].strip())
+    return Query(m.group(2) if m else path.stem, path, " ".join(c for c in comment if c), sql)
+
+
+def list_queries(directory: Path | None = None) -> list[Query]:
+    """Every `NN_name.sql` in the queries folder, in file-name (lesson) order."""
+    folder = directory or QUERIES_DIR
+    if not folder.is_dir():
+        raise KitError(f"no queries folder at {folder}", "run from the ducklake-kit checkout (its queries/ folder)")
+    return [_parse(p) for p in sorted(folder.glob("*.sql"))]
+
+
+def get_query(name: str, directory: Path | None = None) -> Query:
+    """A query by name (`daily_summary`) or file stem (`05_daily_summary`); unknown names list the known ones."""
+    queries = list_queries(directory)
+    for q in queries:
+        if name in (q.name, q.path.stem):
+            return q
+    raise KitError(f"unknown query '{name}'", f"choose one of: {', '.join(q.name for q in queries)}")
+
+
+def run_query(lake: Lake, name: str) -> tuple[list[str], list[tuple], float]:
+    """Run a named query on the lake: (column names, rows, seconds)."""
+    q = get_query(name)
+    start = time.perf_counter()
+    try:
+        results = lake.run(q.sql)
+    except KitError as exc:  # say which file holds the failing SQL
+        raise KitError(f"query {q.name} ({q.path.name}): {exc.what}", exc.fix) from None
+    seconds = time.perf_counter() - start
+    last = results[-1]
+    return last.columns, list(last.rows), round(seconds, 4)
+
+
+# --- The reference: the same answers computed from the raw source files ------------------------------------
+
+# The quality rules of `transforms.QUALITY_RULES`, written again in DuckDB SQL over conformed source rows.
+# Same codes, same order: a row's reject_reason is the first rule it breaks (a NULL comparison breaks none).
+# `{start}`/`{end}` bound the load's period; a load without one (period 'any') has no period rule.
+MAX_DISTANCE_MILES = 500
+MAX_DURATION_US = 24 * 3600 * 1_000_000
+REFERENCE_RULES: list[tuple[str, str]] = [
+    ("missing_timestamp", "pickup_at IS NULL OR dropoff_at IS NULL"),
+    ("pickup_outside_period", "pickup_at < {start} OR pickup_at >= {end}"),
+    ("dropoff_before_pickup", "dropoff_at < pickup_at"),
+    ("duration_over_24h", f"epoch_us(dropoff_at) - epoch_us(pickup_at) > {MAX_DURATION_US}"),
+    ("negative_amount", "fare_amount < 0 OR total_amount < 0"),
+    ("bad_distance", f"trip_distance IS NULL OR trip_distance < 0 OR trip_distance > {MAX_DISTANCE_MILES}"),
+    ("bad_location", "pu_location_id IS NULL OR pu_location_id NOT BETWEEN 1 AND 265 "
+                     "OR do_location_id IS NULL OR do_location_id NOT BETWEEN 1 AND 265"),
+]
+
+# The canonical columns the queries and the rules need, with the type the lake stores them as.
+_NEEDED = {
+    "vendor_id": "INTEGER", "pickup_at": "TIMESTAMP", "dropoff_at": "TIMESTAMP", "passenger_count": "INTEGER",
+    "trip_distance": "DOUBLE", "ratecode_id": "INTEGER", "pu_location_id": "INTEGER", "do_location_id": "INTEGER",
+    "payment_type": "INTEGER", "fare_amount": "DOUBLE", "tip_amount": "DOUBLE", "total_amount": "DOUBLE",
+}
+_INTEGER_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
+# A zone or UTC label after a CSV clock reading ("2022-03-02 15:25:57+00:00"): dropped, the reading kept.
+_ZONE_LABEL = r"\s*(Z|UTC|[+-]\d{2}(:?\d{2})?)$"
+
+# Each query's answer, from `source_trips` (conformed source rows with their reject_reason) and `zones`.
+# Written separately from queries/*.sql and from the source columns only: the year, date, hour and weekday
+# come from pickup_at here, where the queries read the columns Spark derived.
+_ACCEPTED = "(SELECT * FROM source_trips WHERE reject_reason IS NULL)"
+_D2 = "DECIMAL(18, 2)"
+REFERENCE_SQL: dict[str, str] = {
+    "q1_trips_by_vendor": f"""
+        SELECT vendor_id, count(*) FROM {_ACCEPTED} GROUP BY 1 ORDER BY 1 NULLS FIRST""",
+    "q2_avg_total_by_passenger_count": f"""
+        SELECT passenger_count, count(*), round(sum(CAST(total_amount AS {_D2})) / count(*), 2)
+        FROM {_ACCEPTED} GROUP BY 1 ORDER BY 1 NULLS FIRST""",
+    "q3_trips_by_passenger_count_and_year": f"""
+        SELECT passenger_count, year(pickup_at) AS y, count(*) FROM {_ACCEPTED} GROUP BY 1, 2
+        ORDER BY y, passenger_count NULLS FIRST""",
+    "q4_trips_by_passenger_count_year_distance": f"""
+        SELECT passenger_count, year(pickup_at) AS y, CAST(round(trip_distance) AS INTEGER) AS d, count(*) AS n
+        FROM {_ACCEPTED} GROUP BY 1, 2, 3 ORDER BY y, n DESC, passenger_count NULLS FIRST, d""",
+    "daily_summary": f"""
+        SELECT CAST(pickup_at AS DATE) AS day, count(*),
+               round(sum(CAST(trip_distance AS {_D2})) / count(*), 2),
+               round(sum(CAST(total_amount AS {_D2})) / count(*), 2),
+               sum(CAST(total_amount AS {_D2}))
+        FROM {_ACCEPTED} GROUP BY day ORDER BY day""",
+    "top_pickup_zones": f"""
+        WITH by_zone AS (SELECT pu_location_id AS id, count(*) AS n, sum(CAST(total_amount AS {_D2})) AS revenue
+                         FROM {_ACCEPTED} GROUP BY id)
+        SELECT by_zone.id, zones.borough, zones.zone, n, revenue
+        FROM by_zone LEFT JOIN zones ON zones.location_id = by_zone.id
+        ORDER BY revenue DESC, by_zone.id LIMIT 10""",
+    "hourly_demand_by_weekday": f"""
+        WITH counts AS (SELECT isodow(pickup_at) AS wd, dayname(pickup_at) AS day, hour(pickup_at) AS h, count(*) AS n
+                        FROM {_ACCEPTED} GROUP BY 1, 2, 3),
+             per_day AS (SELECT wd, sum(n) AS day_n FROM counts GROUP BY wd)
+        SELECT wd, day, h, n, round(100.0 * n / day_n, 2)
+        FROM counts JOIN per_day USING (wd) ORDER BY wd, h""",
+    "tip_share_by_payment_type": f"""
+        SELECT payment_type,
+               CASE payment_type WHEN 0 THEN 'Flex Fare' WHEN 1 THEN 'Credit card' WHEN 2 THEN 'Cash'
+                    WHEN 3 THEN 'No charge' WHEN 4 THEN 'Dispute' WHEN 5 THEN 'Unknown' WHEN 6 THEN 'Voided' END,
+               count(*), sum(CAST(tip_amount AS {_D2})),
+               round(100 * sum(CAST(tip_amount AS {_D2})) / nullif(sum(CAST(total_amount AS {_D2})), 0), 2),
+               round(100.0 * sum(CASE WHEN tip_amount > 0 THEN 1 ELSE 0 END) / count(*), 2)
+        FROM {_ACCEPTED} GROUP BY payment_type ORDER BY payment_type NULLS FIRST""",
+    "airport_trips": f"""
+        WITH airports(id, code) AS (VALUES (1, 'EWR'), (132, 'JFK'), (138, 'LGA')),
+             legs AS (SELECT a.code, l.leg, t.*
+                      FROM {_ACCEPTED} AS t
+                      CROSS JOIN (VALUES ('pickup'), ('dropoff')) AS l(leg)
+                      JOIN airports AS a ON a.id = CASE l.leg WHEN 'pickup' THEN t.pu_location_id ELSE t.do_location_id END)
+        SELECT code, leg, count(*), sum(CASE WHEN ratecode_id = 2 OR ratecode_id = 3 THEN 1 ELSE 0 END),
+               round(sum(CAST(trip_distance AS {_D2})) / count(*), 2), sum(CAST(total_amount AS {_D2}))
+        FROM legs GROUP BY code, leg ORDER BY code, leg""",
+}
+_QUARANTINE_CHECK = "quarantine reasons match the source"
+
+
+def _sql_str(value: str) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _relation(raw_uri: str) -> str:
+    if raw_uri.lower().endswith((".csv", ".csv.gz")):
+        return f"read_csv({_sql_str(raw_uri)}, header = true, all_varchar = true)"  # strings, as Spark reads CSV
+    return f"read_parquet({_sql_str(raw_uri)})"
+
+
+def _floor_div_1000(expr: str) -> str:
+    return f"(({expr}) - ((({expr}) % 1000) + 1000) % 1000) // 1000"  # exact floor, also before 1970
+
+
+def _conformed(column: str | None, source_type: str | None, target: str) -> str:
+    """A source column as the lake stores it: the same value Spark's conform gives, computed by DuckDB."""
+    if column is None:
+        return f"CAST(NULL AS {target})"
+    c = '"' + column.replace('"', '""') + '"'
+    t = (source_type or "").upper()
+    if target == "TIMESTAMP":  # the wall clock the source shows, never shifted by a time zone
+        if t == "TIMESTAMP":
+            return c
+        if t in ("TIMESTAMP WITH TIME ZONE", "TIMESTAMPTZ"):
+            return f"make_timestamp(epoch_us({c}))"  # an instant labelled UTC: its UTC reading is the clock
+        if t == "TIMESTAMP_NS":
+            return f"make_timestamp({_floor_div_1000(f'epoch_ns({c})')})"  # sub-microsecond digits dropped
+        if t in ("TIMESTAMP_MS", "TIMESTAMP_S", "DATE"):
+            return f"CAST({c} AS TIMESTAMP)"
+        if t == "BIGINT":  # INT64 epoch nanoseconds, as Spark reads TIMESTAMP(NANOS)
+            return f"make_timestamp({_floor_div_1000(c)})"
+        if t == "VARCHAR":
+            return f"CAST(regexp_replace(trim({c}), {_sql_str(_ZONE_LABEL)}, '') AS TIMESTAMP)"
+        raise KitError(f"cannot read a timestamp from a {source_type} column ({column})",
+                       "this source type is unknown to the reference; report it")
+    if target == "INTEGER" and t not in _INTEGER_TYPES:
+        return f"CAST(trunc(CAST({c} AS DOUBLE)) AS INTEGER)"  # codes stored as 1.0 or '1.0': Spark truncates
+    return f"CAST({c} AS {target})"
+
+
+def _period_bounds(period: str) -> tuple[str, str] | None:
+    """[start, end) of a load's period as TIMESTAMP literals: 'YYYY-MM', 'YYYY', or None for 'any'."""
+    m = re.fullmatch(r"(\d{4})(?:-(\d{2}))?", period or "")
+    if not m:
+        return None
+    year, month = int(m.group(1)), int(m.group(2)) if m.group(2) else None
+    if month is None:
+        start, end = (year, 1), (year + 1, 1)
+    else:
+        start, end = (year, month), (year + month // 12, month % 12 + 1)
+    return f"TIMESTAMP '{start[0]:04d}-{start[1]:02d}-01 00:00:00'", f"TIMESTAMP '{end[0]:04d}-{end[1]:02d}-01 00:00:00'"
+
+
+def reject_reason_sql(period: str, rules: list[tuple[str, str]] | None = None) -> str:
+    """CASE expression giving the first broken rule of REFERENCE_RULES (NULL for a good row)."""
+    bounds = _period_bounds(period)
+    whens = []
+    for code, predicate in rules or REFERENCE_RULES:
+        if "{start}" in predicate:
+            if bounds is None:
+                continue  # no period: nothing is outside it
+            predicate = predicate.format(start=bounds[0], end=bounds[1])
+        whens.append(f"WHEN {predicate} THEN '{code}'")
+    return "CASE " + " ".join(whens) + " END"
+
+
+def source_select(con: duckdb.DuckDBPyConnection, raw_uri: str, period: str) -> str:
+    """SELECT over one raw object: the needed canonical columns plus reject_reason."""
+    rel = _relation(raw_uri)
+    try:
+        described = con.execute(f"DESCRIBE SELECT * FROM {rel}").fetchall()
+    except duckdb.Error as exc:
+        raise KitError(f"cannot read the raw object {raw_uri} that load_log names ({str(exc).splitlines()[0]})",
+                       "the raw bucket must keep every loaded file; reload the month with --mode replace") from None
+    types = {r[0]: r[1] for r in described}
+    variant = schema.detect_variant([r[0] for r in described], source=raw_uri)
+    source_of = {canon: src for src, canon in variant.mapping}
+    cols = ", ".join(f"{_conformed(source_of.get(n), types.get(source_of.get(n, '')), t)} AS {n}" for n, t in _NEEDED.items())
+    return f"SELECT *, {reject_reason_sql(period)} AS reject_reason FROM (SELECT {cols} FROM {rel})"
+
+
+def _reference_connection(lake: Lake) -> duckdb.DuckDBPyConnection:
+    """A private in-memory DuckDB with httpfs and the S3 secret only: it cannot see the lake."""
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    for stmt in [*load_statements(), secret_statements(lake.endpoints)[0]]:
+        con.execute(stmt)
+    return con
+
+
+def _has_table(lake: Lake, table: str) -> bool:
+    return bool(lake.scalar("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = 'main' "
+                            "AND table_name = ?", [lake.alias, table]))
+
+
+def build_reference(lake: Lake) -> duckdb.DuckDBPyConnection:
+    """The reference connection with `source_trips` (every row of every load in load_log, conformed, with
+    reject_reason) and `zones` (copied from the lake's lookup)."""
+    if not _has_table(lake, "load_log"):
+        raise KitError("the lake holds no loads yet, so there is nothing to query", "run `load` first")
+    loads = lake.con.execute(f"SELECT raw_uri, period FROM {lake.alias}.main.load_log ORDER BY load_id, raw_uri").fetchall()
+    zones = lake.con.execute(f"SELECT location_id, borough, zone FROM {lake.alias}.main.zones").to_arrow_table()
+    con = _reference_connection(lake)
+    try:
+        con.register("zones_in", zones)
+        con.execute("CREATE TABLE zones AS SELECT * FROM zones_in")
+        con.unregister("zones_in")
+        empty = "SELECT " + ", ".join(f"CAST(NULL AS {t}) AS {n}" for n, t in _NEEDED.items()) + \
+                ", CAST(NULL AS VARCHAR) AS reject_reason WHERE false"
+        parts = [source_select(con, uri, period) for uri, period in loads] or [empty]
+        con.execute("CREATE TABLE source_trips AS " + "\nUNION ALL ".join(parts))
+    except BaseException:
+        con.close()
+        raise
+    return con
+
+
+def check_queries(lake: Lake, checks: CheckRun, names: list[str] | None = None) -> dict[str, tuple[list[str], list[tuple], float]]:
+    """Run each query (all by default) and check its answer equals the reference computed from the source files.
+
+    Returns the lake's answers by name, (columns, rows, seconds), for rendering. With all queries, also checks
+    that the quarantine holds, per reject_reason, exactly the rows the reference rules reject."""
+    known = {q.name: q for q in list_queries()}
+    for n in names or []:
+        get_query(n)  # an unknown name is one clear error, before anything is read
+    wanted = [get_query(n).name for n in names] if names else [n for n in known if n in REFERENCE_SQL]
+    missing = [n for n in wanted if n not in REFERENCE_SQL]
+    if missing:
+        raise KitError(f"query '{missing[0]}' has no reference computation to check it against",
+                       f"checked queries: {', '.join(n for n in known if n in REFERENCE_SQL)}")
+    answers: dict[str, tuple[list[str], list[tuple], float]] = {}
+    with checks.step("queries: reference from the source files"):
+        ref = build_reference(lake)
+    try:
+        for name in wanted:
+            columns, rows, seconds = run_query(lake, name)
+            answers[name] = (columns, rows, seconds)
+            expected = ref.execute(REFERENCE_SQL[name]).fetchall()
+            checks.equal(f"query {name} matches the source", rows, expected)
+        if names is None:
+            lake_reasons = lake.con.execute(
+                f"SELECT reject_reason, count(*) FROM {lake.alias}.main.quarantine GROUP BY 1 ORDER BY 1").fetchall()
+            ref_reasons = ref.execute(
+                "SELECT reject_reason, count(*) FROM source_trips WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 1").fetchall()
+            checks.equal(_QUARANTINE_CHECK, lake_reasons, ref_reasons)
+    finally:
+        ref.close()
+    return answers
+
+
+def answers_as_dict(answers: dict[str, tuple[list[str], list[tuple], float]]) -> dict[str, Any]:
+    """{name: {columns, rows, seconds}} with rows as lists (the CLI makes dates and decimals JSON-safe)."""
+    return {n: {"columns": c, "rows": [list(r) for r in rows], "seconds": s} for n, (c, rows, s) in answers.items()}
