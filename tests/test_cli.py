@@ -125,7 +125,7 @@ def test_external_platform_runs_the_same_flow(stack, cli, local_only):
         "DUCKLAKE_S3_KEY_ID": ep.s3.key_id,
         "DUCKLAKE_S3_SECRET": ep.s3.secret,
     }
-    result = cli(env, "all", "--json")
+    result = cli(env, "all", "--no-bench", "--json")
     assert result.exit_code == 0, result.output
     assert _json(result)["catalog_info"]["platform"] == "external"
     down = cli(env, "down")

@@ -403,7 +403,8 @@ def _wall_clock(text: str) -> datetime:
 def test_real_csv_samples_load_checked_with_out_of_period_rows_quarantined(stack):
     from ducklake_kit.taxi import flow
 
-    result, checks = flow.load_and_verify(stack.platform, stack.state, source="files",
+    # append: another test of the shared lake (test_queries) may have loaded the BigQuery sample already
+    result, checks = flow.load_and_verify(stack.platform, stack.state, source="files", mode="append",
                                           paths=[str(GX_2019_08), str(BIGQUERY_2022)])
     assert checks.ok, [c.as_dict() for c in checks.failed]
     by_name = {fr.source.path.name: fr for fr in result.files}
@@ -420,8 +421,8 @@ def test_real_csv_samples_load_checked_with_out_of_period_rows_quarantined(stack
                               if r["pickup_datetime"] and r["dropoff_datetime"] and not in_period(_wall_clock(r["pickup_datetime"])))
             assert expected, f"{path.name} should hold a stray pickup"  # 2008-12-31 and 2002-10-24
             got = [r[0] for r in lake.con.execute(
-                "SELECT pickup_at FROM quarantine WHERE source_file = ? AND reject_reason = 'pickup_outside_period' "
-                "ORDER BY pickup_at", [path.name]).fetchall()]
+                "SELECT pickup_at FROM quarantine WHERE source_file = ? AND load_id = ? "
+                "AND reject_reason = 'pickup_outside_period' ORDER BY pickup_at", [path.name, result.load_id]).fetchall()]
             assert got == expected
             assert lake.scalar("SELECT count(*) FROM trips WHERE source_file = ? AND pickup_year <> ?",
                                [path.name, int(period[:4])]) == 0

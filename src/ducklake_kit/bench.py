@@ -25,7 +25,6 @@ from .errors import KitError
 from .platforms.base import Platform
 from .state import State
 
-SUITES = ("load",)
 ROWS_PER_FILE = 2_500_000  # a TLC month holds about 3M trips: bigger N means more months
 BENCH_SCHEMA = "bench"  # the DuckLake side writes here, never into main.trips
 

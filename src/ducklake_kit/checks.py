@@ -16,9 +16,11 @@ class Check:
     expected: Any
     actual: Any
     seconds: float | None = None
+    stage: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "passed": self.passed, "expected": self.expected, "actual": self.actual, "seconds": self.seconds}
+        return {"name": self.name, "passed": self.passed, "expected": self.expected, "actual": self.actual,
+                "seconds": self.seconds, "stage": self.stage}
 
 
 class CheckRun:
@@ -27,15 +29,36 @@ class CheckRun:
     def __init__(self) -> None:
         self.checks: list[Check] = []
         self.timings: dict[str, float] = {}
+        self.stages: dict[str, float] = {}  # the flow's stages (foundation, load, ...) and their seconds
+        self._stage = ""
 
     def equal(self, name: str, actual: Any, expected: Any) -> bool:
         passed = actual == expected
-        self.checks.append(Check(name, passed, expected, actual))
+        self.checks.append(Check(name, passed, expected, actual, stage=self._stage))
         return passed
 
     def true(self, name: str, condition: bool, *, expected: Any = True, actual: Any = None) -> bool:
-        self.checks.append(Check(name, bool(condition), expected, condition if actual is None else actual))
+        self.checks.append(Check(name, bool(condition), expected, condition if actual is None else actual, stage=self._stage))
         return bool(condition)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """A stage of a flow: its checks are grouped under it and its time is kept, for the summary."""
+        previous, self._stage = self._stage, name
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stages[name] = round(time.perf_counter() - start, 3)
+            self._stage = previous
+
+    def summary(self) -> list[dict[str, Any]]:
+        """Per stage: checks passed / total and seconds."""
+        out = []
+        for name, seconds in self.stages.items():
+            mine = [c for c in self.checks if c.stage == name]
+            out.append({"stage": name, "passed": sum(c.passed for c in mine), "checks": len(mine), "seconds": seconds})
+        return out
 
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -59,4 +82,5 @@ class CheckRun:
             "failed": len(self.failed),
             "checks": [c.as_dict() for c in self.checks],
             "timings_s": self.timings,
+            "stages": self.summary(),
         }

@@ -275,17 +275,54 @@ def _render_load(result, run: CheckRun) -> None:
 @command
 def bench(
     ctx: typer.Context,
-    suite: Annotated[str, typer.Option(help="What to measure: load (more suites come with the query issue).")] = "load",
-    rows: Annotated[Optional[list[int]], typer.Option(help="Rows to load (repeat to compare sizes, e.g. --rows 1000000 --rows 10000000).")] = None,
+    suite: Annotated[str, typer.Option(help="load (DuckLake vs plain Parquet writes), queries (DuckLake vs Parquet on S3 vs Spark SQL) or concurrency (many writers).")] = "load",
+    rows: Annotated[Optional[list[int]], typer.Option(help="Rows (load: repeat to compare sizes; queries: one size). Default 1,000,000.")] = None,
+    runs: Annotated[int, typer.Option(help="queries: timed runs per query and engine, after one warm-up.")] = 5,
+    workers: Annotated[int, typer.Option(help="concurrency: writer processes.")] = 3,
+    ops: Annotated[int, typer.Option(help="concurrency: inserts per writer.")] = 100,
     json_file: Annotated[Optional[Path], typer.Option("--json", help="Also write the results to this JSON file.")] = None,
+    png_file: Annotated[Optional[Path], typer.Option("--png", help="queries/concurrency: also draw a bar chart to this PNG file.")] = None,
 ) -> None:
-    """Measure, in one run, and print the figures: --suite load = DuckLake vs plain Parquet from the same Spark job."""
+    """Measure, in one run, and print the figures (commands, not timed tests): --suite load, queries or concurrency."""
     from . import bench as bench_mod
 
-    if suite not in bench_mod.SUITES:
-        raise KitError(f"unknown suite '{suite}'", f"choose one of: {', '.join(bench_mod.SUITES)}")
+    suites = ("load", "queries", "concurrency")
+    if suite not in suites:
+        raise KitError(f"unknown suite '{suite}'", f"choose one of: {', '.join(suites)}")
     c: Ctx = ctx.obj
     step = _step_printer(False)
+    out = console()
+    if suite == "queries":
+        from .bench_queries import bench_queries
+
+        r = bench_queries(c.platform(), c.state, rows=(rows or [1_000_000])[0], runs=runs, on_step=step,
+                          json_path=json_file, png_path=png_file)
+        out.print(table(f"bench --suite queries: {r['table_rows']:,} trips, median of {r['runs']} runs ({r['cores']} cores; "
+                        f"load average {r['load_average_before'][0]})",
+                        ["query", "DuckLake ms", "Parquet on S3 ms", "Spark SQL ms", "DuckLake/Parquet", "Spark/DuckLake", "answers agree"],
+                        [[q["name"], f"{q['ducklake']['median_s'] * 1000:.1f}", f"{q['parquet']['median_s'] * 1000:.1f}",
+                          f"{q['spark']['median_s'] * 1000:.1f}", q["ratio_ducklake_to_parquet"], q["speedup_vs_spark"],
+                          "yes" if q["answers_agree"] else "NO"] for q in r["queries"]]))
+        g = r["goals"]
+        out.print(f"sum of medians: DuckLake/Parquet {r['ratio_ducklake_to_parquet']} (goal <= {g['ratio_ducklake_to_parquet_max']}: "
+                  f"{'met' if g['ratio_met'] else 'NOT met'}); Spark/DuckLake {r['speedup_vs_spark']}x (goal >= "
+                  f"{g['speedup_vs_spark_min']}x: {'met' if g['speedup_met'] else 'NOT met'})", markup=False)
+        if not r["answers_agree"]:
+            raise KitError("the engines returned different answers", "see the JSON results (--json FILE) for the differences",
+                           exit_code=EXIT_CHECK_FAILED)
+        return
+    if suite == "concurrency":
+        from .bench_concurrency import bench_concurrency
+
+        r = bench_concurrency(c.platform(), c.state, workers=workers, ops=ops, on_step=step, json_path=json_file, png_path=png_file)
+        out.print(table(f"bench --suite concurrency: {workers} writers x {ops} inserts ({r['cores']} cores; load average "
+                        f"{r['load_average_before'][0]})",
+                        ["target", "total s", "median ms", "p95 ms", "errors", "retries", "rows lost"],
+                        [[m, x["total_s"], x["median_ms"], x["p95_ms"], x["errors"], x.get("retries"), x["rows_lost"]]
+                         for m, x in r["results"].items()]))
+        if "goals" in r:
+            out.print(f"goals for DuckLake at 3 x 100 (total < 1 s, median < 5 ms, 0 errors, 0 lost): {r['goals']['met']}", markup=False)
+        return
     results = [bench_mod.bench_load(c.platform(), c.state, n, on_step=step) for n in (rows or [1_000_000])]
     rows_out = []
     for r in results:
@@ -293,12 +330,13 @@ def bench(
         rows_out.append([f"{r['rows']:,}", f"{d['rows_per_s']:,}", f"{p['rows_per_s']:,}", f"{r['ratio_ducklake_to_parquet']:.2f}",
                          f"{d['driver_python_peak_mib']} (+{d['driver_python_growth_mib']}) / {d['driver_jvm_peak_mib']}",
                          f"{p['driver_python_peak_mib']} (+{p['driver_python_growth_mib']}) / {p['driver_jvm_peak_mib']}"])
-    console().print(table(f"bench --suite load ({results[0]['cores']} cores; goal: ratio >= {results[0]['goal_ratio']})",
-                          ["rows", "DuckLake rows/s", "Parquet rows/s", "ratio",
-                           "DuckLake: driver peak MiB, python (+growth during the load) / JVM", "Parquet: same"], rows_out))
+    out.print(table(f"bench --suite load ({results[0]['cores']} cores; goal: ratio >= {results[0]['goal_ratio']})",
+                    ["rows", "DuckLake rows/s", "Parquet rows/s", "ratio",
+                     "DuckLake: driver peak MiB, python (+growth during the load) / JVM", "Parquet: same"], rows_out))
     if json_file:
+        json_file.parent.mkdir(parents=True, exist_ok=True)
         json_file.write_text(json.dumps({"suite": suite, "results": results}, indent=2))
-        console().print(f"wrote {json_file}", markup=False)
+        out.print(f"wrote {json_file}", markup=False)
 
 
 @app.command()
@@ -403,25 +441,38 @@ def all_(
     ctx: typer.Context,
     source: Annotated[str, typer.Option(help="Where the trips come from: synthetic (offline, quick), auto or tlc (downloads the real months).")] = "synthetic",
     mode: Annotated[str, typer.Option(help="Mode of the first load: skip, append or replace (the second is always skip).")] = "skip",
+    bench: Annotated[bool, typer.Option("--bench/--no-bench", help="Finish with the short concurrency benchmark.")] = True,
     as_json: JsonOpt = False,
 ) -> None:
-    """The whole flow with checks (what `just ducklake-test` runs). Exit 0 only if every check holds."""
+    """The whole flow with checks (what `just ducklake-test` runs): foundation, load, queries, time travel, maintenance, a short benchmark. Exit 0 only if every check holds."""
     from . import flow
 
     c: Ctx = ctx.obj
     run = CheckRun()
-    result = flow.run_all(c.platform(), c.state, run, source=source, mode=mode, on_step=_step_printer(as_json))
+    result = flow.run_all(c.platform(), c.state, run, source=source, mode=mode, bench=bench, on_step=_step_printer(as_json))
     info = result.pop("catalog_info")
     if as_json:
         print_json("ok" if run.ok else "error", {**result, **run.as_dict()}, info)
     else:
         out = console()
         out.print(render_checks(run, f"ducklake-test on --platform {c.platform_name}"))
-        out.print("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in run.timings.items()), markup=False)
+        if "bench" in result:
+            out.print(_bench_concurrency_line(result["bench"]), markup=False)
+        out.print(table("Summary", ["stage", "checks passed", "seconds"],
+                        [[st["stage"], f"{st['passed']}/{st['checks']}", f"{st['seconds']:.1f}"] for st in run.summary()]
+                        + [["total", f"{len(run.checks) - len(run.failed)}/{len(run.checks)}", f"{sum(run.stages.values()):.1f}"]]))
         verdict = f"{len(run.checks) - len(run.failed)}/{len(run.checks)} checks passed"
         out.print(f"[green]{verdict}[/]" if run.ok else f"[red]{verdict}[/]")
     if not run.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _bench_concurrency_line(figures: dict) -> str:
+    parts = []
+    for mode, r in figures["results"].items():
+        parts.append(f"{mode}: {r['total_s']:.2f} s total, median {r['median_ms'] or 0:.1f} ms, p95 {r.get('p95_ms') or 0:.1f} ms, "
+                     f"{r['errors']} errors, {r['rows_lost']} rows lost")
+    return f"bench ({figures['workers']} writers x {figures['ops_per_worker']} inserts): " + "; ".join(parts)
 
 
 def main() -> None:

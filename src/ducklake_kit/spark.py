@@ -9,6 +9,7 @@ from .errors import KitError
 
 LOCAL_CONF = {
     "spark.ui.enabled": "false",  # no web UI: nothing to open, one less port
+    "spark.ui.showConsoleProgress": "false",  # the kit prints its own steps; no progress bars in logs
     "spark.sql.shuffle.partitions": "4",  # 2 cores: the default 200 would be 200 tiny tasks
     "spark.driver.memory": "1g",
     "spark.sql.execution.arrow.maxRecordsPerBatch": "20000",  # rows per Arrow batch handed to the writer

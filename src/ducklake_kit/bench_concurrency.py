@@ -1,0 +1,368 @@
+"""`bench --suite concurrency`: the seed's benchmark, made honest.
+
+N worker PROCESSES (spawn) each do M one-row INSERTs, starting together at a barrier, so the figures are the
+concurrent part only (process start, imports and ATTACH happen before the barrier):
+
+(a) `file`: one DuckDB database file, opened and closed around every INSERT, as the seed's tool had to. DuckDB
+    lets one process hold a database file for writing, so an open that meets another process's lock fails
+    ("Conflicting lock is held"). Like the seed, nothing is retried: the error is counted and the row is lost.
+(b) `ducklake`: DuckLake with the PostgreSQL catalog, one connection (`Lake`) per worker, reused for every
+    INSERT, into one table created before the workers start (concurrent CREATE TABLE of the same table
+    conflicts). A commit that loses the race for the next snapshot is retried by DuckLake itself
+    (`RETRY_SETTINGS`); DuckLake does not report retries to the client, so they are counted on the server:
+    every failed commit attempt is a rolled-back catalog transaction (`pg_stat_database.xact_rollback` of
+    the catalog database, before vs after; exact when nothing else uses the catalog meanwhile).
+
+Per mode: total wall time of the concurrent part, median and p95 latency of the successful operations,
+errors (by kind), retries, and rows: expected (workers x ops), actual (counted in the table afterwards), lost
+(expected - actual), and `silently_lost` (rows whose INSERT reported success but are not there: must be 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from .errors import KitError
+from .lake import RETRY_SETTINGS, Lake
+from .platforms.base import Endpoints, Platform
+from .state import State
+
+MODES = ("file", "ducklake")
+BENCH_SCHEMA = "bench"
+TABLE = "concurrency"  # lake.bench.concurrency: recreated by every run, before the workers start
+GOALS = {"total_s": 1.0, "median_ms": 5.0, "errors": 0, "rows_lost": 0}  # DuckLake, 3 workers x 100 inserts
+BARRIER_TIMEOUT_S = 300  # 16 workers each loading DuckDB and its extensions on 2 cores take a while
+_INSERT = "INSERT INTO {table} VALUES (?, ?, now())"
+
+
+def _error_kind(exc: BaseException) -> str:
+    msg = str(exc)
+    if "Conflicting lock" in msg:
+        return "conflicting lock"
+    return f"{type(exc).__name__}: {msg.strip().splitlines()[0][:120] if msg.strip() else ''}"
+
+
+def _worker(mode: str, target: Any, worker: int, ops: int, barrier, queue, settings: dict[str, Any]) -> None:
+    """One process: set up, wait at the barrier, do `ops` INSERTs, send back its timings and errors."""
+    report: dict[str, Any] = {"worker": worker, "latencies_s": [], "errors": {}, "setup_error": None}
+    lake = None
+    try:
+        # a process's first parametrised execute imports pandas and numpy (~2 s here): a start-up cost, not an operation
+        duckdb.connect().execute("SELECT ?", [0]).fetchall()
+        if mode == "ducklake":
+            lake = Lake(target)  # one connection for every operation of this worker
+            for name, value in settings.items():  # e.g. other retry settings, to compare
+                lake.con.execute(f"SET {name} = {value}")
+            table = f"{BENCH_SCHEMA}.{TABLE}"
+            lake.con.execute(f"SELECT count(*) FROM {table}").fetchall()  # catalog loaded before the clock starts
+        else:
+            table = TABLE
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which stops the run
+        report["setup_error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        barrier.abort()
+        queue.put(report)
+        return
+    errors: Counter = Counter()
+    latencies = []
+    sql = _INSERT.format(table=table)
+    try:
+        barrier.wait(BARRIER_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - another worker failed its setup: nothing to measure
+        queue.put({**report, "setup_error": "the barrier broke (another worker failed to start)"})
+        return
+    report["start"] = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on this machine
+    for op in range(ops):
+        t = time.perf_counter()
+        try:
+            if lake is not None:
+                lake.con.execute(sql, [worker, op])
+            else:
+                con = duckdb.connect(target)  # the seed's pattern: open, write, close, for every operation
+                try:
+                    con.execute(sql, [worker, op])
+                finally:
+                    con.close()
+        except duckdb.Error as exc:
+            errors[_error_kind(exc)] += 1
+            continue
+        latencies.append((op, time.perf_counter() - t))
+    report["end"] = time.monotonic()
+    report["latencies_s"] = latencies
+    report["errors"] = dict(errors)
+    if lake is not None:
+        lake.close()
+    queue.put(report)
+
+
+def _run_workers(mode: str, target: Any, workers: int, ops: int, settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Start the workers, release them together once all are ready, collect one report from each."""
+    import queue as queue_mod
+
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process holding DuckDB or JVM threads
+    barrier = ctx.Barrier(workers + 1)
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(mode, target, w, ops, barrier, queue, settings or {}), daemon=True) for w in range(workers)]
+    for p in procs:
+        p.start()
+    reports: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + BARRIER_TIMEOUT_S
+        while barrier.n_waiting < workers:  # a worker that died while starting never arrives: stop waiting
+            if barrier.broken or any(p.exitcode is not None for p in procs) or time.monotonic() > deadline:
+                barrier.abort()
+                break
+            time.sleep(0.02)
+        try:
+            barrier.wait(BARRIER_TIMEOUT_S)  # every worker is ready: they start together
+        except threading.BrokenBarrierError:
+            pass
+        while len(reports) < workers:
+            try:
+                reports.append(queue.get(timeout=1))
+            except queue_mod.Empty:
+                if all(p.exitcode is not None for p in procs):
+                    break  # everyone exited: nothing more will come
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+    failed = [r["setup_error"] for r in reports if r.get("setup_error")]
+    if failed:
+        real = [f for f in failed if "barrier broke" not in f] or failed
+        raise KitError(f"a {mode} worker could not start ({real[0].splitlines()[-1][:300]})", "run `status`; see the error above")
+    if len(reports) < workers:
+        codes = [p.exitcode for p in procs]
+        raise KitError(f"{workers - len(reports)} {mode} worker(s) died without a report (exit codes {codes})",
+                       "a script that runs the bench needs `if __name__ == '__main__':` (workers are spawned)")
+    return reports
+
+
+def _percentile(sorted_values: list[float], p: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(p * len(sorted_values)) - 1))]
+
+
+def _summary(mode: str, reports: list[dict[str, Any]], workers: int, ops: int, actual: int, distinct: int) -> dict[str, Any]:
+    lat = sorted(s for r in reports for _, s in r["latencies_s"])
+    slowest = sorted(((s, r["worker"], op) for r in reports for op, s in r["latencies_s"]), reverse=True)[:5]
+    errors: Counter = Counter()
+    for r in reports:
+        errors.update(r["errors"])
+    total = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+    expected = workers * ops
+    n_errors = sum(errors.values())
+    return {
+        "mode": mode,
+        "workers": workers,
+        "ops_per_worker": ops,
+        "total_s": round(total, 3),
+        "ops_per_s": round(len(lat) / total, 1) if total else None,
+        "median_ms": round(statistics.median(lat) * 1000, 2) if lat else None,
+        "p95_ms": round(_percentile(lat, 0.95) * 1000, 2) if lat else None,
+        "max_ms": round(lat[-1] * 1000, 1) if lat else None,
+        "succeeded": len(lat),
+        "errors": n_errors,
+        "errors_by_kind": dict(errors),
+        "expected_rows": expected,
+        "actual_rows": actual,
+        "rows_lost": expected - actual,
+        "silently_lost": expected - n_errors - actual,  # INSERTs that reported success but whose row is missing
+        "duplicate_rows": actual - distinct,
+        "slowest_ops": [{"worker": w, "op": op, "ms": round(s * 1000, 1)} for s, w, op in slowest],
+    }
+
+
+# -- (a) one DuckDB file -------------------------------------------------------------------------------------
+
+
+def run_file(home: Path, workers: int, ops: int) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix="bench-concurrency-", dir=home))
+    path = str(folder / "seed.duckdb")
+    try:
+        with duckdb.connect(path) as con:
+            con.execute(f"CREATE TABLE {TABLE} (worker INTEGER, op INTEGER, inserted_at TIMESTAMP)")
+        reports = _run_workers("file", path, workers, ops)
+        with duckdb.connect(path) as con:
+            actual, distinct = con.execute(f"SELECT count(*), count(DISTINCT (worker, op)) FROM {TABLE}").fetchone()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    out = _summary("file", reports, workers, ops, int(actual), int(distinct))
+    out["retries"] = 0  # the seed did not retry; neither does this mode
+    out["retries_note"] = "none: a failed open is not retried (as in the seed)"
+    return out
+
+
+# -- (b) DuckLake, PostgreSQL catalog ------------------------------------------------------------------------
+
+
+def _catalog_counters(ep: Endpoints) -> tuple[int, int]:
+    """(committed, rolled back) transactions of the catalog database, as PostgreSQL counts them."""
+    from . import postgres
+
+    with postgres.connect(ep.pg) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute("SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s", (ep.pg.dbname,)).fetchone()
+    return int(row[0]), int(row[1])
+
+
+def _catalog_setting(ep: Endpoints, name: str) -> str | None:
+    from . import postgres
+
+    with postgres.connect(ep.pg) as conn:
+        return conn.execute("SELECT current_setting(%s, true)", (name,)).fetchone()[0]
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path):
+    """Send this process's file descriptor 2 to `path` (where DuckDB's postgres extension prints its debug output)."""
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)  # C stdio buffers (where DuckDB printed) go to `path`, not the terminal
+        os.dup2(saved, 2)
+        os.close(fd)
+        os.close(saved)
+
+
+def profile_insert(lake: Lake, table: str) -> dict[str, Any]:
+    """The catalog statements one INSERT commits with: `pg_debug_show_queries` prints each round trip."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "queries.txt"
+        with _stderr_to(log):
+            lake.con.execute("SET pg_debug_show_queries = true")
+            t = time.perf_counter()
+            try:
+                lake.con.execute(_INSERT.format(table=table), [-1, -2])
+            finally:
+                seconds = time.perf_counter() - t
+                lake.con.execute("SET pg_debug_show_queries = false")
+        text = log.read_text(errors="replace")
+    trips = [chunk.strip() for chunk in text.split("\n\n") if chunk.strip()]
+    return {"catalog_round_trips": len(trips), "seconds": round(seconds, 4),
+            "statements": [t.split("\n")[0][:100] for t in trips]}
+
+
+def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
+                 settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    table = f"{BENCH_SCHEMA}.{TABLE}"
+    with Lake(ep) as lake:
+        lake.con.execute(f"CREATE SCHEMA IF NOT EXISTS {BENCH_SCHEMA}")
+        lake.con.execute(f"CREATE OR REPLACE TABLE {table} (worker INTEGER, op INTEGER, inserted_at TIMESTAMP)")
+        lake.con.execute(f"CALL {lake.alias}.set_option('data_inlining_row_limit', {10 if inlining else 0}, "
+                         f"schema => '{BENCH_SCHEMA}', table_name => '{TABLE}')")
+        # setup rows (op < 0, not counted): the first INSERT creates the inlined-data table in the catalog, once;
+        # the second is profiled (catalog round trips of an ordinary INSERT)
+        lake.con.execute(_INSERT.format(table=table), [-1, -1])
+        profile = profile_insert(lake, table)
+    before = _catalog_counters(ep)
+    reports = _run_workers("ducklake", ep, workers, ops, settings)
+    after = _catalog_counters(ep)  # the workers have exited, so their statistics are flushed
+    with Lake(ep) as lake:
+        actual, distinct, snapshots = lake.con.execute(
+            f"SELECT count(*), count(DISTINCT (worker, op)), count(DISTINCT snapshot_id) FROM {table} WHERE op >= 0").fetchone()
+    out = _summary("ducklake", reports, workers, ops, int(actual), int(distinct))
+    out["retries"] = after[1] - before[1]
+    out["retries_note"] = ("rolled-back catalog transactions during the run (pg_stat_database.xact_rollback): each is a "
+                           "commit attempt that lost the race and was retried by DuckLake (exact if nothing else used the catalog)")
+    out["catalog_commits"] = after[0] - before[0]
+    out["snapshots"] = int(snapshots)  # one per INSERT: fewer would mean two INSERTs shared a snapshot id
+    out["data_inlining"] = inlining
+    out["insert_profile"] = profile
+    out["synchronous_commit"] = _catalog_setting(ep, "synchronous_commit")
+    out["retry_settings"] = RETRY_SETTINGS
+    out["settings"] = settings or {}  # DuckDB settings the workers SET on top of the kit's
+    return out
+
+
+# -- the suite -----------------------------------------------------------------------------------------------
+
+
+def bench_concurrency(platform: Platform, state: State, *, workers: int = 3, ops: int = 100,
+                      on_step: Callable[[str], None] = lambda _m: None, modes: tuple[str, ...] = MODES,
+                      inlining: bool = True, settings: dict[str, Any] | None = None, json_path: Path | None = None, png_path: Path | None = None) -> dict[str, Any]:
+    if workers < 1 or ops < 1:
+        raise KitError("--workers and --ops must be at least 1", "e.g. --workers 3 --ops 100")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise KitError(f"unknown concurrency mode '{unknown[0]}'", f"choose from: {', '.join(MODES)}")
+    ep = platform.endpoints()
+    load_before = os.getloadavg()
+    results: dict[str, Any] = {}
+    if "file" in modes:
+        on_step(f"(a) one DuckDB file, opened per operation: {workers} workers x {ops} inserts")
+        state.home.mkdir(parents=True, exist_ok=True)
+        results["file"] = run_file(state.home, workers, ops)
+    if "ducklake" in modes:
+        on_step(f"(b) DuckLake, PostgreSQL catalog, one connection per worker: {workers} workers x {ops} inserts")
+        results["ducklake"] = run_ducklake(ep, workers, ops, inlining, settings)
+    out: dict[str, Any] = {
+        "suite": "concurrency",
+        "workers": workers,
+        "ops_per_worker": ops,
+        "cores": os.cpu_count(),
+        "load_average_before": [round(x, 2) for x in load_before],
+        "load_average_after": [round(x, 2) for x in os.getloadavg()],
+        "results": results,
+    }
+    if "ducklake" in results:
+        d = results["ducklake"]
+        out["goals"] = {**GOALS, "applies_to": "ducklake, 3 workers x 100 inserts",
+                        "met": {"total_s": d["total_s"] < GOALS["total_s"], "median_ms": (d["median_ms"] or 0) < GOALS["median_ms"],
+                                "errors": d["errors"] == 0, "rows_lost": d["rows_lost"] == 0}}
+    from .bench_queries import write_outputs
+
+    write_outputs(out, json_path, png_path, chart_concurrency)
+    return out
+
+
+def chart_concurrency(result: dict[str, Any], path: Path) -> None:
+    """Left: total seconds per mode; right: median and p95 ms per operation (log scales)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = result["results"]
+    names = list(res)
+    labels = [f"{m}\n{res[m]['errors']} errors, {res[m]['rows_lost']} lost" for m in names]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
+    left.bar(labels, [res[m]["total_s"] for m in names], color=["tab:red", "tab:blue"][: len(names)])
+    left.set_ylabel("total seconds (concurrent part)")
+    left.set_yscale("log")
+    x = range(len(names))
+    right.bar([i - 0.2 for i in x], [res[m]["median_ms"] or 0 for m in names], 0.4, label="median")
+    right.bar([i + 0.2 for i in x], [res[m]["p95_ms"] or 0 for m in names], 0.4, label="p95")
+    right.set_xticks(list(x), labels)
+    right.set_ylabel("ms per successful insert")
+    right.set_yscale("log")
+    right.legend()
+    fig.suptitle(f"bench --suite concurrency: {result['workers']} workers x {result['ops_per_worker']} inserts, "
+                 f"{result['cores']} cores", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
