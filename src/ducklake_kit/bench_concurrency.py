@@ -176,7 +176,7 @@ def _summary(mode: str, reports: list[dict[str, Any]], workers: int, ops: int, a
         "ops_per_s": round(len(lat) / total, 1) if total else None,
         "median_ms": round(statistics.median(lat) * 1000, 2) if lat else None,
         "p95_ms": round(_percentile(lat, 0.95) * 1000, 2) if lat else None,
-        "max_ms": round(lat[-1] * 1000, 1) if lat else None,
+        "max_ms": round(lat[-1] * 1000, 2) if lat else None,  # same precision as median and p95, so they stay ordered
         "succeeded": len(lat),
         "errors": n_errors,
         "errors_by_kind": dict(errors),
