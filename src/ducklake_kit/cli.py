@@ -22,7 +22,7 @@ from .taxi import sources
 from .checks import CheckRun
 from .errors import EXIT_CHECK_FAILED, EXIT_ERROR, KitError
 from .lake import Lake
-from .output import console, print_json, render_checks, render_statement, table
+from .output import console, print_checks, print_json, render_checks, render_statement, table
 from .platforms import PLATFORMS, get_platform
 from .state import State
 
@@ -205,11 +205,29 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     out.print("[bold]S3:[/] " + ", ".join(f"{k}={v}" for k, v in info["s3"].items()), markup=False)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@command
+def shell(ctx: typer.Context) -> None:
+    """Open the DuckDB CLI with the lake attached (the init SQL `connect` prints); extra arguments go to duckdb, e.g. -c "SQL"."""
+    import subprocess
+
+    c: Ctx = ctx.obj
+    argv = connect_mod.shell_argv(c.state, c.platform().endpoints(), list(ctx.args))
+    try:
+        code = subprocess.call(argv)
+    except OSError as exc:
+        raise KitError(f"could not start the DuckDB CLI {argv[0]} ({exc.strerror})",
+                       "run `uv sync`: the duckdb-cli wheel provides it") from None
+    raise typer.Exit(code)
+
+
 @app.command()
 @command
 def sql(
     ctx: typer.Context,
     query: Annotated[str, typer.Argument(help="One or more SQL statements, run against the attached lake (USE lake).")],
+    expect: Annotated[Optional[str], typer.Option(
+        help="Check the answer: the last statement must return exactly one value equal to this text (else exit 1).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run SQL against the lake; rows for every statement that returns them, real affected-row counts."""
@@ -217,11 +235,32 @@ def sql(
     with Lake(c.platform().endpoints()) as lake:
         results = lake.run(query)
         info = lake.catalog_info(c.platform_name)
+    check = expect_check(results[-1], expect) if expect is not None else None
     if as_json:
-        print_json("ok", {"statements": [r.as_dict() for r in results]}, info)
+        body: dict[str, Any] = {"statements": [r.as_dict() for r in results]}
+        if check:
+            body["expect"] = check
+        print_json("ok" if not check or check["passed"] else "error", body, info)
     else:
         for r in results:
             console().print(render_statement(r))
+        if check:
+            typer.echo(f"{'ok' if check['passed'] else 'FAIL'}: expected {check['expected']}, got {check['actual']}")
+    if check and not check["passed"]:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def expect_check(result, expected: str) -> dict[str, Any]:
+    """Compare a statement's single value (or affected-row count) with the expected text."""
+    if result.affected_rows is not None:
+        actual = str(result.affected_rows)
+    elif len(result.rows) == 1 and len(result.rows[0]) == 1:
+        value = result.rows[0][0]
+        # as SQL prints it: NULL, true/false
+        actual = "NULL" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+    else:
+        actual = f"{len(result.rows)} rows x {len(result.columns)} columns (--expect needs exactly one value)"
+    return {"expected": expected, "actual": actual, "passed": actual == expected}
 
 
 @app.command()
@@ -268,7 +307,7 @@ def _render_load(result, run: CheckRun) -> None:
     timing = ", ".join(f"{k} {v:.1f}s" for k, v in result.timings.items())
     out.print(f"{snap}; {timing}", markup=False)
     if run.checks:
-        out.print(render_checks(run, "Loaded figures vs the source (computed independently)"))
+        print_checks(run, "Loaded figures vs the source (computed independently)")
 
 
 @app.command()
@@ -322,6 +361,14 @@ def bench(
                          for m, x in r["results"].items()]))
         if "goals" in r:
             out.print(f"goals for DuckLake at 3 x 100 (total < 1 s, median < 5 ms, 0 errors, 0 lost): {r['goals']['met']}", markup=False)
+        d = r["results"].get("ducklake")
+        if d:
+            # the correctness claim (not the speed goals): every insert that reported success is in the table, once
+            if d["rows_lost"] or d["duplicate_rows"]:
+                raise KitError(f"DuckLake lost {d['rows_lost']} and duplicated {d['duplicate_rows']} of {d['expected_rows']} rows "
+                               f"({d['errors']} inserts reported an error, {d['silently_lost']} lost silently)",
+                               "see errors_by_kind in the JSON results (--json FILE)", exit_code=EXIT_CHECK_FAILED)
+            out.print(f"PASS: DuckLake kept all {d['actual_rows']} of {d['expected_rows']} rows, none lost or duplicated", markup=False)
         return
     results = [bench_mod.bench_load(c.platform(), c.state, n, on_step=step) for n in (rows or [1_000_000])]
     rows_out = []
@@ -368,7 +415,7 @@ def query(
             if len(rows) > 25:
                 out.print(f"... {len(rows) - 25} more rows (--json for all)", markup=False)
         if check:
-            out.print(render_checks(run, "Answers vs the source files (computed independently)"))
+            print_checks(run, "Answers vs the source files (computed independently)")
     if check and not run.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
@@ -399,7 +446,7 @@ def timetravel(
         out.print(table("ducklake_table_changes (from..to, both included)", ["from", "to", "changes"],
                         [[r["from"], r["to"], {k: v for k, v in r.items() if k not in ("from", "to")}] for r in result["changes"]]))
         out.print(f"correction: {result['rule']} ({result['rule_why']}); restore: {result['restore']}", markup=False)
-        out.print(render_checks(run, "Time travel checks"))
+        print_checks(run, "Time travel checks")
     if not run.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
@@ -430,7 +477,7 @@ def maintain(
         detail = result.get("would") if dry_run else result.get("done")
         for k, v in (detail or {}).items():
             out.print(f"{'would ' if dry_run else ''}{k}: {v if not isinstance(v, list) or len(v) <= 5 else f'{len(v)} items'}", markup=False)
-        out.print(render_checks(run, "Maintenance checks"))
+        print_checks(run, "Maintenance checks")
     if not run.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
 

@@ -45,8 +45,9 @@ def write_files(state: State, ep: Endpoints) -> dict[str, Path]:
     pgpass = state.home / "pgpass"
     write_private(pgpass, f"{pg.host}:{pg.port}:*:{pg.user}:{pg.password}\n")
     init_sql = state.home / "duckdb-init.sql"
-    write_private(init_sql, "-- written by `connect`: loads the extensions from the pinned wheels and attaches the lake\n"
-                  + "\n".join(s + ";" for s in setup_statements(ep)) + "\n")
+    # `.output /dev/null` ... `.output`: the CLI would print a "Success" table for every CREATE SECRET and LOAD
+    write_private(init_sql, "-- written by `connect`/`shell`: loads the extensions from the pinned wheels and attaches the lake\n"
+                  ".output /dev/null\n" + "\n".join(s + ";" for s in setup_statements(ep)) + "\n.output\n")
     return {"pgpass": pgpass, "init_sql": init_sql}
 
 
@@ -62,8 +63,14 @@ def describe(state: State, ep: Endpoints) -> dict[str, Any]:
         "dbeaver": {
             "postgresql": {"host": pg.host, "port": pg.port, "database": pg.dbname, "user": pg.user,
                            "password": f"from the pgpass file {files['pgpass']}"},
-            "duckdb": {"path": ":memory:", "bootstrap_queries": f"the statements in {files['init_sql']}"},
+            "duckdb": {"path": ":memory:", "bootstrap_queries": f"the SQL statements in {files['init_sql']} (not the .output lines, which are DuckDB CLI commands)"},
         },
         "s3": {"endpoint": ep.s3.url, "key_id": ep.s3.key_id, "secret": "in the platform's credentials.json (.ducklake/ for local, .ducklake/k3d/ for k3d) or your external settings",
                "url_style": ep.s3.url_style, "region": ep.s3.region, "buckets": ["lake", "raw"]},
     }
+
+
+def shell_argv(state: State, ep: Endpoints, extra: list[str]) -> list[str]:
+    """The DuckDB CLI with the init SQL (extensions, secrets, ATTACH ... AS lake, USE lake), then the caller's arguments."""
+    files = write_files(state, ep)
+    return [_duckdb_cli(), "-init", str(files["init_sql"]), *extra]

@@ -74,6 +74,23 @@ def render_checks(run: CheckRun, title: str = "Checks") -> Table:
     return t
 
 
+def checks_verdict(run: CheckRun) -> str:
+    """One line a reader (and a lab's Verify) can look for: how many computed checks held."""
+    n = len(run.checks)
+    if run.ok:
+        return f"PASS: all {n} checks hold"
+    if not n:
+        return "FAIL: no check ran"
+    return f"FAIL: {len(run.failed)} of {n} checks failed (first: {run.failed[0].name})"
+
+
+def print_checks(run: CheckRun, title: str) -> None:
+    out = console()
+    out.print(render_checks(run, title))
+    verdict = checks_verdict(run)
+    out.print(f"[green]{verdict}[/]" if run.ok else f"[red]{verdict}[/]", highlight=False)
+
+
 def _short(value: Any, limit: int = 60) -> str:
     text = str(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,152 @@
+"""LEARNING_PATH.md cannot silently rot: every lab's steps and Verify commands run, in order, on a fresh local stack.
+
+A lab's fenced `bash` blocks run line by line from the project root (as a learner types them, with the venv's
+`python` first on PATH); every line must exit 0. A `text` block right after a Verify block lists lines its output
+must contain. The documented default ports and `.ducklake/` are rewritten to the test stack's.
+A block preceded by `<!-- not run by the lab test: why -->` is skipped; `<!-- needs: docker -->` runs only where
+a Docker engine and k3d answer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import LocalStack
+from ducklake_kit.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT
+
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB_HEADING = re.compile(r"^## (\d\d) · (.+)$", re.M)
+BLOCK = re.compile(r"(?:<!-- (?P<note>[^>]*) -->\n)?```(?P<lang>\w+)\n(?P<body>.*?)```", re.S)
+
+
+@dataclass
+class Block:
+    lang: str
+    body: str
+    note: str = ""
+    expected: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Lab:
+    number: str
+    title: str
+    text: str
+    steps: list[Block]
+    verify: list[Block]
+
+
+def parse_labs(markdown: str) -> list[Lab]:
+    heads = list(LAB_HEADING.finditer(markdown))
+    labs = []
+    for i, h in enumerate(heads):
+        text = markdown[h.end(): heads[i + 1].start() if i + 1 < len(heads) else len(markdown)]
+        steps_part, _, rest = text.partition("**Verify:**")
+        verify_part = rest.partition("**Next:**")[0]
+        labs.append(Lab(h.group(1), h.group(2), text, _blocks(steps_part), _blocks(verify_part)))
+    return labs
+
+
+def _blocks(part: str) -> list[Block]:
+    out: list[Block] = []
+    for m in BLOCK.finditer(part):
+        if m.group("lang") == "text":
+            assert out and out[-1].lang == "bash", "a `text` block must follow the command block it describes"
+            out[-1].expected += [line.strip() for line in m.group("body").splitlines() if line.strip()]
+        else:
+            out.append(Block(m.group("lang"), m.group("body"), m.group("note") or ""))
+    return out
+
+
+LABS = parse_labs((ROOT / "LEARNING_PATH.md").read_text())
+
+
+def test_every_lab_has_the_shape_purpose_steps_verify_next():
+    assert [lab.number for lab in LABS] == sorted(lab.number for lab in LABS), "labs are numbered in order"
+    assert LABS[0].title == "Prerequisites" and LABS[-1].title == "Teardown"
+    for lab in LABS:
+        positions = [lab.text.find(f"**{part}:**") for part in ("Purpose", "Steps", "Verify", "Next")][: 4 if lab is not LABS[-1] else 3]
+        assert -1 not in positions and positions == sorted(positions), f"lab {lab.number}: Purpose, Steps, Verify, Next in order"
+        runnable = [b for b in lab.verify if b.lang == "bash" and not b.note.startswith("not run")]
+        assert runnable, f"lab {lab.number} has no Verify command the test can run"
+
+
+def test_the_parser_finds_a_failing_verification():
+    # the harness below must be able to fail: a made-up lab whose Verify expects a wrong answer
+    lab = parse_labs("## 01 · X\n**Purpose:** p\n**Steps:** s\n**Verify:**\n```bash\necho 41\n```\n```text\n42\n```\n**Next:** n\n")[0]
+    with pytest.raises(AssertionError, match="expected line '42'"):
+        _run_block(lab.verify[0], os.environ.copy(), {})
+
+
+def _docker_and_k3d() -> str | None:
+    """None when a cluster could be made here, else the reason it cannot."""
+    if not shutil.which("k3d"):
+        return "k3d is not installed"
+    try:
+        ok = subprocess.run(["docker", "info"], capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    return None if ok else "no Docker engine answers"
+
+
+def _run_block(block: Block, env: dict[str, str], rewrites: dict[str, str]) -> str:
+    output = ""
+    for line in block.body.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        for old, new in rewrites.items():
+            line = line.replace(old, new)
+        r = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, f"`{line}` exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        output += r.stdout + r.stderr
+    for expected in block.expected:
+        assert expected in output, f"expected line '{expected}' not in the output of:\n{block.body}\n{output[-3000:]}"
+    return output
+
+
+@pytest.fixture(scope="module")
+def lab_stack(local_only_module):
+    """A private stack: the labs start, fill and finally stop it."""
+    s = LocalStack()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(scope="module")
+def local_only_module():
+    if os.environ.get("DUCKLAKE_TEST_BACKEND", "local") != "local":
+        pytest.skip("the labs start and stop local services: only meaningful on the local backend")
+
+
+@pytest.mark.integration
+@pytest.mark.spark
+@pytest.mark.parametrize("lab", LABS, ids=[f"{lab.number}-{lab.title.split()[0].lower()}" for lab in LABS])
+def test_lab(lab: Lab, lab_stack: LocalStack):
+    env = {**os.environ, **lab_stack.env, "COLUMNS": "200", "NO_COLOR": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    rewrites = {f"127.0.0.1:{DEFAULT_S3_PORT}": f"127.0.0.1:{lab_stack.s3_port}",
+                f"127.0.0.1:{DEFAULT_PG_PORT}": f"127.0.0.1:{lab_stack.pg_port}",
+                ".ducklake/": f"{lab_stack.home}/"}
+    cluster_missing = _docker_and_k3d() if any(b.note.startswith("needs: docker") for b in lab.steps + lab.verify) else None
+    skipped = []
+    for block in lab.steps + lab.verify:
+        if block.lang != "bash" or block.note.startswith("not run"):
+            continue
+        if block.note.startswith("needs: docker") and cluster_missing:
+            skipped.append(block.body.strip().splitlines()[0])
+            continue
+        _run_block(block, env, rewrites)
+    if skipped:
+        pytest.skip(f"lab {lab.number}: the offline commands passed; not run ({cluster_missing}): {'; '.join(skipped)}")
