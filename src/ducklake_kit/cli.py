@@ -199,6 +199,7 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     out.print("[bold]Lake with the DuckDB CLI[/] (extensions from the wheels, lake attached):")
     out.print(f"  {info['duckdb_cli']}", markup=False)
     out.print("  then e.g.: FROM ducklake_snapshots('lake');", markup=False)
+    out.print("  or simply: python ducklake_test.py shell   (the same command, run for you)", markup=False)
     out.print("[bold]DBeaver:[/]")
     for kind, settings in info["dbeaver"].items():
         out.print(f"  {kind}: " + ", ".join(f"{k}={v}" for k, v in settings.items()), markup=False)
