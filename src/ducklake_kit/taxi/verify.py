@@ -13,35 +13,17 @@ from __future__ import annotations
 
 from ..checks import CheckRun
 from ..lake import Lake
-from . import schema
+from ..queries import source_select
 from .load import QUARANTINE, TRIPS, FileResult
-
-
-def _source_relation(raw_uri: str, columns: list[str]) -> tuple[str, str, str]:
-    """SQL for the raw object and the expressions for its pickup time and total amount (source spellings)."""
-    variant = schema.detect_variant(columns)
-    source_of = {canon: src for src, canon in variant.mapping}
-    pickup, total = f'"{source_of["pickup_at"]}"', f'"{source_of["total_amount"]}"'
-    if raw_uri.lower().endswith(".csv"):
-        rel = f"read_csv('{raw_uri}', header = true, all_varchar = true)"
-        # BigQuery labels local wall-clock times '+00:00': keep the wall clock, drop the label
-        pickup = f"CAST(regexp_replace({pickup}, '\\s*([+-]\\d\\d:?\\d\\d|Z|UTC)$', '') AS TIMESTAMP)"
-        total = f"CAST({total} AS DOUBLE)"
-    else:
-        rel = f"read_parquet('{raw_uri}')"
-        pickup = f"CAST({pickup} AS TIMESTAMP)"
-    return rel, pickup, total
-
-
-def _columns(lake: Lake, raw_uri: str) -> list[str]:
-    rel = f"read_csv('{raw_uri}', header = true, all_varchar = true)" if raw_uri.lower().endswith(".csv") else f"read_parquet('{raw_uri}')"
-    return [r[0] for r in lake.con.execute(f"DESCRIBE SELECT * FROM {rel}").fetchall()]
 
 
 def verify_file(lake: Lake, fr: FileResult, load_id: str, checks: CheckRun) -> None:
     """Compare the rows this load (load_id) took from this file with the raw object it landed."""
     name = fr.source.path.name
-    rel, pickup, total = _source_relation(fr.raw_uri, _columns(lake, fr.raw_uri))
+    # the raw object conformed by DuckDB (queries.source_select: the same reading the query checks use, so the
+    # two checks cannot drift apart), never by the Spark code under test
+    rel = f"({source_select(lake.con, fr.raw_uri, fr.source.period)})"
+    pickup, total = "pickup_at", "total_amount"
     src = lake.con.execute(
         f"SELECT count(*), sum(CAST({total} AS DECIMAL(18, 2))), sum(epoch_us({pickup})) FROM {rel}").fetchone()
     lake_side = lake.con.execute(
