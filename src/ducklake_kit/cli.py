@@ -20,7 +20,7 @@ from . import connect as connect_mod
 from . import doctor as doctor_mod
 from .taxi import sources
 from .checks import CheckRun
-from .errors import EXIT_CHECK_FAILED, EXIT_ERROR, KitError
+from .errors import EXIT_CHECK_FAILED, EXIT_ERROR, KitError, first_line
 from .lake import Lake
 from .output import console, print_checks, print_json, render_checks, render_statement, table
 from .platforms import PLATFORMS, get_platform
@@ -71,7 +71,7 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(exc, kwargs.get("as_json") is True)
         except (duckdb.Error, psycopg.Error, BotoCoreError, ClientError) as exc:
             # a service failed in a place without its own explanation: still one line, not a traceback
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            first = first_line(exc)
             _fail(KitError(f"{type(exc).__name__}: {first}", "run `status` to see whether the services answer"),
                   kwargs.get("as_json") is True)
 

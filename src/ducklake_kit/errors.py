@@ -9,6 +9,13 @@ EXIT_USAGE = 2  # typer/click usage errors (bad option, missing argument)
 EXIT_ERROR = 3  # bad input or an environment problem: a busy port, a wrong password, a missing tool
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (DuckDB and Spark add hints and stack lines below it),
+    or its type name when the message is empty."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class KitError(Exception):
     """An error the user can act on. `what` says what went wrong, `fix` how to fix it."""
 

@@ -37,7 +37,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from . import s3
 from .checks import CheckRun
-from .errors import KitError
+from .errors import KitError, first_line
 from .lake import Lake
 from .platforms.base import Endpoints, Platform
 
@@ -252,7 +252,7 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
                 lake.con.execute(f"SELECT count(*) FROM {probe} AT (VERSION => {expired})").fetchall()
                 error = ""
             except duckdb.Error as exc:
-                error = str(exc).splitlines()[0]
+                error = first_line(exc)
             checks.true(f"AT (VERSION => {expired}) (expired) now fails", "No snapshot found" in error,
                         expected="an error: No snapshot found", actual=error or "it still answers")
             current = snaps_after[-1]

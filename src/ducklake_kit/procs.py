@@ -20,7 +20,7 @@ from typing import TypeVar
 
 import psutil
 
-from .errors import KitError
+from .errors import KitError, first_line
 
 T = TypeVar("T")
 
@@ -169,7 +169,7 @@ def wait_until(
             if value is not None:
                 return value
         except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not ready yet"
-            last_error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            last_error = f"{type(exc).__name__}: {first_line(exc)}"
         exited = proc is not None and proc.poll() is not None
         if exited or time.monotonic() > deadline:
             reason = f"exited with code {proc.returncode}" if exited else f"not ready after {timeout:.0f}s ({last_error})"

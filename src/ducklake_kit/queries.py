@@ -27,7 +27,7 @@ from typing import Any
 import duckdb
 
 from .checks import CheckRun
-from .errors import KitError
+from .errors import KitError, first_line
 from .lake import Lake, load_statements, secret_statements
 from .state import project_root
 from .taxi import schema
@@ -241,7 +241,7 @@ def source_select(con: duckdb.DuckDBPyConnection, raw_uri: str, period: str) -> 
     try:
         described = con.execute(f"DESCRIBE SELECT * FROM {rel}").fetchall()
     except duckdb.Error as exc:
-        raise KitError(f"cannot read the raw object {raw_uri} that load_log names ({str(exc).splitlines()[0]})",
+        raise KitError(f"cannot read the raw object {raw_uri} that load_log names ({first_line(exc)})",
                        "the raw bucket must keep every loaded file; reload the month with --mode replace") from None
     types = {r[0]: r[1] for r in described}
     variant = schema.detect_variant([r[0] for r in described], source=raw_uri)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .errors import KitError
+from .errors import KitError, first_line
 
 LOCAL_CONF = {
     "spark.ui.enabled": "false",  # no web UI: nothing to open, one less port
@@ -38,7 +38,7 @@ def session(master: str | None = None, app_name: str = "ducklake-kit"):
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
         spark = builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - JVM start failures surface as several exception types
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        msg = first_line(exc)
         raise KitError(f"Spark did not start ({msg})", "run `doctor`: Spark 4 needs Java 17+ (JAVA_HOME or java on PATH)") from None
     spark.sparkContext.setLogLevel("ERROR")
     return spark

@@ -36,7 +36,7 @@ from typing import Any
 import duckdb
 
 from .checks import CheckRun
-from .errors import KitError
+from .errors import KitError, first_line
 from .lake import Lake
 from .platforms.base import Platform
 from .state import State
@@ -200,7 +200,7 @@ def check_story(lake: Lake, story: Story, checks: CheckRun) -> dict[str, Any]:
         _count_at(lake, s.before)
         before_error = ""
     except duckdb.Error as exc:
-        before_error = str(exc).splitlines()[0]
+        before_error = first_line(exc)
     checks.true(f"AT (VERSION => {s.before}) [before month 1]: the table does not exist yet", "does not exist" in before_error,
                 expected="an error saying the table does not exist", actual=before_error or "no error")
 
