@@ -15,15 +15,17 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
 from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .. import s3
-from ..errors import KitError
+from .. import postgres, s3
+from ..errors import KitError, first_line
 from ..lake import Lake, load_statements, secret_statements
 from ..platforms.base import Endpoints
 from . import schema
@@ -35,6 +37,10 @@ ZONES = "zones"
 LOAD_LOG = "load_log"
 MODES = ("skip", "append", "replace")
 PARTITION_KEYS = ("pickup_year", "pickup_month")
+# A PostgreSQL advisory lock in the catalog database serialises the commit phase of concurrent loads
+# (a bigint key: the ASCII of "dlk-load"), so a load re-plans after any load that committed before it.
+COMMIT_LOCK_KEY = int.from_bytes(b"dlk-load", "big")
+COMMIT_LOCK_TIMEOUT = "300s"
 
 _DUCK_TYPES = {"DATE": "DATE", "INT": "INTEGER", "BIGINT": "BIGINT", "STRING": "VARCHAR", "DOUBLE": "DOUBLE", "TIMESTAMP_NTZ": "TIMESTAMP"}
 LINEAGE_COLUMNS = (("load_id", "VARCHAR"), ("source_file", "VARCHAR"))
@@ -284,54 +290,90 @@ def run_load(
         by_table = {TRIPS: [r for r in written if r.tbl == TRIPS], QUARANTINE: [r for r in written if r.tbl == QUARANTINE]}
         on_step(f"registering {len(written)} data files in one DuckLake transaction")
         t = time.perf_counter()
-        con = lake.con
-        q = schema_name
-        con.execute("BEGIN TRANSACTION")
-        try:
-            # plan again inside the transaction: a load that committed the same files meanwhile wins, this one stops
-            todo_now, _, superseded_now = plan(lake, todo, mode, schema_name)
-            if [f.sha256 for f in todo_now] != [f.sha256 for f in todo] or superseded_now != superseded:
-                raise KitError("another load committed some of these files while this one ran; nothing was registered",
-                               "run the load again: it skips what is already there")
-            existing = frozenset(r[0] for r in con.execute(
-                "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = ?", [lake.alias, q]).fetchall())
-            for stmt in ddl_statements(q, existing):
-                con.execute(stmt)
-            for load in superseded:
-                for tbl in (TRIPS, QUARANTINE, LOAD_LOG):
-                    con.execute(f"DELETE FROM {q}.{tbl} WHERE load_id = ?", [load])
-            for tbl, rows in by_table.items():
-                if rows:
-                    con.execute("CALL ducklake_add_data_files(?, ?, ?, schema => ?)", [lake.alias, tbl, [r.path for r in rows], q])
-            con.execute(f"DELETE FROM {q}.{ZONES}")
-            con.execute(f"INSERT INTO {q}.{ZONES} SELECT LocationID, Borough, Zone, service_zone FROM read_csv(?, header = true)", [str(zones_path)])
-            for f in todo:
-                fr = FileResult(f, raw_uri=landed[f.path], status="loaded", load_id=load_id)
-                counts = dict(con.execute(
-                    f"SELECT 'accepted', count(*) FROM {q}.{TRIPS} WHERE load_id = ? AND source_file = ? "
-                    f"UNION ALL SELECT 'rejected', count(*) FROM {q}.{QUARANTINE} WHERE load_id = ? AND source_file = ?",
-                    [load_id, f.path.name, load_id, f.path.name]).fetchall())
-                fr.rows_accepted, fr.rows_rejected = int(counts["accepted"]), int(counts["rejected"])
-                fr.rows_read = fr.rows_accepted + fr.rows_rejected
-                fr.data_files = sum(1 for r in written if r.source_file == f.path.name)
-                if f.rows is not None and fr.rows_read != f.rows:
-                    raise KitError(f"{f.path.name}: {fr.rows_read} rows reached the lake but the file holds {f.rows}",
-                                   "this is a bug in the load; the lake was left unchanged")
-                result.files.append(fr)
-                con.execute(f"INSERT INTO {q}.{LOAD_LOG} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, to_timestamp(?)::TIMESTAMP, ?)",
-                            [load_id, f.kind, f.path.name, fr.raw_uri, f.sha256, f.period, mode, fr.rows_read,
-                             fr.rows_accepted, fr.rows_rejected, fr.data_files, started, round(time.time() - started, 3)])
-            con.execute(f"CALL ducklake_set_commit_message('{lake.alias}', 'ducklake-kit', ?)",
-                        [f"load {load_id}: {len(todo)} file(s), mode {mode}"])
-            if fault == "kill-before-commit":
-                os.kill(os.getpid(), signal.SIGKILL)
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
+        with commit_lock(ep):
+            _commit(lake, ep, todo, superseded, mode, schema_name, by_table, written, zones_path, landed, load_id, started,
+                    result, fault)
         result.timings["commit"] = round(time.perf_counter() - t, 2)
         result.snapshot_id = lake.current_snapshot()
     return result
+
+
+def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[str], mode: str, schema_name: str,
+            by_table: dict[str, list], written: list, zones_path: Path, landed: dict, load_id: str, started: float,
+            result: "LoadResult", fault: str | None) -> None:
+    """Register every written file, the DDL, zones and load_log in ONE DuckLake transaction: one snapshot."""
+    con = lake.con
+    q = schema_name
+    con.execute("BEGIN TRANSACTION")
+    try:
+        # plan again inside the transaction: a load that committed the same files meanwhile wins, this one stops
+        todo_now, _, superseded_now = plan(lake, todo, mode, schema_name)
+        if [f.sha256 for f in todo_now] != [f.sha256 for f in todo] or superseded_now != superseded:
+            raise KitError("another load committed some of these files while this one ran; nothing was registered",
+                           "run the load again: it skips what is already there")
+        existing = frozenset(r[0] for r in con.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = ?", [lake.alias, q]).fetchall())
+        for stmt in ddl_statements(q, existing):
+            con.execute(stmt)
+        for load in superseded:
+            for tbl in (TRIPS, QUARANTINE, LOAD_LOG):
+                con.execute(f"DELETE FROM {q}.{tbl} WHERE load_id = ?", [load])
+        for tbl, rows in by_table.items():
+            if rows:
+                con.execute("CALL ducklake_add_data_files(?, ?, ?, schema => ?)", [lake.alias, tbl, [r.path for r in rows], q])
+        con.execute(f"DELETE FROM {q}.{ZONES}")
+        con.execute(f"INSERT INTO {q}.{ZONES} SELECT LocationID, Borough, Zone, service_zone FROM read_csv(?, header = true)", [str(zones_path)])
+        for f in todo:
+            fr = FileResult(f, raw_uri=landed[f.path], status="loaded", load_id=load_id)
+            counts = dict(con.execute(
+                f"SELECT 'accepted', count(*) FROM {q}.{TRIPS} WHERE load_id = ? AND source_file = ? "
+                f"UNION ALL SELECT 'rejected', count(*) FROM {q}.{QUARANTINE} WHERE load_id = ? AND source_file = ?",
+                [load_id, f.path.name, load_id, f.path.name]).fetchall())
+            fr.rows_accepted, fr.rows_rejected = int(counts["accepted"]), int(counts["rejected"])
+            fr.rows_read = fr.rows_accepted + fr.rows_rejected
+            fr.data_files = sum(1 for r in written if r.source_file == f.path.name)
+            if f.rows is not None and fr.rows_read != f.rows:
+                raise KitError(f"{f.path.name}: {fr.rows_read} rows reached the lake but the file holds {f.rows}",
+                               "this is a bug in the load; the lake was left unchanged")
+            result.files.append(fr)
+            con.execute(f"INSERT INTO {q}.{LOAD_LOG} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, to_timestamp(?)::TIMESTAMP, ?)",
+                        [load_id, f.kind, f.path.name, fr.raw_uri, f.sha256, f.period, mode, fr.rows_read,
+                         fr.rows_accepted, fr.rows_rejected, fr.data_files, started, round(time.time() - started, 3)])
+        con.execute(f"CALL ducklake_set_commit_message('{lake.alias}', 'ducklake-kit', ?)",
+                    [f"load {load_id}: {len(todo)} file(s), mode {mode}"])
+        if fault == "kill-before-commit":
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            con.execute("COMMIT")
+        except duckdb.Error as exc:  # e.g. a conflict with another writer that retries could not resolve
+            raise KitError(f"the commit failed, nothing was registered and the lake is unchanged ({first_line(exc)})",
+                           "run the load again: it skips what is already there") from None
+    except BaseException:
+        try:
+            con.execute("ROLLBACK")
+        except duckdb.Error:
+            pass  # a failed COMMIT has already ended the transaction; the original error is the one to report
+        raise
+
+
+@contextmanager
+def commit_lock(ep: Endpoints) -> Iterator[None]:
+    """Hold the loads' commit lock. DuckLake appends never conflict, so without it two loads of the same file,
+    both planned before either committed, would both land; inside it, the second one's re-plan sees the first's
+    commit and stops. A killed load's session ends and PostgreSQL releases the lock."""
+    import psycopg
+
+    conn = postgres.connect(ep.pg, timeout=10)
+    try:
+        conn.execute(f"SET lock_timeout = '{COMMIT_LOCK_TIMEOUT}'")
+        try:
+            conn.execute("SELECT pg_advisory_lock(%s)", [COMMIT_LOCK_KEY])
+        except psycopg.errors.LockNotAvailable:
+            raise KitError(f"another load held the commit lock for {COMMIT_LOCK_TIMEOUT}; nothing was registered",
+                           "wait for the other load to finish, then run this one again") from None
+        yield
+    finally:
+        conn.close()  # ends the session: the lock goes with it
 
 
 def spark_error_line(exc: BaseException) -> str:
