@@ -190,8 +190,11 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
             on_step("dry run: listing what would go, changing nothing")
             result["would"] = {
                 "flush_inlined_rows": inlined_rows(lake),
+                # schema.table: `trips` lives in several schemas (main, timetravel, ...)
                 "merge_candidates": {t: n for t, n in lake.con.execute(
-                    "SELECT table_name, file_count FROM ducklake_table_info(?) WHERE file_count > 1 ORDER BY 1", [a]).fetchall()},
+                    f"SELECT s.schema_name || '.' || i.table_name, i.file_count FROM ducklake_table_info(?) i "
+                    f"JOIN __ducklake_metadata_{a}.ducklake_schema s ON s.schema_id = i.schema_id AND s.end_snapshot IS NULL "
+                    "WHERE i.file_count > 1 ORDER BY 1", [a]).fetchall()},
                 "expire_snapshots": _expire(lake, expire_args, dry_run=True),
                 # files already scheduled; those the expiry would free are scheduled only when it runs
                 "cleanup_files": _paths(lake, "SELECT path FROM ducklake_cleanup_old_files(?, dry_run => true, cleanup_all => true)", [a]),

@@ -34,7 +34,9 @@ def session(master: str | None = None, app_name: str = "ducklake-kit"):
         for k, v in LOCAL_CONF.items():
             builder = builder.config(k, v)
         if url.startswith("local"):
-            # loopback only, and no dependence on the host name resolving (containers, CI)
+            # loopback only, and no dependence on the host name resolving (containers, CI); SPARK_LOCAL_IP
+            # also stops the JVM's "hostname resolves to a loopback address" warning at start
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
         spark = builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - JVM start failures surface as several exception types
