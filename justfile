@@ -64,6 +64,11 @@ sql query platform="local": setup
 reset platform="local": setup
     {{kit}} --platform {{platform}} reset --yes
 
+# open the guided notebooks in JupyterLab with the kit's environment (uv run installs JupyterLab on first use); args go to jupyter lab
+[group('lab')]
+notebooks *args:
+    {{uv}} run --frozen --group notebooks jupyter lab notebooks/ $([ "$(id -u)" = 0 ] && echo --allow-root) {{args}}
+
 # create or start the k3d cluster, apply overlays/local, port-forward PostgreSQL and S3 (idempotent)
 [group('k3d')]
 cluster-up: setup
