@@ -1,13 +1,21 @@
 """`bench --suite queries`: the same trips, the same SQL, three engines, measured side by side in one run.
 
 (a) DuckDB on the DuckLake tables (`lake.bench.trips`: catalog in PostgreSQL, Parquet on S3);
-(b) DuckDB on the same rows exported as plain hive-partitioned Parquet to the S3 server (`read_parquet`);
-(c) Spark SQL on the same Parquet in a local folder (Spark has no S3A jars offline).
+(b) DuckDB on the same Parquet files, read as plain Parquet from the S3 server (`read_parquet` over the list of
+    the lake's own data files): the same bytes, files and row groups, so (a) / (b) is what DuckLake itself
+    costs (catalog round trips per query, its scan) and nothing else. An export of the table would be written
+    with another layout (the lake's files come from Spark tasks, an export from DuckDB's threads), which can
+    make either side faster for reasons that are not DuckLake's;
+(c) Spark SQL on the same rows exported as Parquet to a local folder (Spark has no S3A jars offline).
 
 The SQL is the learner's: the checked queries of `queries/*.sql` (the four classic taxi queries and the
 aggregations), run unchanged on (a) and (b) and with one dialect fix on (c) (see `spark_sql`). For each query:
-a warm-up run of every engine, then `runs` timed rounds in which the engines take turns (a, b, c, a, b, c, ...)
-so a busy machine slows all three alike. The warm-up answers of the three engines must agree (`compare`).
+a warm-up run of every engine, then `runs` timed rounds in which the engines take turns so a busy machine
+slows all three alike: Spark first, then the two DuckDB engines in alternating order (a, b then b, a), after a
+short pause, so neither DuckDB engine always runs right after the JVM. The warm-up answers must agree (`compare`).
+
+The fixed cost of a DuckLake query is measured on its own (`fixed_cost`): `SELECT 1 FROM trips LIMIT 0` on
+(a) and (b), and the catalog statements a query sends (`pg_debug_show_queries`).
 """
 
 from __future__ import annotations
@@ -40,6 +48,12 @@ ENGINES = ("ducklake", "parquet", "spark")
 ENGINE_LABELS = {"ducklake": "DuckDB on DuckLake", "parquet": "DuckDB on Parquet (S3)", "spark": "Spark SQL on Parquet (local)"}
 _BENCH_TABLES = ("trips", "quarantine", "zones", "load_log")
 _HIVE = "hive_partitioning = true, hive_types = {'pickup_year': INTEGER, 'pickup_month': INTEGER}"
+SETTLE_AFTER_SPARK_S = 0.05
+
+
+def round_order(i: int) -> tuple[str, ...]:
+    """Round i of the timed runs: Spark, then the DuckDB engines, DuckLake first in even rounds, last in odd ones."""
+    return ("spark", "ducklake", "parquet") if i % 2 == 0 else ("spark", "parquet", "ducklake")
 
 
 def months(n: int) -> list[tuple[int, int]]:
@@ -184,9 +198,52 @@ def export_parquet(platform: Platform, lake: Lake, root: str, expected: int, on_
     return True
 
 
-def _files_and_bytes(con: duckdb.DuckDBPyConnection, glob: str) -> tuple[int, int]:
-    n, size = con.execute(f"SELECT count(*), sum(size) FROM read_blob('{glob}')").fetchone()
-    return int(n), int(size or 0)
+def lake_files(lake: Lake, table: str) -> list[str]:
+    """The Parquet data files of lake.bench.<table> as of now; a table with delete files or inlined rows has rows
+    the files alone do not tell, so it cannot be compared file for file."""
+    rows = lake.con.execute("SELECT data_file, delete_file FROM ducklake_list_files(?, ?, schema => ?) ORDER BY 1",
+                            [lake.alias, table, BENCH_SCHEMA]).fetchall()
+    if any(d for _, d in rows):
+        raise KitError(f"lake.{BENCH_SCHEMA}.{table} has delete files", "run the bench again: it reloads its schema")
+    return [f for f, _ in rows]
+
+
+def layout(con: duckdb.DuckDBPyConnection, files: list[str] | str) -> dict[str, Any]:
+    """Files, row groups, rows and bytes (from the Parquet footers)."""
+    n_files, groups, rows, size = con.execute(
+        "SELECT count(DISTINCT file_name), count(*), sum(num_rows), sum(total_compressed_size) FROM "
+        "(SELECT file_name, row_group_id, any_value(row_group_num_rows) AS num_rows, sum(total_compressed_size) AS total_compressed_size "
+        " FROM parquet_metadata(?) GROUP BY ALL)", [files]).fetchone()
+    return {"files": int(n_files), "row_groups": int(groups), "rows": int(rows or 0), "compressed_bytes": int(size or 0)}
+
+
+def _sql_list(values: list[str]) -> str:
+    return "[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]"
+
+
+def fixed_cost(lake_cur: duckdb.DuckDBPyConnection, parquet_cur: duckdb.DuckDBPyConnection, runs: int,
+               query_sql: str) -> dict[str, Any]:
+    """What every DuckLake query pays before it reads a row, timed on a query that reads none (its snapshot
+    only), and the catalog statements a real query (`query_sql`) sends (snapshot, file list, deletes, ...)."""
+    from .bench_concurrency import catalog_statements
+
+    probe = "SELECT 1 FROM trips LIMIT 0"
+    times: dict[str, list[float]] = {"ducklake": [], "parquet": []}
+    for cur in (lake_cur, parquet_cur):
+        cur.execute(probe).fetchall()  # warm
+    for _ in range(max(runs, 5) * 3):
+        for engine, cur in (("ducklake", lake_cur), ("parquet", parquet_cur)):
+            t = time.perf_counter()
+            cur.execute(probe).fetchall()
+            times[engine].append(time.perf_counter() - t)
+    lake_cur.execute(query_sql).fetchall()  # a first query after a schema change reloads the whole catalog schema
+    statements, _ = catalog_statements(lake_cur, query_sql)
+    lake_ms, parquet_ms = (statistics.median(times[e]) * 1000 for e in ("ducklake", "parquet"))
+    return {"probe": probe, "ducklake_ms": round(lake_ms, 2), "parquet_ms": round(parquet_ms, 2),
+            "extra_ms_per_query": round(lake_ms - parquet_ms, 2),
+            "catalog_round_trips": len(statements),  # of the first benchmark query, BEGIN and COMMIT included
+            "catalog_tables": list(dict.fromkeys(t for st in statements for t in re.findall(r"ducklake_\w+", st))),
+            "catalog_statements": [s.split("\n")[0][:110] for s in statements]}
 
 
 # -- running ------------------------------------------------------------------------------------------------
@@ -211,26 +268,30 @@ def bench_queries(platform: Platform, state: State, *, rows: int, runs: int = 5,
     load_before = os.getloadavg()
     data = ensure_lake_data(platform, state, rows, on_step)
     query_list = [q for q in bench_query_list() if not names or q.name in names]
-    s3_root = f"s3://{RAW_BUCKET}/bench-parquet/{data['digest']}"
     local_root = str(state.home / "cache" / "bench-parquet" / data["digest"])
     spark = spark_mod.session()
     with Lake(platform.endpoints()) as lake:
         table_rows = int(lake.scalar(f"SELECT count(*) FROM {BENCH_SCHEMA}.trips"))
-        wrote_s3 = export_parquet(platform, lake, s3_root, table_rows, on_step)
         wrote_local = export_parquet(platform, lake, local_root, table_rows, on_step)
-        lake_files = lake.con.execute(
-            "SELECT count(*), sum(data_file_size_bytes) FROM ducklake_list_files(?, 'trips', schema => ?)", [lake.alias, BENCH_SCHEMA]).fetchone()
-        data["ducklake"] = {"files": int(lake_files[0]), "bytes": int(lake_files[1] or 0), "snapshot_id": lake.current_snapshot()}
-        data["parquet_s3"] = dict(zip(("files", "bytes"), _files_and_bytes(lake.con, f"{s3_root}/trips/**/*.parquet")), uri=s3_root, written=wrote_s3)
-        data["parquet_local"] = dict(zip(("files", "bytes"), _files_and_bytes(lake.con, f"{local_root}/trips/**/*.parquet")), path=local_root, written=wrote_local)
+        files = {t: lake_files(lake, t) for t in ("trips", "zones")}
+        data["ducklake"] = {**layout(lake.con, files["trips"]), "snapshot_id": lake.current_snapshot(),
+                            "snapshots_in_catalog": int(lake.scalar("SELECT count(*) FROM ducklake_snapshots(?)", [lake.alias]))}
+        data["parquet_s3"] = {**layout(lake.con, files["trips"]), "source": "the lake's own data files (ducklake_list_files)",
+                              "uri": files["trips"][0].rsplit("/", 3)[0] if files["trips"] else None}
+        data["parquet_local"] = {**layout(lake.con, f"{local_root}/trips/**/*.parquet"), "path": local_root, "written": wrote_local}
 
-        on_step("engines: DuckDB on lake.bench, DuckDB views over read_parquet(s3://...), Spark temp views")
+        on_step("engines: DuckDB on lake.bench, DuckDB views over read_parquet(the lake's files), Spark temp views")
         on_lake = lake.con.cursor()
         on_lake.execute(f"USE {lake.alias}.{BENCH_SCHEMA}")
         on_parquet = lake.con.cursor()  # same DuckDB instance: same threads, same caches as (a)
         on_parquet.execute("USE memory.main")
-        on_parquet.execute(f"CREATE OR REPLACE VIEW trips AS FROM read_parquet('{s3_root}/trips/**/*.parquet', {_HIVE})")
-        on_parquet.execute(f"CREATE OR REPLACE VIEW zones AS FROM read_parquet('{s3_root}/zones/zones.parquet')")
+        # the partition columns are inside the lake's files (WRITE_PARTITION_COLUMNS): no hive partitioning needed
+        on_parquet.execute(f"CREATE OR REPLACE VIEW trips AS FROM read_parquet({_sql_list(files['trips'])}, hive_partitioning = false)")
+        on_parquet.execute(f"CREATE OR REPLACE VIEW zones AS FROM read_parquet({_sql_list(files['zones'])}, hive_partitioning = false)")
+        parquet_rows = int(on_parquet.execute("SELECT count(*) FROM trips").fetchone()[0])
+        if parquet_rows != table_rows:
+            raise KitError(f"the lake's data files hold {parquet_rows:,} rows, the table {table_rows:,}",
+                           "the table has rows outside its files (inlined data): run the bench again")
         spark.read.parquet(f"{local_root}/trips").createOrReplaceTempView("trips")
         spark.read.parquet(f"{local_root}/zones/zones.parquet").createOrReplaceTempView("zones")
 
@@ -238,6 +299,9 @@ def bench_queries(platform: Platform, state: State, *, rows: int, runs: int = 5,
             if engine == "spark":
                 return [tuple(r) for r in spark.sql(spark_sql(sql)).collect()]
             return (on_lake if engine == "ducklake" else on_parquet).execute(sql).fetchall()
+
+        on_step("fixed cost of a DuckLake query: SELECT 1 FROM trips LIMIT 0 on both DuckDB engines")
+        fixed = fixed_cost(on_lake, on_parquet, runs, query_list[0].sql)
 
         results = []
         for q in query_list:
@@ -247,11 +311,13 @@ def bench_queries(platform: Platform, state: State, *, rows: int, runs: int = 5,
                 for _ in range(warmup):
                     answers[engine] = run(engine, q.sql)
             times: dict[str, list[float]] = {e: [] for e in ENGINES}
-            for _ in range(runs):
-                for engine in ENGINES:  # take turns: load from other processes hits every engine alike
+            for i in range(runs):
+                for engine in round_order(i):  # take turns: load from other processes hits every engine alike
                     t = time.perf_counter()
                     run(engine, q.sql)
                     times[engine].append(time.perf_counter() - t)
+                    if engine == "spark":
+                        time.sleep(SETTLE_AFTER_SPARK_S)  # the JVM finishes its own work, off the DuckDB clocks
             diffs = {e: compare(answers["ducklake"], answers[e]) for e in ("parquet", "spark")}
             entry: dict[str, Any] = {"name": q.name, "file": q.path.name, "result_rows": len(answers["ducklake"])}
             entry.update({e: _stats(times[e], table_rows) for e in ENGINES})
@@ -284,6 +350,7 @@ def bench_queries(platform: Platform, state: State, *, rows: int, runs: int = 5,
         "goals": {"ratio_ducklake_to_parquet_max": GOAL_LAKE_TO_PARQUET, "speedup_vs_spark_min": GOAL_SPEEDUP_VS_SPARK,
                   "ratio_met": ratio <= GOAL_LAKE_TO_PARQUET, "speedup_met": speedup >= GOAL_SPEEDUP_VS_SPARK},
         "answers_agree": all(r["answers_agree"] for r in results),
+        "fixed_cost": fixed,
     }
     write_outputs(out, json_path, png_path, chart_queries)
     return out

@@ -8,6 +8,8 @@ hand is exactly what the kit runs.
 from __future__ import annotations
 
 import importlib.util
+import random
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,8 +25,23 @@ EXTENSIONS = {  # DuckDB extension name -> the Python package of its pinned whee
     "httpfs": "duckdb_extension_httpfs",
     "postgres_scanner": "duckdb_extension_postgres_scanner",
 }
-# Many writers commit to one catalog; a commit that loses a race is retried after a short, growing wait.
+# Many writers commit to one catalog; a commit that loses the race for the next snapshot id is retried by DuckLake
+# after waiting retry_wait_ms x U(0.5, 1.0) x backoff^attempt (DuckLake jitters the wait itself; it has no cap).
+# A retry runs a conflict check that reads ducklake_snapshot and ducklake_snapshot_changes whole (DuckLake 1.5.5
+# with a PostgreSQL catalog): it takes ~3x as long as a fresh insert from snapshot read to write, so under
+# sustained contention a retrying writer keeps losing to fresh inserts until the others pause (PostgreSQL log:
+# 60 failed attempts in a row over 2.8 s, with constant 5-10 ms waits), and every attempt costs CPU that grows
+# with the catalog. Frequent retries therefore make a storm (16 writers x 1,000, measured: flat 10-20 ms waits,
+# 8 commits/s at 8 rollbacks per commit; 8 DuckLake retries then re-runs capped at 1 s, 19 commits/s; these
+# settings, 65 commits/s and 0.15 rollbacks per commit). Growing, uncapped waits keep the losers out of the way,
+# at the price of a long tail; a commit that still gives up is re-run by `execute_retrying`.
 RETRY_SETTINGS = {"ducklake_max_retry_count": 30, "ducklake_retry_wait_ms": 20, "ducklake_retry_backoff": 1.3}
+DUCKLAKE_GAVE_UP = "Exceeded the maximum retry count"  # DuckLake's error once its own retries of a commit ran out
+# For a process that commits many small transactions (one-row INSERTs from an application or a stream): one
+# DuckDB thread. A DuckLake commit runs ~6 small catalog queries through DuckDB's own executor; with a second
+# thread the client thread spins waiting for it (pthread mutex lock/unlock at the top of `perf`), doubling the
+# CPU an insert costs (13 -> 6 ms measured), which on a busy machine is the latency. Not for analytical queries.
+SMALL_WRITER_SETTINGS: dict[str, Any] = {"threads": 1}
 
 
 def extension_path(name: str) -> Path | None:
@@ -62,16 +79,53 @@ def secret_statements(ep: Endpoints) -> list[str]:
     ]
 
 
-def attach_statement(ep: Endpoints, alias: str = LAKE) -> str:
+def _setting_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if isinstance(value, (int, float)) else _sql_str(value)
+
+
+def attach_statement(ep: Endpoints, alias: str = LAKE, catalog_settings: dict[str, str] | None = None) -> str:
+    """`catalog_settings`: PostgreSQL settings for the catalog connections of this process only (libpq
+    `options=-c name=value`), e.g. {"synchronous_commit": "off"}; nothing else is changed on the server."""
+    path = "ducklake:postgres:dbname=" + ep.pg.dbname
+    if catalog_settings:
+        for name, value in catalog_settings.items():
+            if not name.replace("_", "").replace(".", "").isalnum() or not str(value).replace("_", "").replace(".", "").isalnum():
+                raise KitError(f"catalog setting {name}={value} is not a plain name=value", "use e.g. synchronous_commit=off")
+        path += " options='" + " ".join(f"-c{name}={value}" for name, value in catalog_settings.items()) + "'"
     return (
-        f"ATTACH {_sql_str('ducklake:postgres:dbname=' + ep.pg.dbname)} AS {alias} "
+        f"ATTACH {_sql_str(path)} AS {alias} "
         f"(DATA_PATH {_sql_str(ep.data_path)}, METADATA_PARAMETERS MAP {{'SECRET': 'lake_catalog'}})"
     )
 
 
-def setup_statements(ep: Endpoints, alias: str = LAKE) -> list[str]:
-    retry = [f"SET {k} = {v}" for k, v in RETRY_SETTINGS.items()]
-    return [*load_statements(), *secret_statements(ep), *retry, attach_statement(ep, alias), f"USE {alias}"]
+def setup_statements(ep: Endpoints, alias: str = LAKE, settings: dict[str, Any] | None = None,
+                     catalog_settings: dict[str, str] | None = None) -> list[str]:
+    """`settings`: DuckDB settings SET before the ATTACH (so the postgres extension's pg_pool_* settings apply to
+    the catalog's connection pool), on top of RETRY_SETTINGS."""
+    pre = [f"SET {k} = {_setting_value(v)}" for k, v in {**RETRY_SETTINGS, **(settings or {})}.items()]
+    return [*load_statements(), *secret_statements(ep), *pre, attach_statement(ep, alias, catalog_settings), f"USE {alias}"]
+
+
+def execute_retrying(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None, *, patience_s: float = 600.0,
+                     first_wait_s: float = 0.05, cap_s: float = 2.0) -> int:
+    """Run one autocommit statement (a small INSERT, say); when DuckLake gave up retrying its commit (its error
+    names the exhausted ducklake_max_retry_count), the transaction was rolled back whole and nothing was committed,
+    so run it again: after a jittered wait that doubles from `first_wait_s` up to `cap_s`, for at most `patience_s`.
+    Returns how many times it ran the statement again. Any other error, and the last one, propagates: a statement
+    that is not safe to repeat (one that may have committed) is never repeated."""
+    deadline = time.monotonic() + patience_s
+    wait, reruns = first_wait_s, 0
+    while True:
+        try:
+            con.execute(sql, params or [])
+            return reruns
+        except duckdb.Error as exc:
+            if DUCKLAKE_GAVE_UP not in str(exc) or time.monotonic() + wait > deadline:
+                raise
+        time.sleep(wait * random.uniform(0.5, 1.0))
+        wait, reruns = min(cap_s, wait * 2), reruns + 1
 
 
 @dataclass
@@ -101,12 +155,13 @@ def _first_line(exc: Exception) -> str:
 class Lake:
     """One DuckDB connection with the lake attached, reused for every statement (`cursor()` per thread)."""
 
-    def __init__(self, endpoints: Endpoints, *, alias: str = LAKE):
+    def __init__(self, endpoints: Endpoints, *, alias: str = LAKE, settings: dict[str, Any] | None = None,
+                 catalog_settings: dict[str, str] | None = None):
         self.endpoints = endpoints
         self.alias = alias
         # no automatic downloads: extensions come from the pinned wheels
         self.con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-        for stmt in setup_statements(endpoints, alias):
+        for stmt in setup_statements(endpoints, alias, settings, catalog_settings):
             try:
                 self.con.execute(stmt)
             except duckdb.Error as exc:
