@@ -339,10 +339,14 @@ def bench(
                           json_path=json_file, png_path=png_file)
         out.print(table(f"bench --suite queries: {r['table_rows']:,} trips, median of {r['runs']} runs ({r['cores']} cores; "
                         f"load average {r['load_average_before'][0]})",
-                        ["query", "DuckLake ms", "Parquet on S3 ms", "Spark SQL ms", "DuckLake/Parquet", "Spark/DuckLake", "answers agree"],
+                        ["query", "DuckLake ms", "same files as plain Parquet ms", "Spark SQL ms", "DuckLake/Parquet", "Spark/DuckLake", "answers agree"],
                         [[q["name"], f"{q['ducklake']['median_s'] * 1000:.1f}", f"{q['parquet']['median_s'] * 1000:.1f}",
                           f"{q['spark']['median_s'] * 1000:.1f}", q["ratio_ducklake_to_parquet"], q["speedup_vs_spark"],
                           "yes" if q["answers_agree"] else "NO"] for q in r["queries"]]))
+        fc = r.get("fixed_cost")
+        if fc:
+            out.print(f"fixed cost of a DuckLake query (`{fc['probe']}`): {fc['ducklake_ms']} ms vs {fc['parquet_ms']} ms on the same "
+                      f"files as plain Parquet ({fc['catalog_round_trips']} catalog round trips)", markup=False)
         g = r["goals"]
         out.print(f"sum of medians: DuckLake/Parquet {r['ratio_ducklake_to_parquet']} (goal <= {g['ratio_ducklake_to_parquet_max']}: "
                   f"{'met' if g['ratio_met'] else 'NOT met'}); Spark/DuckLake {r['speedup_vs_spark']}x (goal >= "
@@ -362,6 +366,11 @@ def bench(
                          for m, x in r["results"].items()]))
         if "goals" in r:
             out.print(f"goals for DuckLake at 3 x 100 (total < 1 s, median < 5 ms, 0 errors, 0 lost): {r['goals']['met']}", markup=False)
+        fl = r.get("floor")
+        if fl:
+            reach = r.get("goals", {}).get("reachable_here", {})
+            out.print(f"floor from one writer measured alone: {fl['cpu_ms_per_insert']} ms CPU an insert, so >= {fl['total_s_at_least']} s "
+                      f"total and >= {fl['median_ms_at_least']} ms median here; time goals reachable on this machine: {reach}", markup=False)
         d = r["results"].get("ducklake")
         if d:
             # the correctness claim (not the speed goals): every insert that reported success is in the table, once
@@ -456,7 +465,7 @@ def timetravel(
 @command
 def maintain(
     ctx: typer.Context,
-    older_than: Annotated[str, typer.Option(help="Expire snapshots (and delete orphaned files) older than this: '7 days', '2 hours', 'now', or a timestamp.")] = "7 days",
+    older_than: Annotated[str, typer.Option(help="Expire snapshots (and delete orphaned files) older than this: '7 days', '2 hours', '0 seconds' (all but the current one), or a timestamp.")] = "7 days",
     version: Annotated[Optional[list[int]], typer.Option(help="Expire exactly this snapshot instead (repeatable).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; change nothing.")] = False,
     as_json: JsonOpt = False,
