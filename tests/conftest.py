@@ -130,6 +130,18 @@ def fresh_stack(local_only) -> Iterator[LocalStack]:
         s.close()
 
 
+@pytest.fixture(scope="module")
+def lab_stack() -> Iterator[LocalStack]:
+    """A private local stack for one module (tests/test_learning_path.py: the labs start, fill and stop it)."""
+    if BACKEND != "local":
+        pytest.skip("the labs start and stop local services: only meaningful on the local backend")
+    s = LocalStack()
+    try:
+        yield s
+    finally:
+        s.close()
+
+
 @pytest.fixture
 def cli():
     """Invoke the harness like a user: `cli(env, "sql", "SELECT 1")` -> click Result."""

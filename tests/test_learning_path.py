@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import LocalStack
 from ducklake_kit.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT
 
 
@@ -114,26 +113,10 @@ def _run_block(block: Block, env: dict[str, str], rewrites: dict[str, str]) -> s
     return output
 
 
-@pytest.fixture(scope="module")
-def lab_stack(local_only_module):
-    """A private stack: the labs start, fill and finally stop it."""
-    s = LocalStack()
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture(scope="module")
-def local_only_module():
-    if os.environ.get("DUCKLAKE_TEST_BACKEND", "local") != "local":
-        pytest.skip("the labs start and stop local services: only meaningful on the local backend")
-
-
 @pytest.mark.integration
 @pytest.mark.spark
 @pytest.mark.parametrize("lab", LABS, ids=[f"{lab.number}-{lab.title.split()[0].lower()}" for lab in LABS])
-def test_lab(lab: Lab, lab_stack: LocalStack):
+def test_lab(lab: Lab, lab_stack):
     env = {**os.environ, **lab_stack.env, "COLUMNS": "200", "NO_COLOR": "1",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     rewrites = {f"127.0.0.1:{DEFAULT_S3_PORT}": f"127.0.0.1:{lab_stack.s3_port}",
