@@ -16,7 +16,7 @@ from typing import Any
 
 import duckdb
 
-from .errors import KitError
+from .errors import KitError, first_line
 from .platforms.base import Endpoints
 
 LAKE = "lake"  # the ATTACH alias: tables are lake.main.<table>
@@ -148,10 +148,6 @@ class StatementResult:
 _DML = {"INSERT", "UPDATE", "DELETE", "MERGE_INTO"}
 
 
-def _first_line(exc: Exception) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
 class Lake:
     """One DuckDB connection with the lake attached, reused for every statement (`cursor()` per thread)."""
 
@@ -169,7 +165,7 @@ class Lake:
                 raise self._explain_setup(stmt, exc) from None
 
     def _explain_setup(self, stmt: str, exc: duckdb.Error) -> KitError:
-        msg = _first_line(exc)
+        msg = first_line(exc)
         if stmt.startswith(("LOAD", "INSTALL")):
             return KitError(
                 f"could not load a DuckDB extension ({msg})",
@@ -201,7 +197,7 @@ class Lake:
         try:
             statements = self.con.extract_statements(sql)
         except duckdb.Error as exc:
-            raise KitError(f"SQL does not parse: {_first_line(exc)}", "check the statement's syntax") from None
+            raise KitError(f"SQL does not parse: {first_line(exc)}", "check the statement's syntax") from None
         if not statements:
             raise KitError("no SQL statement given", 'pass one, e.g. `sql "SHOW TABLES"`')
         results = []
@@ -212,7 +208,7 @@ class Lake:
                 columns = [d[0] for d in rel.description] if rel.description else []
                 rows = rel.fetchall() if rel.description else []
             except duckdb.Error as exc:
-                raise KitError(f"SQL failed: {_first_line(exc)}", "fix the statement; `sql \"SHOW ALL TABLES\"` lists the tables") from None
+                raise KitError(f"SQL failed: {first_line(exc)}", "fix the statement; `sql \"SHOW ALL TABLES\"` lists the tables") from None
             if kind in _DML and columns == ["Count"] and len(rows) == 1:
                 results.append(StatementResult(kind, [], [], int(rows[0][0])))
             else:
