@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from ducklake_kit.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT
+from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT
 
 
 ROOT = Path(__file__).resolve().parents[1]

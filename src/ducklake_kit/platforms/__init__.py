@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-from ..errors import KitError
-from ..state import State
-from .base import Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
+from ducklake_kit.errors import KitError
+from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms.base import Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
 
 PLATFORMS = ("local", "k3d", "external")
 
 
 def get_platform(name: str, state: State | None = None, **options) -> Platform:
+    # each platform's module loads only when it is used (k3d's pulls in its tools' checks)
     if name == "local":
-        from .local import LocalPlatform
+        from ducklake_kit.platforms.local import LocalPlatform
 
         return LocalPlatform(state, **options)
     if name == "external":
-        from .external import ExternalPlatform
+        from ducklake_kit.platforms.external import ExternalPlatform
 
         return ExternalPlatform(state)
     if name == "k3d":
-        from .k3d import K3dPlatform
+        from ducklake_kit.platforms.k3d import K3dPlatform
 
         return K3dPlatform(state, **options)
     raise KitError(f"unknown platform '{name}'", f"choose one of: {', '.join(PLATFORMS)}")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict
 
-from .. import postgres, s3
-from ..errors import KitError
-from ..state import State
-from .base import CATALOG_DB, Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
+from ducklake_kit.platforms import postgres, s3
+from ducklake_kit.errors import KitError
+from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms.base import CATALOG_DB, Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
 
 KEYS = ("pg_dsn", "s3_endpoint", "s3_key_id", "s3_secret", "s3_region", "s3_url_style")
 REQUIRED = ("pg_dsn", "s3_endpoint", "s3_key_id", "s3_secret")

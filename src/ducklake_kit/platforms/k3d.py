@@ -2,7 +2,7 @@
 
 `up` creates (or starts) the cluster from overlays/local/k3d-cluster.yaml, applies the overlay, waits for both
 StatefulSets' rollouts (their readiness probes run a real query and a signed ListBuckets), then keeps one
-`kubectl port-forward` per service running under `python -m ducklake_kit.portforward` on a loopback port, and
+`kubectl port-forward` per service running under `python -m ducklake_kit.platforms.portforward` on a loopback port, and
 waits for a real round trip through each. Names and ports come from `k8s` only (the manifests' twin).
 
 State: `<state folder>/k3d/` holds this platform's credentials (0600), pid files, logs and ports, apart from the
@@ -22,15 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import doctor, postgres, procs, s3
-from ..errors import KitError
-from ..state import Credentials, State, project_root, write_private
-from . import k8s
-from .base import Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
+from ducklake_kit.platforms import doctor, postgres, procs, s3
+from ducklake_kit.errors import KitError
+from ducklake_kit.platforms.state import K3D_PG_PORT, K3D_S3_PORT, Credentials, State, project_root, write_private
+from ducklake_kit.platforms import k8s
+from ducklake_kit.platforms.base import Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
 
-# Loopback ports of the forwards: not the local platform's 55432/59000, so both platforms can run at once.
-DEFAULT_PG_PORT = 55433
-DEFAULT_S3_PORT = 59001
+DEFAULT_PG_PORT = K3D_PG_PORT  # the forwards' loopback ports (platforms.state: one place for every default port)
+DEFAULT_S3_PORT = K3D_S3_PORT
 
 K3D_TIMEOUT = float(os.environ.get("DUCKLAKE_K3D_TIMEOUT", "300"))  # cluster create/start, each rollout
 READY_TIMEOUT = float(os.environ.get("DUCKLAKE_READY_TIMEOUT", "60"))  # a round trip through a new forward
@@ -249,7 +248,7 @@ class K3dPlatform(Platform):
     # -- the forwards ----------------------------------------------------------------------------------
     def _forward_argv(self, fw: Forward) -> list[str]:
         kubectl = self._kubectl("port-forward", "--address", "127.0.0.1", f"svc/{fw.service}", f"{self._port(fw)}:{fw.remote_port}")
-        return [sys.executable, "-m", "ducklake_kit.portforward", "--", *kubectl]
+        return [sys.executable, "-m", "ducklake_kit.platforms.portforward", "--", *kubectl]
 
     def _probe(self, fw: Forward, ep: Endpoints) -> object:
         """A real round trip through the forward: a query, or a signed ListBuckets."""

@@ -8,10 +8,10 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .. import postgres, procs, s3
-from ..errors import KitError
-from ..state import DEFAULT_PG_PORT, DEFAULT_S3_PORT, State
-from .base import Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
+from ducklake_kit.platforms import postgres, procs, s3
+from ducklake_kit.errors import KitError
+from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT, State
+from ducklake_kit.platforms.base import Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
 
 READY_TIMEOUT = float(os.environ.get("DUCKLAKE_READY_TIMEOUT", "60"))
 

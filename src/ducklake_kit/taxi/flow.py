@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..checks import CheckRun
-from ..errors import KitError
-from ..lake import Lake
-from ..platforms.base import Platform
-from ..state import State
-from . import sources
-from .load import MODES, LoadResult, run_load
-from .verify import verify_file
+from ducklake_kit.checks import CheckRun
+from ducklake_kit.errors import KitError
+from ducklake_kit.lake import Lake
+from ducklake_kit.platforms.base import Platform
+from ducklake_kit.platforms.state import State
+from ducklake_kit.taxi import sources
+from ducklake_kit.taxi.load import MODES, LoadResult, run_load
+from ducklake_kit.taxi.verify import verify_file
 
 
 def load_and_verify(
@@ -33,7 +33,7 @@ def load_and_verify(
         raise KitError(f"unknown mode '{mode}'", f"choose one of: {', '.join(MODES)}")
     checks = checks if checks is not None else CheckRun()
     ep = platform.endpoints()
-    cache = state.home / "cache"
+    cache = state.cache_dir
     files, note = sources.resolve(source, cache, months=months, paths=paths or [], rows_per_month=rows_per_month, seed=seed)
     on_step(f"source: {note}; {len(files)} file(s)")
     zones_path, zones_note = sources.zone_lookup(cache, [f.path for f in files])

@@ -15,7 +15,6 @@ import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,12 +23,15 @@ import duckdb
 from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import BotoCoreError, ClientError
 
-from .. import postgres, s3
-from ..errors import KitError, first_line
-from ..lake import Lake, load_statements, secret_statements
-from ..platforms.base import Endpoints
-from . import schema
-from .sources import SourceFile
+from ducklake_kit.platforms import s3
+from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.lake import Lake, load_statements, secret_statements
+from ducklake_kit.lake.locks import advisory_lock, lock_key
+from ducklake_kit.lake.sql import table_exists, tables
+from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.taxi import schema
+from ducklake_kit.taxi import spark as spark_mod
+from ducklake_kit.taxi.sources import SourceFile
 
 TRIPS = "trips"
 QUARANTINE = "quarantine"
@@ -39,15 +41,15 @@ MODES = ("skip", "append", "replace")
 PARTITION_KEYS = ("pickup_year", "pickup_month")
 # A PostgreSQL advisory lock in the catalog database serialises the commit phase of concurrent loads
 # (a bigint key: the ASCII of "dlk-load"), so a load re-plans after any load that committed before it.
-COMMIT_LOCK_KEY = int.from_bytes(b"dlk-load", "big")
-COMMIT_LOCK_TIMEOUT = "300s"
+COMMIT_LOCK_KEY = lock_key("dlk-load")
+COMMIT_LOCK_TIMEOUT_S = 300
 
 _DUCK_TYPES = {"DATE": "DATE", "INT": "INTEGER", "BIGINT": "BIGINT", "STRING": "VARCHAR", "DOUBLE": "DOUBLE", "TIMESTAMP_NTZ": "TIMESTAMP"}
 LINEAGE_COLUMNS = (("load_id", "VARCHAR"), ("source_file", "VARCHAR"))
 
 
 def trips_columns() -> list[tuple[str, str]]:
-    from .transforms import DERIVED_COLUMNS
+    from ducklake_kit.taxi.transforms import DERIVED_COLUMNS  # transforms imports pyspark: only when a load runs
 
     return ([(c.name, c.duckdb_type) for c in schema.CANONICAL_COLUMNS]
             + [(n, _DUCK_TYPES[t]) for n, t in DERIVED_COLUMNS] + list(LINEAGE_COLUMNS))
@@ -144,6 +146,7 @@ def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_f
     keys = ", ".join(PARTITION_KEYS)
 
     def write(batches: Iterator) -> Iterator:
+        # imported on the executor, in its own Python process
         import duckdb
         import pyarrow as pa
         import pyarrow.compute as pc
@@ -205,9 +208,7 @@ def _chain(first, rest):
 
 
 def _previous_loads(lake: Lake, schema_name: str) -> list[dict[str, Any]]:
-    exists = lake.scalar("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? AND table_name = ?",
-                         [lake.alias, schema_name, LOAD_LOG])
-    if not exists:
+    if not table_exists(lake.con, lake.alias, schema_name, LOAD_LOG):
         return []
     cur = lake.con.execute(f"SELECT load_id, sha256, period, source_file, raw_uri FROM {schema_name}.{LOAD_LOG}")
     cols = [d[0] for d in cur.description]
@@ -275,8 +276,6 @@ def run_load(
 
         on_step("Spark: conform, flag quality, derive, write Parquet from the executors")
         t = time.perf_counter()
-        from .. import spark as spark_mod
-
         spark = spark_mod.session(spark_master)
         df = build_frame(spark, todo, zones_path, load_id)
         try:
@@ -311,8 +310,7 @@ def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[
         if [f.sha256 for f in todo_now] != [f.sha256 for f in todo] or superseded_now != superseded:
             raise KitError("another load committed some of these files while this one ran; nothing was registered",
                            "run the load again: it skips what is already there")
-        existing = frozenset(r[0] for r in con.execute(
-            "SELECT table_name FROM duckdb_tables() WHERE database_name = ? AND schema_name = ?", [lake.alias, q]).fetchall())
+        existing = frozenset(t for _s, t in tables(con, lake.alias, q))
         for stmt in ddl_statements(q, existing):
             con.execute(stmt)
         for load in superseded:
@@ -356,24 +354,13 @@ def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[
         raise
 
 
-@contextmanager
-def commit_lock(ep: Endpoints) -> Iterator[None]:
+def commit_lock(ep: Endpoints):
     """Hold the loads' commit lock. DuckLake appends never conflict, so without it two loads of the same file,
     both planned before either committed, would both land; inside it, the second one's re-plan sees the first's
     commit and stops. A killed load's session ends and PostgreSQL releases the lock."""
-    import psycopg
-
-    conn = postgres.connect(ep.pg, timeout=10)
-    try:
-        conn.execute(f"SET lock_timeout = '{COMMIT_LOCK_TIMEOUT}'")
-        try:
-            conn.execute("SELECT pg_advisory_lock(%s)", [COMMIT_LOCK_KEY])
-        except psycopg.errors.LockNotAvailable:
-            raise KitError(f"another load held the commit lock for {COMMIT_LOCK_TIMEOUT}; nothing was registered",
-                           "wait for the other load to finish, then run this one again") from None
-        yield
-    finally:
-        conn.close()  # ends the session: the lock goes with it
+    return advisory_lock(ep, COMMIT_LOCK_KEY, timeout_s=COMMIT_LOCK_TIMEOUT_S, busy=KitError(
+        f"another load held the commit lock for {COMMIT_LOCK_TIMEOUT_S}s; nothing was registered",
+        "wait for the other load to finish, then run this one again"))
 
 
 def spark_error_line(exc: BaseException) -> str:
@@ -391,7 +378,7 @@ def spark_error_line(exc: BaseException) -> str:
 def build_frame(spark, files: list[SourceFile], zones_path: Path, load_id: str):
     """One DataFrame over all files of a load: each conformed from its own variant, flagged against its own
     period, with derived columns and lineage (load_id, source_file), in the lake's column order."""
-    from . import transforms as tr
+    from ducklake_kit.taxi import transforms as tr  # pyspark: only when a load runs
 
     zones_df = tr.read_zones(spark, zones_path)
     frames = []
@@ -408,6 +395,6 @@ def build_frame(spark, files: list[SourceFile], zones_path: Path, load_id: str):
 
 
 def _lineage(load_id: str, source_file: str) -> list:
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # pyspark: only when a load runs
 
     return [F.lit(load_id).alias("load_id"), F.lit(source_file).alias("source_file")]

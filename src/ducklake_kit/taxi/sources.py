@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-from ..errors import KitError
+from ducklake_kit.errors import KitError
+from ducklake_kit.taxi import schema
 
 TLC_BASE_URL = "https://d37ci6vzurychx.cloudfront.net"
 SOURCES = ("auto", "tlc", "synthetic", "files")
@@ -106,7 +107,6 @@ def columns_of(path: Path) -> list[str]:
 
 def describe_file(path: Path, kind: str) -> SourceFile:
     """Checked before anything is landed or loaded: a readable footer and a known schema."""
-    from . import schema
     year, month = period_from_name(path.name)
     rows = parquet_rows(path) if path.suffix.lower() == ".parquet" else None
     schema.detect_variant(columns_of(path), source=path.name)  # one clear error for an unknown schema
@@ -118,7 +118,7 @@ def describe_file(path: Path, kind: str) -> SourceFile:
 
 def synthetic_files(cache: Path, months: list[tuple[int, int]], rows_per_month: int, seed: int = 0) -> list[SourceFile]:
     """Generate each month once per (seed, size); deterministic, so a cached file is the same file."""
-    from . import synthetic
+    from ducklake_kit.taxi import synthetic  # pyarrow: only when files are generated
     folder = cache / "synthetic" / f"seed{seed}-rows{rows_per_month}"
     out = []
     for year, month in months:
@@ -131,7 +131,7 @@ def synthetic_files(cache: Path, months: list[tuple[int, int]], rows_per_month: 
 
 def zone_lookup(cache: Path, near: list[Path] | None = None) -> tuple[Path, str]:
     """The zone lookup: a real taxi_zone_lookup.csv next to the given files or downloaded before, else synthetic."""
-    from . import synthetic
+    from ducklake_kit.taxi import synthetic  # pyarrow: only when files are generated
     for folder in {p.parent for p in near or []}:
         candidate = folder / "taxi_zone_lookup.csv"
         if candidate.exists():
@@ -173,7 +173,7 @@ def user_files(patterns: list[str]) -> list[SourceFile]:
 
 
 def tlc_url(year: int, month: int) -> str:
-    from . import synthetic
+    from ducklake_kit.taxi import synthetic  # pyarrow: only when files are generated
     return f"{tlc_base_url()}/trip-data/{synthetic.month_file_name(year, month)}"
 
 
@@ -241,7 +241,7 @@ def _broke_off(url: str, done: int, total: int, why: str) -> KitError:
 
 
 def tlc_files(cache: Path, months: list[tuple[int, int]]) -> list[SourceFile]:
-    from . import synthetic
+    from ducklake_kit.taxi import synthetic  # pyarrow: only when files are generated
     out = []
     for year, month in months:
         dest = cache / "tlc" / synthetic.month_file_name(year, month)

@@ -19,12 +19,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ducklake_kit.errors import KitError
-from ducklake_kit.taxi.schema import (
-    CANONICAL_COLUMNS,
-    SourceVariant,
-    detect_variant,
-    get_variant,
-)
+from ducklake_kit.taxi.schema import CANONICAL_COLUMNS, SourceVariant, detect_variant, get_variant
 
 _SPARK_TYPES: dict[str, T.DataType] = {
     "INT": T.IntegerType(),

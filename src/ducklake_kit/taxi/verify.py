@@ -11,16 +11,16 @@ For each loaded file:
 
 from __future__ import annotations
 
-from ..checks import CheckRun
-from ..lake import Lake
-from ..queries import source_select
-from .load import QUARANTINE, TRIPS, FileResult
+from ducklake_kit.checks import CheckRun
+from ducklake_kit.lake import Lake
+from ducklake_kit.taxi.reference import source_select
+from ducklake_kit.taxi.load import QUARANTINE, TRIPS, FileResult
 
 
 def verify_file(lake: Lake, fr: FileResult, load_id: str, checks: CheckRun) -> None:
     """Compare the rows this load (load_id) took from this file with the raw object it landed."""
     name = fr.source.path.name
-    # the raw object conformed by DuckDB (queries.source_select: the same reading the query checks use, so the
+    # the raw object conformed by DuckDB (reference.source_select: the same reading the query checks use, so the
     # two checks cannot drift apart), never by the Spark code under test
     rel = f"({source_select(lake.con, fr.raw_uri, fr.source.period)})"
     pickup, total = "pickup_at", "total_amount"

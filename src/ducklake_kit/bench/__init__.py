@@ -1,0 +1,1 @@
+"""The benchmark suites (load, queries, concurrency) and their shared parts (measurement header, result writer, charts)."""

@@ -1,0 +1,447 @@
+"""`bench --suite concurrency`: the seed's benchmark, made honest.
+
+N worker PROCESSES (spawn) each do M one-row INSERTs, starting together at a barrier, so the figures are the
+concurrent part only (process start, imports and ATTACH happen before the barrier):
+
+(a) `file`: one DuckDB database file, opened and closed around every INSERT, as the seed's tool had to. DuckDB
+    lets one process hold a database file for writing, so an open that meets another process's lock fails
+    ("Conflicting lock is held"). Like the seed, nothing is retried: the error is counted and the row is lost.
+(b) `ducklake`: DuckLake with the PostgreSQL catalog, one connection (`Lake`) per worker, reused for every
+    INSERT, into one table created before the workers start (concurrent CREATE TABLE of the same table
+    conflicts). A commit that loses the race for the next snapshot is retried by DuckLake itself
+    (`RETRY_SETTINGS`); one that exhausts those retries is run again by the writer (`execute_retrying`, counted
+    as `reruns`: nothing had been committed). DuckLake does not report its retries to the client, so they are
+    counted on the server:
+    every failed commit attempt is a rolled-back catalog transaction (`pg_stat_database.xact_rollback` of
+    the catalog database, before vs after; exact when nothing else uses the catalog meanwhile).
+
+    The workers use `SMALL_WRITER_SETTINGS` (one DuckDB thread: see lake.py) on top of RETRY_SETTINGS.
+
+Per mode: total wall time of the concurrent part, median and p95 latency of the successful operations,
+errors (by kind), retries, and rows: expected (workers x ops), actual (counted in the table afterwards), lost
+(expected - actual), and `silently_lost` (rows whose INSERT reported success but are not there: must be 0).
+DuckLake also: the CPU an insert cost the writers (`client_cpu_ms_per_insert`) and the kit's PostgreSQL
+(`catalog_cpu_ms_per_insert`, local platform only).
+
+Before the concurrent run, one writer alone (`single_writer`) measures what an insert costs without contention;
+`floor` turns that into lower bounds for the concurrent run on this machine (workers share `cores` cores), and
+`goals.reachable_here` says whether the time goals are reachable here at all, so a goal that is not met is
+reported with the reason measured beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing
+import queue as queue_mod
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from ducklake_kit.bench.results import BENCH_SCHEMA, load_average, machine, write_outputs
+from ducklake_kit.errors import KitError
+from ducklake_kit.lake import RETRY_SETTINGS, SMALL_WRITER_SETTINGS, Lake, execute_retrying
+from ducklake_kit.lake.profile import catalog_statements
+from ducklake_kit.platforms import postgres, procs
+from ducklake_kit.platforms.base import Endpoints, Platform
+from ducklake_kit.platforms.state import State
+
+MODES = ("file", "ducklake")
+TABLE = "concurrency"  # lake.bench.concurrency: recreated by every run, before the workers start
+GOALS = {"total_s": 1.0, "median_ms": 5.0, "errors": 0, "rows_lost": 0}  # DuckLake, 3 workers x 100 inserts
+CALIBRATE_OPS = 100  # one writer alone, before the concurrent run: the CPU an insert costs (see `floor`)
+BARRIER_TIMEOUT_S = 300  # 16 workers each loading DuckDB and its extensions on 2 cores take a while
+_INSERT = "INSERT INTO {table} VALUES (?, ?, now())"
+
+
+def _error_kind(exc: BaseException) -> str:
+    msg = str(exc)
+    if "Conflicting lock" in msg:
+        return "conflicting lock"
+    return f"{type(exc).__name__}: {msg.strip().splitlines()[0][:120] if msg.strip() else ''}"
+
+
+def _worker(mode: str, target: Any, worker: int, ops: int, barrier, queue, options: dict[str, Any]) -> None:
+    """One process: set up, wait at the barrier, do `ops` INSERTs, send back its timings and errors."""
+    report: dict[str, Any] = {"worker": worker, "latencies_s": [], "errors": {}, "setup_error": None}
+    lake = None
+    try:
+        # a process's first parametrised execute imports pandas and numpy (~2 s here): a start-up cost, not an operation
+        duckdb.connect().execute("SELECT ?", [0]).fetchall()
+        if mode == "ducklake":
+            # one connection for every operation of this worker; settings SET before the ATTACH
+            lake = Lake(target, settings=options.get("settings"), catalog_settings=options.get("catalog_settings"))
+            table = f"{BENCH_SCHEMA}.{TABLE}"
+            lake.con.execute(f"SELECT count(*) FROM {table}").fetchall()  # catalog loaded before the clock starts
+        else:
+            table = TABLE
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which stops the run
+        report["setup_error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        barrier.abort()
+        queue.put(report)
+        return
+    errors: Counter = Counter()
+    latencies = []
+    sql = _INSERT.format(table=table)
+    try:
+        barrier.wait(BARRIER_TIMEOUT_S)
+    except Exception:  # noqa: BLE001 - another worker failed its setup: nothing to measure
+        queue.put({**report, "setup_error": "the barrier broke (another worker failed to start)"})
+        return
+    report["start"] = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on this machine
+    cpu_start = time.process_time()  # this process's CPU (all its threads): what an insert costs the client
+    reruns = 0  # inserts run again after DuckLake gave up its own retries (nothing had been committed)
+    for op in range(ops):
+        t = time.perf_counter()
+        try:
+            if lake is not None:
+                reruns += execute_retrying(lake.con, sql, [worker, op])
+            else:
+                con = duckdb.connect(target)  # the seed's pattern: open, write, close, for every operation
+                try:
+                    con.execute(sql, [worker, op])
+                finally:
+                    con.close()
+        except duckdb.Error as exc:
+            errors[_error_kind(exc)] += 1
+            continue
+        latencies.append((op, time.perf_counter() - t))
+    report["end"] = time.monotonic()
+    report["cpu_s"] = time.process_time() - cpu_start
+    report["reruns"] = reruns
+    report["latencies_s"] = latencies
+    report["errors"] = dict(errors)
+    if lake is not None:
+        lake.close()
+    queue.put(report)
+
+
+def _run_workers(mode: str, target: Any, workers: int, ops: int, options: dict[str, Any] | None = None,
+                 on_release: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+    """Start the workers, release them together once all are ready, collect one report from each.
+    `on_release` runs just before the release (e.g. to read the catalog server's CPU counter)."""
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process holding DuckDB or JVM threads
+    barrier = ctx.Barrier(workers + 1)
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(mode, target, w, ops, barrier, queue, options or {}), daemon=True) for w in range(workers)]
+    for p in procs:
+        p.start()
+    reports: list[dict[str, Any]] = []
+    try:
+        deadline = time.monotonic() + BARRIER_TIMEOUT_S
+        while barrier.n_waiting < workers:  # a worker that died while starting never arrives: stop waiting
+            if barrier.broken or any(p.exitcode is not None for p in procs) or time.monotonic() > deadline:
+                barrier.abort()
+                break
+            time.sleep(0.02)
+        on_release()
+        try:
+            barrier.wait(BARRIER_TIMEOUT_S)  # every worker is ready: they start together
+        except threading.BrokenBarrierError:
+            pass
+        while len(reports) < workers:
+            try:
+                reports.append(queue.get(timeout=1))
+            except queue_mod.Empty:
+                if all(p.exitcode is not None for p in procs):
+                    break  # everyone exited: nothing more will come
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+    failed = [r["setup_error"] for r in reports if r.get("setup_error")]
+    if failed:
+        real = [f for f in failed if "barrier broke" not in f] or failed
+        raise KitError(f"a {mode} worker could not start ({real[0].splitlines()[-1][:300]})", "run `status`; see the error above")
+    if len(reports) < workers:
+        codes = [p.exitcode for p in procs]
+        raise KitError(f"{workers - len(reports)} {mode} worker(s) died without a report (exit codes {codes})",
+                       "a script that runs the bench needs `if __name__ == '__main__':` (workers are spawned)")
+    return reports
+
+
+def _percentile(sorted_values: list[float], p: float) -> float | None:
+    if not sorted_values:
+        return None
+    return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(p * len(sorted_values)) - 1))]
+
+
+def _summary(mode: str, reports: list[dict[str, Any]], workers: int, ops: int, actual: int, distinct: int) -> dict[str, Any]:
+    lat = sorted(s for r in reports for _, s in r["latencies_s"])
+    slowest = sorted(((s, r["worker"], op) for r in reports for op, s in r["latencies_s"]), reverse=True)[:5]
+    errors: Counter = Counter()
+    for r in reports:
+        errors.update(r["errors"])
+    total = max(r["end"] for r in reports) - min(r["start"] for r in reports)
+    expected = workers * ops
+    n_errors = sum(errors.values())
+    return {
+        "mode": mode,
+        "workers": workers,
+        "ops_per_worker": ops,
+        "total_s": round(total, 3),
+        "ops_per_s": round(len(lat) / total, 1) if total else None,
+        "median_ms": round(statistics.median(lat) * 1000, 2) if lat else None,
+        "p95_ms": round(_percentile(lat, 0.95) * 1000, 2) if lat else None,
+        "max_ms": round(lat[-1] * 1000, 2) if lat else None,  # same precision as median and p95, so they stay ordered
+        "succeeded": len(lat),
+        "errors": n_errors,
+        "errors_by_kind": dict(errors),
+        "expected_rows": expected,
+        "actual_rows": actual,
+        "rows_lost": expected - actual,
+        "silently_lost": expected - n_errors - actual,  # INSERTs that reported success but whose row is missing
+        "duplicate_rows": actual - distinct,
+        "slowest_ops": [{"worker": w, "op": op, "ms": round(s * 1000, 1)} for s, w, op in slowest],
+    }
+
+
+# -- (a) one DuckDB file -------------------------------------------------------------------------------------
+
+
+def run_file(home: Path, workers: int, ops: int) -> dict[str, Any]:
+    folder = Path(tempfile.mkdtemp(prefix="bench-concurrency-", dir=home))
+    path = str(folder / "seed.duckdb")
+    try:
+        with duckdb.connect(path) as con:
+            con.execute(f"CREATE TABLE {TABLE} (worker INTEGER, op INTEGER, inserted_at TIMESTAMP)")
+        reports = _run_workers("file", path, workers, ops)
+        with duckdb.connect(path) as con:
+            actual, distinct = con.execute(f"SELECT count(*), count(DISTINCT (worker, op)) FROM {TABLE}").fetchone()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    out = _summary("file", reports, workers, ops, int(actual), int(distinct))
+    out["retries"] = 0  # the seed did not retry; neither does this mode
+    out["retries_note"] = "none: a failed open is not retried (as in the seed)"
+    return out
+
+
+# -- (b) DuckLake, PostgreSQL catalog ------------------------------------------------------------------------
+
+
+def _catalog_counters(ep: Endpoints) -> tuple[int, int]:
+    """(committed, rolled back) transactions of the catalog database, as PostgreSQL counts them."""
+    with postgres.connect(ep.pg) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute("SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s", (ep.pg.dbname,)).fetchone()
+    return int(row[0]), int(row[1])
+
+
+def _catalog_setting(ep: Endpoints, name: str) -> str | None:
+    with postgres.connect(ep.pg) as conn:
+        return conn.execute("SELECT current_setting(%s, true)", (name,)).fetchone()[0]
+
+
+def profile_insert(lake: Lake, table: str) -> dict[str, Any]:
+    """The catalog statements one INSERT commits with: `pg_debug_show_queries` prints each round trip."""
+    trips, seconds = catalog_statements(lake.con, _INSERT.format(table=table), [-1, -2])
+    return {"catalog_round_trips": len(trips), "seconds": round(seconds, 4),
+            "statements": [t.split("\n")[0][:100] for t in trips]}
+
+
+def catalog_cpu_reader(state: State) -> Callable[[], float | None]:
+    """CPU seconds used so far by the kit's own PostgreSQL (postmaster and its backends), or None when the catalog
+    is not a process of this machine that the kit started (k3d, external)."""
+    import psutil  # only where the catalog's CPU is read
+
+    def read() -> float | None:
+        rec = procs.live_pid(state.pid_file("postgres"))
+        if rec is None:
+            return None
+        try:
+            root = psutil.Process(rec.pid)
+            family = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return None
+        total = 0.0
+        for p in family:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system  # exited backends count too
+        return total
+
+    return read
+
+
+def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
+                 settings: dict[str, Any] | None = None, catalog_settings: dict[str, str] | None = None,
+                 catalog_cpu: Callable[[], float | None] = lambda: None, profile: bool = True,
+                 calibrate_ops: int = 0) -> dict[str, Any]:
+    """`settings`: DuckDB settings of every worker (over SMALL_WRITER_SETTINGS, before the ATTACH);
+    `catalog_settings`: PostgreSQL settings of the workers' catalog connections (e.g. synchronous_commit)."""
+    table = f"{BENCH_SCHEMA}.{TABLE}"
+    worker_settings = {**SMALL_WRITER_SETTINGS, **(settings or {})}
+    with Lake(ep) as lake:
+        lake.con.execute(f"CREATE SCHEMA IF NOT EXISTS {BENCH_SCHEMA}")
+        lake.con.execute(f"CREATE OR REPLACE TABLE {table} (worker INTEGER, op INTEGER, inserted_at TIMESTAMP)")
+        lake.con.execute(f"CALL {lake.alias}.set_option('data_inlining_row_limit', {10 if inlining else 0}, "
+                         f"schema => '{BENCH_SCHEMA}', table_name => '{TABLE}')")
+        # setup rows (op < 0, not counted): the first INSERT creates the inlined-data table in the catalog, once;
+        # the second is profiled (catalog round trips of an ordinary INSERT)
+        lake.con.execute(_INSERT.format(table=table), [-1, -1])
+        insert_profile = profile_insert(lake, table) if profile else None
+    single = single_writer(ep, table, calibrate_ops, worker_settings, catalog_settings, catalog_cpu) if calibrate_ops else None
+    before = _catalog_counters(ep)
+    cpu: dict[str, float | None] = {}
+    reports = _run_workers("ducklake", ep, workers, ops, {"settings": worker_settings, "catalog_settings": catalog_settings},
+                           on_release=lambda: cpu.update(start=catalog_cpu()))
+    cpu["end"] = catalog_cpu()
+    after = _catalog_counters(ep)  # the workers have exited, so their statistics are flushed
+    with Lake(ep) as lake:
+        actual, distinct, snapshots = lake.con.execute(
+            f"SELECT count(*), count(DISTINCT (worker, op)), count(DISTINCT snapshot_id) FROM {table} WHERE op >= 0").fetchone()
+    out = _summary("ducklake", reports, workers, ops, int(actual), int(distinct))
+    out["retries"] = after[1] - before[1]
+    out["retries_note"] = ("rolled-back catalog transactions during the run (pg_stat_database.xact_rollback): each is a "
+                           "commit attempt that lost the race and was retried by DuckLake (exact if nothing else used the catalog)")
+    out["reruns"] = sum(r.get("reruns", 0) for r in reports)
+    out["reruns_note"] = (f"inserts run again by the writer after DuckLake gave up its {RETRY_SETTINGS['ducklake_max_retry_count']} "
+                          "retries (lake.execute_retrying: nothing had been committed; capped, jittered waits)")
+    out["catalog_commits"] = after[0] - before[0]
+    out["snapshots"] = int(snapshots)  # one per INSERT: fewer would mean two INSERTs shared a snapshot id
+    ok = out["succeeded"] or 1
+    out["client_cpu_ms_per_insert"] = round(sum(r.get("cpu_s", 0.0) for r in reports) / ok * 1000, 2)
+    out["catalog_cpu_ms_per_insert"] = (round((cpu["end"] - cpu["start"]) / ok * 1000, 2)
+                                        if cpu.get("start") is not None and cpu.get("end") is not None else None)
+    out["data_inlining"] = inlining
+    out["insert_profile"] = insert_profile
+    out["synchronous_commit"] = (catalog_settings or {}).get("synchronous_commit") or _catalog_setting(ep, "synchronous_commit")
+    out["retry_settings"] = RETRY_SETTINGS
+    out["settings"] = worker_settings  # DuckDB settings of the workers (on top of RETRY_SETTINGS)
+    out["catalog_settings"] = catalog_settings or {}
+    out["single_writer"] = single
+    return out
+
+
+def single_writer(ep: Endpoints, table: str, ops: int, settings: dict[str, Any], catalog_settings: dict[str, str] | None,
+                  catalog_cpu: Callable[[], float | None]) -> dict[str, Any]:
+    """One writer alone, in this process, with the workers' settings: latency and CPU per insert without contention.
+    Its rows have op < 0, so the concurrent run's counts leave them out."""
+    with Lake(ep, settings=settings, catalog_settings=catalog_settings) as lake:
+        sql = _INSERT.format(table=table)
+        lake.con.execute(sql, [-3, -1])  # the first INSERT of a connection loads the catalog
+        latencies = []
+        pg0, cpu0 = catalog_cpu(), time.process_time()
+        for op in range(ops):
+            t = time.perf_counter()
+            lake.con.execute(sql, [-3, -2 - op])
+            latencies.append(time.perf_counter() - t)
+        cpu1, pg1 = time.process_time(), catalog_cpu()
+    latencies.sort()
+    return {"ops_per_worker": ops, "median_ms": round(statistics.median(latencies) * 1000, 2),
+            "p95_ms": round(_percentile(latencies, 0.95) * 1000, 2), "min_ms": round(latencies[0] * 1000, 2),
+            "client_cpu_ms_per_insert": round((cpu1 - cpu0) / ops * 1000, 2),
+            "catalog_cpu_ms_per_insert": round((pg1 - pg0) / ops * 1000, 2) if pg0 is not None and pg1 is not None else None}
+
+
+def floor(single: dict[str, Any], workers: int, ops: int, cores: int) -> dict[str, Any]:
+    """What this machine could do at best with these settings, from one writer measured alone: every insert needs
+    `cpu` ms of CPU (DuckDB client + PostgreSQL) and `workers` processes share `cores` cores, so the run needs at
+    least inserts x cpu / min(workers, cores) seconds (retries only add CPU); and an insert is a chain of catalog
+    round trips that other writers cannot shorten, so the median is not below the lone writer's. Both are lower
+    bounds measured on this machine (noise aside), not predictions."""
+    cpu = single["client_cpu_ms_per_insert"] + (single["catalog_cpu_ms_per_insert"] or 0.0)
+    total = workers * ops * cpu / 1000 / min(workers, cores)
+    median = single["median_ms"] or 0.0
+    return {
+        "cpu_ms_per_insert": round(cpu, 2),
+        "catalog_cpu_counted": single["catalog_cpu_ms_per_insert"] is not None,
+        "total_s_at_least": round(total, 3),
+        "median_ms_at_least": round(median, 2),
+        "note": "lower bounds from one writer measured alone: its CPU per insert (total) and its median latency",
+    }
+
+
+def goals(ducklake: dict[str, Any], lower_bounds: dict[str, Any] | None) -> dict[str, Any]:
+    """The goals for DuckLake at 3 workers x 100 inserts: which the run met, and (from the floor measured alone)
+    whether this machine could meet the time goals at all."""
+    d = ducklake
+    out: dict[str, Any] = {**GOALS, "applies_to": "ducklake, 3 workers x 100 inserts",
+                           "met": {"total_s": d["total_s"] < GOALS["total_s"], "median_ms": (d["median_ms"] or 0) < GOALS["median_ms"],
+                                   "errors": d["errors"] == 0, "rows_lost": d["rows_lost"] == 0}}
+    if lower_bounds:
+        out["reachable_here"] = {"total_s": lower_bounds["total_s_at_least"] < GOALS["total_s"],
+                                 "median_ms": lower_bounds["median_ms_at_least"] < GOALS["median_ms"]}
+    return out
+
+
+# -- the suite -----------------------------------------------------------------------------------------------
+
+
+def bench_concurrency(platform: Platform, state: State, *, workers: int = 3, ops: int = 100,
+                      on_step: Callable[[str], None] = lambda _m: None, modes: tuple[str, ...] = MODES,
+                      inlining: bool = True, settings: dict[str, Any] | None = None,
+                      catalog_settings: dict[str, str] | None = None, calibrate_ops: int = CALIBRATE_OPS,
+                      json_path: Path | None = None, png_path: Path | None = None) -> dict[str, Any]:
+    """`settings`/`catalog_settings`: see run_ducklake. `calibrate_ops`: inserts of one writer alone, measured
+    first, from which the lower bounds of `floor` are computed (0: skip)."""
+    if workers < 1 or ops < 1:
+        raise KitError("--workers and --ops must be at least 1", "e.g. --workers 3 --ops 100")
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise KitError(f"unknown concurrency mode '{unknown[0]}'", f"choose from: {', '.join(MODES)}")
+    ep = platform.endpoints()
+    load_before = load_average()
+    results: dict[str, Any] = {}
+    if "file" in modes:
+        on_step(f"(a) one DuckDB file, opened per operation: {workers} workers x {ops} inserts")
+        state.home.mkdir(parents=True, exist_ok=True)
+        results["file"] = run_file(state.home, workers, ops)
+    if "ducklake" in modes:
+        on_step(f"(b) DuckLake, PostgreSQL catalog, one connection per worker: {workers} workers x {ops} inserts")
+        results["ducklake"] = run_ducklake(ep, workers, ops, inlining, settings, catalog_settings,
+                                           catalog_cpu_reader(state), calibrate_ops=min(calibrate_ops, max(ops, 20)))
+    out: dict[str, Any] = {
+        "suite": "concurrency",
+        "workers": workers,
+        "ops_per_worker": ops,
+        **machine(load_before),
+        "results": results,
+    }
+    if "ducklake" in results:
+        d = results["ducklake"]
+        if d.get("single_writer"):
+            out["floor"] = floor(d["single_writer"], workers, ops, os.cpu_count() or 1)
+        out["goals"] = goals(d, out.get("floor"))
+    write_outputs(out, json_path, png_path, chart_concurrency)
+    return out
+
+
+def chart_concurrency(result: dict[str, Any], path: Path) -> None:
+    """Left: total seconds per mode; right: median and p95 ms per operation (log scales)."""
+    import matplotlib  # only with --png: matplotlib takes a while to import
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = result["results"]
+    names = list(res)
+    labels = [f"{m}\n{res[m]['errors']} errors, {res[m]['rows_lost']} lost" for m in names]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
+    left.bar(labels, [res[m]["total_s"] for m in names], color=["tab:red", "tab:blue"][: len(names)])
+    left.set_ylabel("total seconds (concurrent part)")
+    left.set_yscale("log")
+    x = range(len(names))
+    right.bar([i - 0.2 for i in x], [res[m]["median_ms"] or 0 for m in names], 0.4, label="median")
+    right.bar([i + 0.2 for i in x], [res[m]["p95_ms"] or 0 for m in names], 0.4, label="p95")
+    right.set_xticks(list(x), labels)
+    right.set_ylabel("ms per successful insert")
+    right.set_yscale("log")
+    right.legend()
+    fig.suptitle(f"bench --suite concurrency: {result['workers']} workers x {result['ops_per_worker']} inserts, "
+                 f"{result['cores']} cores", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

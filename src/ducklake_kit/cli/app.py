@@ -1,0 +1,38 @@
+"""The harness: `python ducklake_test.py [--platform ...] COMMAND`. Global options here; the commands live in one
+module per group (core: the services; data: SQL, loads and lessons; bench: the benchmarks).
+
+Exit codes: 0 ok, 1 a computed check failed, 2 usage error, 3 bad input, an environment problem or a declined confirmation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ducklake_kit.cli import core, data, bench  # noqa: F401,I001  (each registers its commands on `app`, in this order)
+from ducklake_kit.cli.common import Ctx, app
+from ducklake_kit.platforms import PLATFORMS
+from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT, K3D_PG_PORT, K3D_S3_PORT
+
+
+@app.callback()
+def main_options(
+    ctx: typer.Context,
+    platform: Annotated[str, typer.Option(envvar="DUCKLAKE_PLATFORM", help=f"Where the services run: {', '.join(PLATFORMS)}.")] = "local",
+    home: Annotated[Optional[Path], typer.Option(envvar="DUCKLAKE_HOME", help="State folder (data, logs, credentials). Default: ./.ducklake")] = None,
+    pg_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_PG_PORT", help=f"Local PostgreSQL port (default {DEFAULT_PG_PORT}; k3d: {K3D_PG_PORT}, the port-forward).")] = None,
+    s3_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_S3_PORT", help=f"Local S3 port (default {DEFAULT_S3_PORT}; k3d: {K3D_S3_PORT}, the port-forward).")] = None,
+) -> None:
+    if platform not in PLATFORMS:
+        raise typer.BadParameter(f"choose one of {', '.join(PLATFORMS)}", param_hint="--platform")
+    ctx.obj = Ctx(platform, home, pg_port, s3_port)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""What every command shares: the app, the context (platform and state folder), the error edge (one line on
+stderr or a JSON error envelope, and its exit code), `--json`, and the progress printer."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import duckdb
+import psycopg
+import typer
+from botocore.exceptions import BotoCoreError, ClientError
+
+from ducklake_kit.cli.output import console, print_json
+from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.platforms import get_platform
+from ducklake_kit.platforms.state import State
+
+app = typer.Typer(
+    help="ducklake-kit: a DuckLake learning lab (DuckDB engine, PostgreSQL catalog, Parquet on S3).\n\n"
+    "Exit codes: 0 ok, 1 a check failed, 2 usage error, 3 bad input, an environment problem or a declined confirmation.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+JsonOpt = Annotated[bool, typer.Option("--json", help='Print {"status", "result", "catalog_info"} as JSON.')]
+
+
+class Ctx:
+    def __init__(self, platform: str, home: Path | None, pg_port: int | None, s3_port: int | None):
+        self.platform_name = platform
+        self.state = State(home)
+        self.options = {"pg_port": pg_port, "s3_port": s3_port} if platform in ("local", "k3d") else {}
+
+    def platform(self):
+        return get_platform(self.platform_name, self.state, **self.options)
+
+
+def command(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn KitError into one line on stderr (or a JSON error envelope) and its exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except KitError as exc:
+            _fail(exc, kwargs.get("as_json") is True)
+        except (duckdb.Error, psycopg.Error, BotoCoreError, ClientError) as exc:
+            # a service failed in a place without its own explanation: still one line, not a traceback
+            first = first_line(exc)
+            _fail(KitError(f"{type(exc).__name__}: {first}", "run `status` to see whether the services answer"),
+                  kwargs.get("as_json") is True)
+
+    return wrapper
+
+
+def _fail(exc: KitError, as_json: bool) -> None:
+    if as_json:
+        print_json("error", {"error": exc.line(), "detail": exc.detail})
+    else:
+        typer.echo(exc.line(), err=True)  # one line, never wrapped
+        if exc.detail:
+            typer.echo(exc.detail, err=True)
+    raise typer.Exit(exc.exit_code)
+
+
+def step_printer(as_json: bool) -> Callable[[str], None]:
+    """Progress lines: on stdout, or on stderr when stdout carries the JSON envelope."""
+    out = console(stderr=as_json)
+    return lambda msg: out.print(f"[dim]•[/] {msg}", markup=True, highlight=False)

@@ -1,0 +1,148 @@
+"""The services: doctor, up, down, status, reset, connect, shell."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Annotated, Any
+
+import typer
+
+from ducklake_kit.cli.common import Ctx, JsonOpt, app, command
+from ducklake_kit.cli.output import console, print_json, table
+from ducklake_kit.errors import EXIT_CHECK_FAILED, EXIT_ERROR, KitError
+from ducklake_kit.lake import connect as connect_mod
+from ducklake_kit.platforms import doctor as doctor_mod
+
+
+def _services_table(statuses) -> Any:
+    rows = [[s.name, "yes" if s.healthy else "NO", s.port or "", s.pid or "", _size(s.data_bytes), s.detail] for s in statuses]
+    return table("Services", ["service", "healthy", "port", "pid", "data", "detail"], rows)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+@app.command()
+@command
+def doctor(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Check prerequisites (Python, Java 17+, uv, just; docker, k3d, kubectl for k3d) with versions and install hints."""
+    c: Ctx = ctx.obj
+    tools = doctor_mod.check(c.platform_name)
+    ok = all(t.ok for t in tools)
+    if as_json:
+        print_json("ok" if ok else "error", {"platform": c.platform_name, "tools": [t.as_dict() for t in tools]})
+    else:
+        rows = [[t.name, "ok" if t.found else ("MISSING" if t.required else "missing (optional here)"), t.version,
+                 "" if t.found else t.hint] for t in tools]
+        console().print(table(f"Prerequisites for --platform {c.platform_name}", ["tool", "state", "version", "install hint"], rows))
+        for t in tools:
+            if not t.ok:
+                problem = "is missing" if t.version == "not found" else f"is not usable: {t.version}"
+                typer.echo(f"Error: {t.name} {problem} ({t.why}). Try: {t.hint}.", err=True)
+    if not ok:
+        raise typer.Exit(EXIT_ERROR)
+
+
+@app.command()
+@command
+def up(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Start the catalog (PostgreSQL) and the S3 store, create the catalog database and buckets. Idempotent."""
+    platform = ctx.obj.platform()
+    statuses = platform.up()
+    if as_json:
+        print_json("ok", {"services": [vars(s) for s in statuses]})
+    else:
+        console().print(_services_table(statuses))
+
+
+@app.command()
+@command
+def down(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Stop the services the kit started. Data stays (see `reset`)."""
+    msgs = ctx.obj.platform().down()
+    if as_json:
+        print_json("ok", {"stopped": msgs})
+    else:
+        for m in msgs:
+            console().print(m, markup=False)
+
+
+@app.command()
+@command
+def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Show each service's health (a real round trip), port, pid and data size. Exit 1 when one is down."""
+    statuses = ctx.obj.platform().status()
+    healthy = all(s.healthy for s in statuses)
+    if as_json:
+        print_json("ok" if healthy else "error", {"services": [vars(s) for s in statuses]})
+    else:
+        console().print(_services_table(statuses))
+    if not healthy:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+@app.command()
+@command
+def reset(
+    ctx: typer.Context,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Stop the services and delete all their data and credentials (asks first)."""
+    c: Ctx = ctx.obj
+    if not yes and not typer.confirm(f"Delete the catalog, the lake data and the credentials in {c.state.home}?", default=False):
+        raise KitError("reset cancelled; nothing was deleted", "pass --yes to reset without asking")
+    msgs = c.platform().reset()
+    if as_json:
+        print_json("ok", {"reset": msgs})
+    else:
+        for m in msgs:
+            console().print(m, markup=False)
+
+
+@app.command()
+@command
+def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
+    """Print how to reach the catalog (psql, DBeaver) and the lake (DuckDB CLI with an init SQL file)."""
+    c: Ctx = ctx.obj
+    info = connect_mod.describe(c.state, c.platform().endpoints())
+    if as_json:
+        print_json("ok", info)
+        return
+    out = console()
+    out.print("[bold]Catalog (PostgreSQL) with psql:[/]")
+    out.print(f"  {info['psql']}", markup=False)
+    out.print("  worth running there:")
+    for q in info["psql_queries"]:
+        out.print(f"    {q}", markup=False)
+    out.print("[bold]Lake with the DuckDB CLI[/] (extensions from the wheels, lake attached):")
+    out.print(f"  {info['duckdb_cli']}", markup=False)
+    out.print("  then e.g.: FROM ducklake_snapshots('lake');", markup=False)
+    out.print("  or simply: python ducklake_test.py shell   (the same command, run for you)", markup=False)
+    out.print("[bold]DBeaver:[/]")
+    for kind, settings in info["dbeaver"].items():
+        out.print(f"  {kind}: " + ", ".join(f"{k}={v}" for k, v in settings.items()), markup=False)
+    out.print("[bold]S3:[/] " + ", ".join(f"{k}={v}" for k, v in info["s3"].items()), markup=False)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@command
+def shell(ctx: typer.Context) -> None:
+    """Open the DuckDB CLI with the lake attached (the init SQL `connect` prints); extra arguments go to duckdb, e.g. -c "SQL"."""
+    c: Ctx = ctx.obj
+    argv = connect_mod.shell_argv(c.state, c.platform().endpoints(), list(ctx.args))
+    try:
+        code = subprocess.call(argv)
+    except OSError as exc:
+        raise KitError(f"could not start the DuckDB CLI {argv[0]} ({exc.strerror})",
+                       "run `uv sync`: the duckdb-cli wheel provides it") from None
+    raise typer.Exit(code)
+
+

@@ -1,0 +1,225 @@
+"""Working with the lake: sql, load, query, timetravel, maintain, and `all` (the whole flow, checked)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from ducklake_kit.checks import CheckRun
+from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
+from ducklake_kit.cli.output import console, print_checks, print_json, render_checks, render_statement, table
+from ducklake_kit.errors import EXIT_CHECK_FAILED
+from ducklake_kit.lake import Lake
+from ducklake_kit.lake.expect import expect_value
+from ducklake_kit.lessons import LESSON_ROWS_PER_MONTH
+from ducklake_kit.taxi import sources
+
+
+@app.command()
+@command
+def sql(
+    ctx: typer.Context,
+    query: Annotated[str, typer.Argument(help="One or more SQL statements, run against the attached lake (USE lake).")],
+    expect: Annotated[Optional[str], typer.Option(
+        help="Check the answer: the last statement must return exactly one value equal to this text (else exit 1).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run SQL against the lake; rows for every statement that returns them, real affected-row counts."""
+    c: Ctx = ctx.obj
+    with Lake(c.platform().endpoints()) as lake:
+        results = lake.run(query)
+        info = lake.catalog_info(c.platform_name)
+    check = expect_value(results[-1], expect).as_dict() if expect is not None else None
+    if as_json:
+        body: dict[str, Any] = {"statements": [r.as_dict() for r in results]}
+        if check:
+            body["expect"] = check
+        print_json("ok" if not check or check["passed"] else "error", body, info)
+    else:
+        for r in results:
+            console().print(render_statement(r))
+        if check:
+            typer.echo(f"{'ok' if check['passed'] else 'FAIL'}: expected {check['expected']}, got {check['actual']}")
+    if check and not check["passed"]:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+@app.command()
+@command
+def load(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Option(help="auto (TLC if reachable, else synthetic), tlc, synthetic or files.")] = "auto",
+    months: Annotated[str, typer.Option(help="Months to load: 2024-01..2024-03 or 2024-01,2024-05.")] = sources.DEFAULT_MONTHS,
+    path: Annotated[Optional[list[str]], typer.Option(help="Files or globs for --source files (repeatable).")] = None,
+    rows_per_month: Annotated[int, typer.Option(help="Rows a synthetic month holds.")] = sources.DEFAULT_ROWS_PER_MONTH,
+    seed: Annotated[int, typer.Option(help="Seed of the synthetic generator (same seed, same data).")] = 0,
+    mode: Annotated[str, typer.Option(help="skip (a file already loaded is not loaded again), append, or replace.")] = "skip",
+    spark_master: Annotated[Optional[str], typer.Option(help="Spark master URL (default local[*]); SPARK_REMOTE for Spark Connect.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Load NYC taxi trips through PySpark into the lake: one load, one snapshot; re-running is a no-op."""
+    from ducklake_kit.taxi import flow as taxi_flow  # Spark and pyarrow load only for the commands that use them
+
+    c: Ctx = ctx.obj
+    result, run = taxi_flow.load_and_verify(
+        c.platform(), c.state, source=source, months=months, paths=path or [], rows_per_month=rows_per_month,
+        seed=seed, mode=mode, spark_master=spark_master, on_step=step_printer(as_json))
+    if as_json:
+        print_json("ok" if run.ok else "error", {**result.as_dict(), **run.as_dict()})
+    else:
+        _render_load(result, run)
+    if not run.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _render_load(result, run: CheckRun) -> None:
+    out = console()
+    rows = [[f.source.path.name, f.source.period, f.status, f"{f.rows_read:,}", f"{f.rows_accepted:,}", f"{f.rows_rejected:,}",
+             f.data_files, f.reason] for f in result.files]
+    out.print(table(f"Load {result.load_id} ({result.source_note}; zones: {result.zones})",
+                    ["file", "period", "status", "read", "accepted", "quarantined", "data files", "note"], rows))
+    snap = (f"snapshot {result.snapshot_id} (was {result.previous_snapshot})" if result.snapshot_id is not None
+            else f"no new snapshot (still {result.previous_snapshot})")
+    timing = ", ".join(f"{k} {v:.1f}s" for k, v in result.timings.items())
+    out.print(f"{snap}; {timing}", markup=False)
+    if run.checks:
+        print_checks(run, "Loaded figures vs the source (computed independently)")
+
+
+@app.command()
+@command
+def query(
+    ctx: typer.Context,
+    names: Annotated[Optional[list[str]], typer.Argument(help="Queries to run (file names in queries/ without the number); all by default.")] = None,
+    check: Annotated[bool, typer.Option("--check/--no-check", help="Check each answer against the source files (default).")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run the named queries from queries/ and check each answer against an independent computation on the raw files."""
+    from ducklake_kit.lessons import queries as q  # lessons load only for the command that runs them (start-up)
+
+    c: Ctx = ctx.obj
+    run = CheckRun()
+    with Lake(c.platform().endpoints()) as lake:
+        if check:
+            answers = q.check_queries(lake, run, names or None)
+        else:
+            answers = {n: q.run_query(lake, n) for n in (names or [x.name for x in q.list_queries()])}
+        info = lake.catalog_info(c.platform_name)
+    if as_json:
+        print_json("ok" if run.ok else "error", {"queries": q.answers_as_dict(answers), **run.as_dict()}, info)
+    else:
+        out = console()
+        teaches = {x.name: x.teaches for x in q.list_queries()}
+        for name, (columns, rows, seconds) in answers.items():
+            out.print(table(f"{name} ({len(rows)} rows, {seconds * 1000:.0f} ms): {teaches.get(name, '')}", columns, rows[:25]))
+            if len(rows) > 25:
+                out.print(f"... {len(rows) - 25} more rows (--json for all)", markup=False)
+        if check:
+            print_checks(run, "Answers vs the source files (computed independently)")
+    if check and not run.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+@app.command()
+@command
+def timetravel(
+    ctx: typer.Context,
+    rows_per_month: Annotated[int, typer.Option(help="Synthetic trips a month in the lesson's two loads.")] = LESSON_ROWS_PER_MONTH,
+    as_json: JsonOpt = False,
+) -> None:
+    """The time-travel and change-feed lesson, checked: two loads, a correction, AT (VERSION/TIMESTAMP), table_changes, a restore."""
+    from ducklake_kit.lessons import timetravel as tt  # start-up: loads only for this command
+
+    c: Ctx = ctx.obj
+    run = CheckRun()
+    result = tt.run_timetravel(c.platform(), c.state, run, rows_per_month=rows_per_month, on_step=step_printer(as_json))
+    if as_json:
+        print_json("ok" if run.ok else "error", {**result, **run.as_dict()})
+    else:
+        out = console()
+        out.print(table(f"Snapshots of the lesson (schema {result['schema']})", ["step", "snapshot_id", "time", "message"],
+                        [[r.get("step"), r.get("snapshot_id"), r.get("snapshot_time"), r.get("commit_message")]
+                         for r in result["snapshots"]]))
+        out.print(table("trips AT (VERSION => n)", ["step", "snapshot_id", "trips"],
+                        [[r["step"], r["snapshot_id"], f"{r['trips']:,}"] for r in result["counts_at_version"]]))
+        out.print(f"AT (TIMESTAMP => ...): {result['at_timestamp']}", markup=False)
+        out.print(table("ducklake_table_changes (from..to, both included)", ["from", "to", "changes"],
+                        [[r["from"], r["to"], {k: v for k, v in r.items() if k not in ("from", "to")}] for r in result["changes"]]))
+        out.print(f"correction: {result['rule']} ({result['rule_why']}); restore: {result['restore']}", markup=False)
+        print_checks(run, "Time travel checks")
+    if not run.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+@app.command()
+@command
+def maintain(
+    ctx: typer.Context,
+    older_than: Annotated[str, typer.Option(help="Expire snapshots (and delete orphaned files) older than this: '7 days', '2 hours', '0 seconds' (all but the current one), or a timestamp.")] = "7 days",
+    version: Annotated[Optional[list[int]], typer.Option(help="Expire exactly this snapshot instead (repeatable).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; change nothing.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Flush inlined data, merge adjacent files, expire snapshots, clean up old and orphaned files, CHECKPOINT; checked."""
+    from ducklake_kit.lessons import maintain as mt  # start-up: loads only for this command
+
+    c: Ctx = ctx.obj
+    run = CheckRun()
+    result = mt.run_maintain(c.platform(), run, older_than=older_than, versions=version or None, dry_run=dry_run,
+                             on_step=step_printer(as_json))
+    if as_json:
+        print_json("ok" if run.ok else "error", {**result, **run.as_dict()})
+    else:
+        out = console()
+        before, after = result["before"], result["after"]
+        out.print(table("Before / after" + (" (dry run: nothing changed)" if dry_run else ""), ["", "before", "after"],
+                        [[k, before[k], after.get(k)] for k in before]))
+        detail = result.get("would") if dry_run else result.get("done")
+        for k, v in (detail or {}).items():
+            out.print(f"{'would ' if dry_run else ''}{k}: {v if not isinstance(v, list) or len(v) <= 5 else f'{len(v)} items'}", markup=False)
+        print_checks(run, "Maintenance checks")
+    if not run.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+@app.command(name="all")
+@command
+def all_(
+    ctx: typer.Context,
+    source: Annotated[str, typer.Option(help="Where the trips come from: synthetic (offline, quick), auto or tlc (downloads the real months).")] = "synthetic",
+    mode: Annotated[str, typer.Option(help="Mode of the first load: skip, append or replace (the second is always skip).")] = "skip",
+    bench: Annotated[bool, typer.Option("--bench/--no-bench", help="Finish with the short concurrency benchmark.")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """The whole flow with checks (what `just ducklake-test` runs): foundation, load, queries, time travel, maintenance, a short benchmark. Exit 0 only if every check holds."""
+    from ducklake_kit.lessons import flow  # start-up: loads only for this command
+
+    c: Ctx = ctx.obj
+    run = CheckRun()
+    result = flow.run_all(c.platform(), c.state, run, source=source, mode=mode, bench=bench, on_step=step_printer(as_json))
+    info = result.pop("catalog_info")
+    if as_json:
+        print_json("ok" if run.ok else "error", {**result, **run.as_dict()}, info)
+    else:
+        out = console()
+        out.print(render_checks(run, f"ducklake-test on --platform {c.platform_name}"))
+        if "bench" in result:
+            out.print(_bench_concurrency_line(result["bench"]), markup=False)
+        out.print(table("Summary", ["stage", "checks passed", "seconds"],
+                        [[st["stage"], f"{st['passed']}/{st['checks']}", f"{st['seconds']:.1f}"] for st in run.summary()]
+                        + [["total", f"{len(run.checks) - len(run.failed)}/{len(run.checks)}", f"{sum(run.stages.values()):.1f}"]]))
+        verdict = f"{len(run.checks) - len(run.failed)}/{len(run.checks)} checks passed"
+        out.print(f"[green]{verdict}[/]" if run.ok else f"[red]{verdict}[/]")
+    if not run.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _bench_concurrency_line(figures: dict) -> str:
+    parts = []
+    for mode, r in figures["results"].items():
+        parts.append(f"{mode}: {r['total_s']:.2f} s total, median {r['median_ms'] or 0:.1f} ms, p95 {r.get('p95_ms') or 0:.1f} ms, "
+                     f"{r['errors']} errors, {r['rows_lost']} rows lost")
+    return f"bench ({figures['workers']} writers x {figures['ops_per_worker']} inserts): " + "; ".join(parts)
+
+

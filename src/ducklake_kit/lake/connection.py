@@ -1,0 +1,246 @@
+"""The one way into the lake: DuckDB with the ducklake, httpfs and postgres extensions loaded offline,
+an S3 secret, a PostgreSQL secret, and the DuckLake catalog ATTACHed as `lake`.
+
+The same statements (`setup_statements`) also make the DuckDB CLI's init file, so what a learner runs by
+hand is exactly what the kit runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.lake.sql import quote_literal as _sql_str
+from ducklake_kit.platforms.base import Endpoints
+
+LAKE = "lake"  # the ATTACH alias: tables are lake.main.<table>
+EXTENSIONS = {  # DuckDB extension name -> the Python package of its pinned wheel
+    "ducklake": "duckdb_extension_ducklake",
+    "httpfs": "duckdb_extension_httpfs",
+    "postgres_scanner": "duckdb_extension_postgres_scanner",
+}
+# Many writers commit to one catalog; a commit that loses the race for the next snapshot id is retried by DuckLake
+# after waiting retry_wait_ms x U(0.5, 1.0) x backoff^attempt (DuckLake jitters the wait itself; it has no cap).
+# A retry runs a conflict check that reads ducklake_snapshot and ducklake_snapshot_changes whole (DuckLake 1.5.5
+# with a PostgreSQL catalog): it takes ~3x as long as a fresh insert from snapshot read to write, so under
+# sustained contention a retrying writer keeps losing to fresh inserts until the others pause (PostgreSQL log:
+# 60 failed attempts in a row over 2.8 s, with constant 5-10 ms waits), and every attempt costs CPU that grows
+# with the catalog. Frequent retries therefore make a storm (16 writers x 1,000, measured: flat 10-20 ms waits,
+# 8 commits/s at 8 rollbacks per commit; 8 DuckLake retries then re-runs capped at 1 s, 19 commits/s; these
+# settings, 65 commits/s and 0.15 rollbacks per commit). Growing, uncapped waits keep the losers out of the way,
+# at the price of a long tail; a commit that still gives up is re-run by `execute_retrying`.
+RETRY_SETTINGS = {"ducklake_max_retry_count": 30, "ducklake_retry_wait_ms": 20, "ducklake_retry_backoff": 1.3}
+DUCKLAKE_GAVE_UP = "Exceeded the maximum retry count"  # DuckLake's error once its own retries of a commit ran out
+# For a process that commits many small transactions (one-row INSERTs from an application or a stream): one
+# DuckDB thread. A DuckLake commit runs ~6 small catalog queries through DuckDB's own executor; with a second
+# thread the client thread spins waiting for it (pthread mutex lock/unlock at the top of `perf`), doubling the
+# CPU an insert costs (13 -> 6 ms measured), which on a busy machine is the latency. Not for analytical queries.
+SMALL_WRITER_SETTINGS: dict[str, Any] = {"threads": 1}
+
+
+def extension_path(name: str) -> Path | None:
+    """The extension file shipped by its wheel for exactly this DuckDB version, or None."""
+    spec = importlib.util.find_spec(EXTENSIONS[name])
+    if not spec or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
+    return path if path.exists() else None
+
+
+def load_statements() -> list[str]:
+    """LOAD each extension from its wheel; INSTALL from the internet only when a wheel is absent."""
+    out = []
+    for name in EXTENSIONS:
+        path = extension_path(name)
+        out.append(f"LOAD {_sql_str(str(path))}" if path else f"INSTALL {name}; LOAD {name}")
+    return out
+
+
+def secret_statements(ep: Endpoints) -> list[str]:
+    s3, pg = ep.s3, ep.pg
+    return [
+        "CREATE OR REPLACE SECRET lake_s3 (TYPE s3, "
+        f"KEY_ID {_sql_str(s3.key_id)}, SECRET {_sql_str(s3.secret)}, ENDPOINT {_sql_str(s3.endpoint)}, "
+        f"URL_STYLE {_sql_str(s3.url_style)}, USE_SSL {'true' if s3.use_ssl else 'false'}, REGION {_sql_str(s3.region)})",
+        # named in ATTACH's METADATA_PARAMETERS, so the ATTACH path carries no password
+        "CREATE OR REPLACE SECRET lake_catalog (TYPE postgres, "
+        f"HOST {_sql_str(pg.host)}, PORT {pg.port}, DATABASE {_sql_str(pg.dbname)}, "
+        f"USER {_sql_str(pg.user)}, PASSWORD {_sql_str(pg.password)})",
+    ]
+
+
+def _setting_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value) if isinstance(value, (int, float)) else _sql_str(value)
+
+
+def attach_statement(ep: Endpoints, alias: str = LAKE, catalog_settings: dict[str, str] | None = None) -> str:
+    """`catalog_settings`: PostgreSQL settings for the catalog connections of this process only (libpq
+    `options=-c name=value`), e.g. {"synchronous_commit": "off"}; nothing else is changed on the server."""
+    path = "ducklake:postgres:dbname=" + ep.pg.dbname
+    if catalog_settings:
+        for name, value in catalog_settings.items():
+            if not name.replace("_", "").replace(".", "").isalnum() or not str(value).replace("_", "").replace(".", "").isalnum():
+                raise KitError(f"catalog setting {name}={value} is not a plain name=value", "use e.g. synchronous_commit=off")
+        path += " options='" + " ".join(f"-c{name}={value}" for name, value in catalog_settings.items()) + "'"
+    return (
+        f"ATTACH {_sql_str(path)} AS {alias} "
+        f"(DATA_PATH {_sql_str(ep.data_path)}, METADATA_PARAMETERS MAP {{'SECRET': 'lake_catalog'}})"
+    )
+
+
+def setup_statements(ep: Endpoints, alias: str = LAKE, settings: dict[str, Any] | None = None,
+                     catalog_settings: dict[str, str] | None = None) -> list[str]:
+    """`settings`: DuckDB settings SET before the ATTACH (so the postgres extension's pg_pool_* settings apply to
+    the catalog's connection pool), on top of RETRY_SETTINGS."""
+    pre = [f"SET {k} = {_setting_value(v)}" for k, v in {**RETRY_SETTINGS, **(settings or {})}.items()]
+    return [*load_statements(), *secret_statements(ep), *pre, attach_statement(ep, alias, catalog_settings), f"USE {alias}"]
+
+
+def execute_retrying(con: duckdb.DuckDBPyConnection, sql: str, params: list | None = None, *, patience_s: float = 600.0,
+                     first_wait_s: float = 0.05, cap_s: float = 2.0) -> int:
+    """Run one autocommit statement (a small INSERT, say); when DuckLake gave up retrying its commit (its error
+    names the exhausted ducklake_max_retry_count), the transaction was rolled back whole and nothing was committed,
+    so run it again: after a jittered wait that doubles from `first_wait_s` up to `cap_s`, for at most `patience_s`.
+    Returns how many times it ran the statement again. Any other error, and the last one, propagates: a statement
+    that is not safe to repeat (one that may have committed) is never repeated."""
+    deadline = time.monotonic() + patience_s
+    wait, reruns = first_wait_s, 0
+    while True:
+        try:
+            con.execute(sql, params or [])
+            return reruns
+        except duckdb.Error as exc:
+            if DUCKLAKE_GAVE_UP not in str(exc) or time.monotonic() + wait > deadline:
+                raise
+        time.sleep(wait * random.uniform(0.5, 1.0))
+        wait, reruns = min(cap_s, wait * 2), reruns + 1
+
+
+@dataclass
+class StatementResult:
+    statement_type: str
+    columns: list[str] = field(default_factory=list)
+    rows: list[tuple] = field(default_factory=list)
+    affected_rows: int | None = None  # real counts for INSERT/UPDATE/DELETE, None where it has no meaning
+    seconds: float | None = None  # how long the statement took, fetching its rows included
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "statement_type": self.statement_type,
+            "columns": self.columns,
+            "rows": [list(r) for r in self.rows],
+            "row_count": len(self.rows),
+            "affected_rows": self.affected_rows,
+        }
+
+
+_DML = {"INSERT", "UPDATE", "DELETE", "MERGE_INTO"}
+
+
+class StatementFailed(KitError):
+    """Statement `index` (0-based) of a multi-statement text failed; `results` holds those that ran before it."""
+
+    def __init__(self, index: int, total: int, statement: str, error: str, results: list[StatementResult]):
+        self.index, self.total, self.statement, self.error = index, total, statement.strip(), error
+        self.results = list(results)
+        where = "" if total == 1 else f" at statement {index + 1} of {total} (the {index} before it ran, the rest did not)"
+        super().__init__(f"SQL failed{where}: {error}", "fix the statement; `sql \"SHOW ALL TABLES\"` lists the tables")
+
+
+class Lake:
+    """One DuckDB connection with the lake attached, reused for every statement (`cursor()` per thread)."""
+
+    def __init__(self, endpoints: Endpoints, *, alias: str = LAKE, settings: dict[str, Any] | None = None,
+                 catalog_settings: dict[str, str] | None = None):
+        self.endpoints = endpoints
+        self.alias = alias
+        # no automatic downloads: extensions come from the pinned wheels
+        self.con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+        for stmt in setup_statements(endpoints, alias, settings, catalog_settings):
+            try:
+                self.con.execute(stmt)
+            except duckdb.Error as exc:
+                self.con.close()
+                raise self._explain_setup(stmt, exc) from None
+
+    def _explain_setup(self, stmt: str, exc: duckdb.Error) -> KitError:
+        msg = first_line(exc)
+        if stmt.startswith(("LOAD", "INSTALL")):
+            return KitError(
+                f"could not load a DuckDB extension ({msg})",
+                f"run `uv sync`: the wheels duckdb-extension-*=={duckdb.__version__} must match duckdb {duckdb.__version__}",
+            )
+        if "password authentication failed" in str(exc):
+            return KitError(f"PostgreSQL at {self.endpoints.pg.host}:{self.endpoints.pg.port} refused the password for user '{self.endpoints.pg.user}'", "check the catalog credentials")
+        if stmt.startswith("ATTACH"):
+            return KitError(f"could not attach the lake ({msg})", "run `up`, then `status` to see what is down")
+        return KitError(f"lake setup failed at `{stmt.split('(')[0].strip()}` ({msg})", "run `status`")
+
+    def __enter__(self) -> "Lake":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.con.close()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A cursor on the same database instance, for use from another thread."""
+        cur = self.con.cursor()
+        cur.execute(f"USE {self.alias}")
+        return cur
+
+    def run(self, sql: str) -> list[StatementResult]:
+        """Run one or more statements; rows for every statement that returns rows (whatever its first keyword),
+        real affected counts for DML. When one fails, `StatementFailed` says which (its index and text) and keeps
+        the results of those that ran before it; the later ones are not run."""
+        try:
+            statements = self.con.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise KitError(f"SQL does not parse: {first_line(exc)}", "check the statement's syntax") from None
+        if not statements:
+            raise KitError("no SQL statement given", 'pass one, e.g. `sql "SHOW TABLES"`')
+        results: list[StatementResult] = []
+        for index, stmt in enumerate(statements):
+            kind = stmt.type.name
+            start = time.perf_counter()
+            try:
+                rel = self.con.execute(stmt)
+                columns = [d[0] for d in rel.description] if rel.description else []
+                rows = rel.fetchall() if rel.description else []
+            except duckdb.Error as exc:
+                raise StatementFailed(index, len(statements), stmt.query, first_line(exc), results) from None
+            seconds = round(time.perf_counter() - start, 6)
+            if kind in _DML and columns == ["Count"] and len(rows) == 1:
+                results.append(StatementResult(kind, [], [], int(rows[0][0]), seconds))
+            else:
+                results.append(StatementResult(kind, columns, rows, None, seconds))
+        return results
+
+    def scalar(self, sql: str, params: list | None = None) -> Any:
+        row = self.con.execute(sql, params or []).fetchone()
+        return row[0] if row else None
+
+    def current_snapshot(self) -> int:
+        return int(self.scalar(f"SELECT max(snapshot_id) FROM ducklake_snapshots({_sql_str(self.alias)})"))
+
+    def catalog_info(self, platform: str) -> dict[str, Any]:
+        pg, s3 = self.endpoints.pg, self.endpoints.s3
+        return {
+            "platform": platform,
+            "catalog": f"postgresql://{pg.user}@{pg.host}:{pg.port}/{pg.dbname}",
+            "data_path": self.endpoints.data_path,
+            "s3_endpoint": s3.url,
+            "snapshot_id": self.current_snapshot(),
+            "duckdb_version": duckdb.__version__,
+        }

@@ -1,0 +1,37 @@
+"""`sql --expect V`: the rule that compares a statement's answer with the value a lab expects."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ducklake_kit.lake.connection import StatementResult
+
+
+@dataclass(frozen=True)
+class Expectation:
+    expected: str
+    actual: str
+    passed: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def as_sql_text(value: Any) -> str:
+    """A value as SQL prints it: NULL, true/false, else str()."""
+    if value is None:
+        return "NULL"
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def expect_value(result: StatementResult, expected: str) -> Expectation:
+    """The statement's affected-row count (DML) or its single value, as text, compared with `expected`. A result
+    that is not exactly one value fails, saying its shape."""
+    if result.affected_rows is not None:
+        actual = str(result.affected_rows)
+    elif len(result.rows) == 1 and len(result.rows[0]) == 1:
+        actual = as_sql_text(result.rows[0][0])
+    else:
+        actual = f"{len(result.rows)} rows x {len(result.columns)} columns (--expect needs exactly one value)"
+    return Expectation(expected, actual, actual == expected)

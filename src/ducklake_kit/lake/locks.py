@@ -1,0 +1,37 @@
+"""PostgreSQL advisory locks in the catalog database: held by a session, released when it ends, so a killed
+holder never leaves a lock behind."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+
+from ducklake_kit.errors import KitError
+from ducklake_kit.platforms import postgres
+from ducklake_kit.platforms.base import Endpoints
+
+
+def lock_key(name: str) -> int:
+    """A bigint key from a short name (at most 8 ASCII bytes): 'dlk-load' -> int.from_bytes(b'dlk-load')."""
+    raw = name.encode("ascii")
+    if not 0 < len(raw) <= 8:
+        raise ValueError(f"lock name {name!r} must be 1-8 ASCII characters")
+    return int.from_bytes(raw, "big")
+
+
+@contextmanager
+def advisory_lock(ep: Endpoints, key: int, *, timeout_s: int, busy: KitError) -> Iterator[None]:
+    """Hold advisory lock `key` for the `with` block, waiting at most `timeout_s` seconds; `busy` is raised when
+    it could not be had in time."""
+    conn = postgres.connect(ep.pg, timeout=10)
+    try:
+        conn.execute(f"SET lock_timeout = '{int(timeout_s)}s'")
+        try:
+            conn.execute("SELECT pg_advisory_lock(%s)", [key])
+        except psycopg.errors.LockNotAvailable:
+            raise busy from None
+        yield
+    finally:
+        conn.close()  # ends the session: the lock goes with it

@@ -1,0 +1,82 @@
+"""`all`, the whole flow with checks (what `just ducklake-test` runs), in stages:
+
+foundation  up, buckets, a table, two inserts, snapshots, time travel by version, files on S3
+load        the NYC Taxi load through PySpark, checked against the raw files; the same load again is a no-op
+queries     every SQL lesson in queries/, each answer checked against an independent computation
+timetravel  the change-feed lesson in its own schema, every figure checked
+maintain    flush, merge, expire the lesson's first snapshot, clean up, CHECKPOINT: answers unchanged
+bench       a short concurrency benchmark (3 writers x 100 inserts), its counts checked
+
+Exit 0 only if every check of every stage holds.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ducklake_kit.bench import concurrency as bench_concurrency
+from ducklake_kit.lessons import foundation, maintain, queries, timetravel
+from ducklake_kit.checks import CheckRun
+from ducklake_kit.lake import Lake
+from ducklake_kit.platforms.base import Platform
+from ducklake_kit.platforms.state import State
+from ducklake_kit.taxi import flow as taxi_flow
+from ducklake_kit.taxi import sources
+
+# synthetic by default (offline, quick on 2 cores; `--source auto` downloads ~9M real rows when the TLC host
+# answers); size overridable with DUCKLAKE_ALL_ROWS_PER_MONTH
+ALL_MONTHS = "2024-01..2024-03"
+ALL_ROWS_PER_MONTH = sources.DEFAULT_ROWS_PER_MONTH
+
+
+def all_rows_per_month() -> int:
+    return int(os.environ.get("DUCKLAKE_ALL_ROWS_PER_MONTH") or ALL_ROWS_PER_MONTH)
+
+
+def run_all(platform: Platform, state: State, checks: CheckRun, *, source: str = "synthetic", mode: str = "skip",
+            bench: bool = True, on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    with checks.stage("foundation"):
+        on_step("foundation: services, buckets, a table, two inserts, time travel")
+        result = foundation.run(platform, checks)
+
+    with checks.stage("load"):
+        first, _ = taxi_flow.load_and_verify(platform, state, source=source, months=ALL_MONTHS,
+                                             rows_per_month=all_rows_per_month(), mode=mode, on_step=on_step, checks=checks)
+        on_step("the same load again: every file must be skipped")
+        again, _ = taxi_flow.load_and_verify(platform, state, source=source, months=ALL_MONTHS,
+                                             rows_per_month=all_rows_per_month(), on_step=on_step, checks=checks,
+                                             verify_skipped=False)  # the figures were just checked
+        checks.equal("re-running the load skips every file", [f.status for f in again.files], ["skipped"] * len(first.files))
+    result["load"] = first.as_dict()
+
+    with checks.stage("queries"):
+        on_step("aggregations: every query in queries/, checked against the raw files")
+        with Lake(platform.endpoints()) as lake:
+            answers = queries.check_queries(lake, checks)
+        result["queries"] = {name: {"rows": len(rows), "seconds": round(sec, 4)} for name, (_c, rows, sec) in answers.items()}
+
+    with checks.stage("timetravel"):
+        lesson = timetravel.run_timetravel(platform, state, checks, rows_per_month=timetravel.ROWS_PER_MONTH, on_step=on_step)
+        result["timetravel"] = {"snapshots": [r["snapshot_id"] for r in lesson["counts_at_version"]]}
+
+    with checks.stage("maintain"):
+        # expire the lesson's first snapshot (its story is told and checked): shows an expired version is gone
+        # while everything current answers as before; the learner's own history is left alone
+        first_snapshot = lesson["counts_at_version"][0]["snapshot_id"]
+        done = maintain.run_maintain(platform, checks, versions=[first_snapshot], on_step=on_step)
+        result["maintain"] = {"expired": done.get("done", {}).get("expired"), "before": done["before"], "after": done["after"]}
+
+    if bench:
+        with checks.stage("bench"):
+            on_step("a short benchmark: 3 writers x 100 inserts into DuckLake and into one DuckDB file")
+            figures = bench_concurrency.bench_concurrency(platform, state, workers=3, ops=100, on_step=on_step)
+            lake_side = figures["results"]["ducklake"]
+            checks.equal("bench: DuckLake lost no rows (3 x 100 inserts)", lake_side["rows_lost"], 0)
+            checks.equal("bench: DuckLake reported no errors", lake_side["errors"], 0)
+            result["bench"] = figures
+
+    with Lake(platform.endpoints()) as lake:
+        result["catalog_info"] = lake.catalog_info(platform.name)  # after everything, not before
+    return result

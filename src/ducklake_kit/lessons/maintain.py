@@ -1,0 +1,180 @@
+"""Maintenance (`maintain`): flush inlined data, merge adjacent files, expire old snapshots, clean up the files
+they held, delete orphaned files, CHECKPOINT; `dry_run` lists what would go and changes nothing.
+
+Checked, not just printed:
+- the lake's current answers are unchanged: a fingerprint of every table (row count and an order-independent
+  hash of all its rows, `sum(hash(row))`) before == after;
+- expired snapshots are gone: not listed by `ducklake_snapshots`, and `AT (VERSION => expired)` now fails,
+  while `AT (VERSION => current)` still answers;
+- every data and delete file the current snapshot references is still on S3, and every file the cleanup
+  reported as deleted is gone;
+- a dry run changes nothing: the same snapshots, the same objects on S3 (key and size), the same fingerprint.
+
+DuckLake semantics this relies on (checked by experiment on DuckDB 1.5.5 / ducklake 1.5.5):
+- `ducklake_expire_snapshots(older_than => ts)` never expires the latest snapshot; `versions => [...]`
+  expires exactly those. Files only an expired snapshot referenced are then *scheduled* for deletion, with
+  the time of the expiry: `ducklake_cleanup_old_files(older_than => ts)` with a cutoff from before the
+  expiry deletes none of them, so the cleanup here uses `cleanup_all => true` (those files are unreachable
+  from every remaining snapshot).
+- `ducklake_delete_orphaned_files` deletes files under the data path that no snapshot knows, such as those a
+  killed load wrote, but only when older than its cutoff (default: a week). A load that is running right now
+  has unregistered files too: the age cutoff (`older_than`, here the same as for snapshots) protects them, so
+  don't pass a cutoff of "now" while a load runs.
+- `ducklake_flush_inlined_data` and `ducklake_merge_adjacent_files` have no dry run: the dry run reports the
+  inlined rows per table (from the catalog's inlined-data tables) and the data files per table instead.
+- Flushing and merging each commit a snapshot; a CHECKPOINT with nothing left to do commits none.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import duckdb
+
+from ducklake_kit.checks import CheckRun
+from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.lake import Lake
+from ducklake_kit.lake.inventory import fingerprint, inlined_rows, inventory, referenced_files, s3_objects, snapshot_ids
+from ducklake_kit.platforms.base import Platform
+
+DEFAULT_OLDER_THAN = "7 days"
+
+
+def resolve_cutoff(lake: Lake, older_than: str | timedelta | datetime) -> datetime:
+    """The age as an absolute time: an interval string ('7 days', '1 hour'), a timedelta, or a timestamp
+    (a datetime or an ISO string). Resolved once, at the start, so every step uses the same cutoff."""
+    if isinstance(older_than, datetime):
+        return older_than if older_than.tzinfo else older_than.replace(tzinfo=timezone.utc)
+    now = lake.scalar("SELECT now()")
+    if isinstance(older_than, timedelta):
+        return now - older_than
+    text = str(older_than).strip()
+    try:
+        if re.match(r"^\d{4}-\d{2}-\d{2}", text):
+            return lake.scalar("SELECT CAST(? AS TIMESTAMPTZ)", [text])
+        return lake.scalar("SELECT now() - CAST(? AS INTERVAL)", [text])
+    except duckdb.Error:
+        raise KitError(f"cannot read the age '{older_than}'",
+                       "give an interval such as '7 days' or '2 hours', or a timestamp such as '2026-01-31 12:00:00'") from None
+
+
+# -- the run -----------------------------------------------------------------------------------------------
+
+
+def _paths(lake: Lake, sql: str, params: list) -> list[str]:
+    return [r[0] for r in lake.con.execute(sql, params).fetchall()]
+
+
+def _expire(lake: Lake, expire_args: tuple[str, list], *, dry_run: bool) -> list[int]:
+    sql = f"SELECT snapshot_id FROM ducklake_expire_snapshots(?, dry_run => {'true' if dry_run else 'false'}, {expire_args[0]})"
+    return sorted(int(r[0]) for r in lake.con.execute(sql, expire_args[1]).fetchall())
+
+
+def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | timedelta | datetime = DEFAULT_OLDER_THAN,
+                 versions: list[int] | None = None, dry_run: bool = False,
+                 on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    """`older_than`: snapshots committed before it expire, and orphaned files last written before it are deleted.
+    `versions`: expire exactly these snapshots instead (orphans still use `older_than`)."""
+    ep = platform.endpoints()
+    with Lake(ep) as lake:
+        a = lake.alias
+        cutoff = resolve_cutoff(lake, older_than)
+        expire_args = ("versions => ?", [a, [int(v) for v in versions]]) if versions else ("older_than => ?", [a, cutoff])
+        before = inventory(lake, ep)
+        snaps_before = snapshot_ids(lake)
+        objects_before = s3_objects(ep)
+        with checks.step("maintain: fingerprint before"):
+            fp_before = fingerprint(lake)
+            # the oldest snapshot that will survive (not the current one): its answers must not change either
+            survivors = [s for s in snaps_before[:-1] if s not in _expire(lake, expire_args, dry_run=True)]
+            kept = survivors[0] if survivors else None
+            fp_kept = fingerprint(lake, kept) if kept is not None else {}
+        result: dict[str, Any] = {"dry_run": dry_run, "cutoff": cutoff.isoformat(), "versions": versions, "before": before}
+
+        if dry_run:
+            on_step("dry run: listing what would go, changing nothing")
+            result["would"] = {
+                "flush_inlined_rows": inlined_rows(lake),
+                # schema.table: `trips` lives in several schemas (main, timetravel, ...)
+                "merge_candidates": {t: n for t, n in lake.con.execute(
+                    f"SELECT s.schema_name || '.' || i.table_name, i.file_count FROM ducklake_table_info(?) i "
+                    f"JOIN __ducklake_metadata_{a}.ducklake_schema s ON s.schema_id = i.schema_id AND s.end_snapshot IS NULL "
+                    "WHERE i.file_count > 1 ORDER BY 1", [a]).fetchall()},
+                "expire_snapshots": _expire(lake, expire_args, dry_run=True),
+                # files already scheduled; those the expiry would free are scheduled only when it runs
+                "cleanup_files": _paths(lake, "SELECT path FROM ducklake_cleanup_old_files(?, dry_run => true, cleanup_all => true)", [a]),
+                "orphaned_files": _paths(lake, "SELECT path FROM ducklake_delete_orphaned_files(?, dry_run => true, older_than => ?)",
+                                         [a, cutoff]),
+            }
+            after = inventory(lake, ep)
+            checks.equal("dry run: the snapshots are unchanged", snapshot_ids(lake), snaps_before)
+            checks.equal("dry run: the files on S3 are unchanged (keys and sizes)", s3_objects(ep), objects_before)
+            checks.equal("dry run: every table's fingerprint is unchanged", fingerprint(lake), fp_before)
+            result["after"] = after
+            return result
+
+        done: dict[str, Any] = {}
+        with checks.step("maintain: flush inlined data"):
+            on_step("flushing inlined data into Parquet files")
+            done["flushed"] = {f"{s}.{t}": int(n) for s, t, n in lake.con.execute(
+                "SELECT schema_name, table_name, rows_flushed FROM ducklake_flush_inlined_data(?)", [a]).fetchall()}
+        with checks.step("maintain: merge adjacent files"):
+            on_step("merging adjacent small files")
+            done["merged"] = {f"{s}.{t}": {"files_processed": int(p), "files_created": int(c)} for s, t, p, c in lake.con.execute(
+                "SELECT schema_name, table_name, files_processed, files_created FROM ducklake_merge_adjacent_files(?)", [a]).fetchall()}
+        with checks.step("maintain: expire snapshots"):
+            on_step(f"expiring snapshots {'in ' + str(versions) if versions else 'older than ' + cutoff.isoformat()}")
+            done["expired"] = _expire(lake, expire_args, dry_run=False)
+        with checks.step("maintain: clean up old files"):
+            on_step("deleting the files only expired snapshots used")
+            done["cleaned"] = _paths(lake, "SELECT path FROM ducklake_cleanup_old_files(?, cleanup_all => true)", [a])
+        with checks.step("maintain: delete orphaned files"):
+            on_step("deleting orphaned files (written but never committed, e.g. by a killed load)")
+            done["orphans_deleted"] = _paths(lake, "SELECT path FROM ducklake_delete_orphaned_files(?, older_than => ?)", [a, cutoff])
+        with checks.step("maintain: checkpoint"):
+            on_step("CHECKPOINT")
+            lake.con.execute("CHECKPOINT")
+        result["done"] = done
+        after = inventory(lake, ep)
+        result["after"] = after
+
+        # -- checks
+        with checks.step("maintain: fingerprint after"):
+            fp_after = fingerprint(lake)
+        checks.equal("current answers unchanged: every table's rows and row-hash sum", fp_after, fp_before)
+        snaps_after = snapshot_ids(lake)
+        checks.equal("expired snapshots are no longer listed", sorted(set(done["expired"]) & set(snaps_after)), [])
+        if versions:
+            checks.equal("exactly the requested versions expired", done["expired"], sorted(set(int(v) for v in versions) & set(snaps_before)))
+        else:
+            gone = [s for s in snaps_before if s not in snaps_after]
+            checks.equal("every snapshot that is gone was reported expired", gone, done["expired"])
+        if kept is not None:
+            checks.equal(f"a kept older snapshot ({kept}) answers as before (time travel survives the merge)",
+                         fingerprint(lake, kept), fp_kept)
+        probe = next(iter(fp_after), None)
+        reach: dict[str, Any] = {}
+        if done["expired"] and probe:
+            expired = done["expired"][-1]
+            try:
+                lake.con.execute(f"SELECT count(*) FROM {probe} AT (VERSION => {expired})").fetchall()
+                error = ""
+            except duckdb.Error as exc:
+                error = first_line(exc)
+            checks.true(f"AT (VERSION => {expired}) (expired) now fails", "No snapshot found" in error,
+                        expected="an error: No snapshot found", actual=error or "it still answers")
+            current = snaps_after[-1]
+            n = lake.scalar(f"SELECT count(*) FROM {probe} AT (VERSION => {current})")
+            checks.equal(f"AT (VERSION => {current}) (current) answers: {probe} rows", n, fp_after[probe][0])
+            reach = {"expired_version": expired, "expired_error": error, "current_version": current, "table": probe}
+        result["reachability"] = reach
+        objects_after = s3_objects(ep)
+        needed = referenced_files(lake)
+        checks.equal("every file the current snapshot references is on S3", sorted(needed - set(objects_after)), [])
+        deleted = set(done["cleaned"]) | set(done["orphans_deleted"])
+        checks.equal("every file reported deleted is gone from S3", sorted(deleted & set(objects_after)), [])
+        result["deleted_from_s3"] = sorted(set(objects_before) - set(objects_after))
+    return result

@@ -1,0 +1,190 @@
+"""Supervised background processes: start detached, remember them in pid files, check, stop.
+
+A pid file records the pid AND the process start time, so a recycled pid is never mistaken for
+ours (a stale pid file is replaced, and `down` stops exactly the processes the kit started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import psutil
+
+from ducklake_kit.errors import KitError, first_line
+
+T = TypeVar("T")
+
+
+@dataclass
+class PidRecord:
+    service: str
+    pid: int
+    create_time: float
+    port: int
+    argv0: str
+
+    def process(self) -> psutil.Process | None:
+        """The live process this record describes, or None when it is gone (the record is stale)."""
+        try:
+            proc = psutil.Process(self.pid)
+            if abs(proc.create_time() - self.create_time) > 0.5 or proc.status() == psutil.STATUS_ZOMBIE:
+                return None
+            return proc
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+
+def read_pid(path: Path) -> PidRecord | None:
+    try:
+        return PidRecord(**json.loads(path.read_text()))
+    except (FileNotFoundError, ValueError, TypeError):
+        return None
+
+
+def live_pid(path: Path) -> PidRecord | None:
+    """The record if its process is alive, else None (a stale file is left for the caller to replace)."""
+    rec = read_pid(path)
+    return rec if rec and rec.process() else None
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True when something already listens on host:port (a TIME_WAIT leftover does not count)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log_tail(path: Path, lines: int = 12) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return "(no log yet)"
+    return "\n".join(text[-lines:]) or "(log is empty)"
+
+
+def _demote(user: str | None) -> Callable[[], None] | None:
+    """A preexec function that drops root to `user` (PostgreSQL refuses to run as root)."""
+    if user is None:
+        return None
+    entry = pwd.getpwnam(user)
+
+    def demote() -> None:
+        os.setgid(entry.pw_gid)
+        os.setgroups([])
+        os.setuid(entry.pw_uid)
+
+    return demote
+
+
+def start(
+    service: str,
+    argv: list[str],
+    *,
+    pid_file: Path,
+    log_file: Path,
+    port: int,
+    env: dict[str, str] | None = None,
+    run_as: str | None = None,
+) -> tuple[PidRecord, subprocess.Popen]:
+    """Start `argv` in its own session (it outlives the CLI), output appended to `log_file`."""
+    log_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_file, "ab") as log:
+        log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {service} on port {port}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # not killed with the terminal that ran `up`
+            env={**os.environ, **(env or {})},
+            preexec_fn=_demote(run_as),
+            close_fds=True,
+        )
+    rec = PidRecord(service, proc.pid, psutil.Process(proc.pid).create_time(), port, Path(argv[0]).name)
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.write_text(json.dumps(asdict(rec)))
+    return rec, proc
+
+
+def stop(pid_file: Path, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> str:
+    """Stop the process in `pid_file` (only if it is still the one we started); remove the file."""
+    rec = read_pid(pid_file)
+    if rec is None:
+        return "not running"
+    proc = rec.process()
+    msg = "not running (stale pid file removed)"
+    if proc is not None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+            msg = f"stopped (pid {rec.pid})"
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+            msg = f"killed after {timeout:.0f}s (pid {rec.pid})"
+    pid_file.unlink(missing_ok=True)
+    return msg
+
+
+def wait_until(
+    check: Callable[[], T | None],
+    *,
+    what: str,
+    timeout: float,
+    proc: subprocess.Popen | None = None,
+    log_file: Path | None = None,
+    fix: str = "",
+) -> T:
+    """Poll `check` (None or an exception = not yet) until it returns a value, with a deadline.
+
+    Fails early when the process we are waiting for exits, and shows the reason and the log's tail.
+    """
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    last_error = "no answer yet"
+    while True:
+        try:
+            value = check()
+            if value is not None:
+                return value
+        except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not ready yet"
+            last_error = f"{type(exc).__name__}: {first_line(exc)}"
+        exited = proc is not None and proc.poll() is not None
+        if exited or time.monotonic() > deadline:
+            reason = f"exited with code {proc.returncode}" if exited else f"not ready after {timeout:.0f}s ({last_error})"
+            detail = f"last lines of {log_file}:\n{log_tail(log_file)}" if log_file else ""
+            raise KitError(f"{what} {reason}", fix or (f"read {log_file}" if log_file else ""), detail=detail)
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def dir_size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+    return total

@@ -1,0 +1,176 @@
+"""The benchmark suites end to end on tiny sizes: the figures have the right shape, the engines' answers agree,
+and the concurrency counts add up. Shape and consistency only: nothing here is timed."""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+from decimal import Decimal
+
+import pytest
+
+from ducklake_kit.bench import concurrency as bc
+from ducklake_kit.bench import queries as bq
+
+
+# -- unit: comparing answers and the Spark dialect fix -------------------------------------------------------
+
+
+def test_compare_normalises_decimal_double_and_dates_the_same_way():
+    duck = [(1, date(2024, 1, 2), Decimal("12.50"), 0.1 + 0.2, None)]
+    spark = [(1, date(2024, 1, 2), Decimal("12.5000"), 0.3, None)]
+    assert bq.compare(duck, spark) is None
+
+
+@pytest.mark.parametrize("actual, why", [
+    ([(1, "a", 2.0)], "1 rows instead of 2"),
+    ([(1, "a", 2.0), (2, "b", 3.01)], "row 1"),
+    ([(2, "b", 3.0), (1, "a", 2.0)], "row 0"),  # the queries order their rows: order counts
+    ([(1, "a", 2.0), (2, "B", 3.0)], "row 1"),
+    ([(1, "a", 2.0), (2, "b", None)], "row 1"),
+])
+def test_compare_reports_the_first_difference(actual, why):
+    expected = [(1, "a", 2.0), (2, "b", 3.0)]
+    diff = bq.compare(expected, actual)
+    assert diff is not None and diff.startswith(why)
+
+
+def test_spark_sql_rewrites_dayname_only():
+    sql = "SELECT dayname(pickup_date) AS weekday, count(*) FROM trips;\n"
+    assert bq.spark_sql(sql) == "SELECT date_format(pickup_date, 'EEEE') AS weekday, count(*) FROM trips"
+
+
+def test_the_duckdb_engines_take_turns_after_spark():
+    orders = [bq.round_order(i) for i in range(4)]
+    assert all(o[0] == "spark" and sorted(o) == sorted(bq.ENGINES) for o in orders)
+    assert [o[1] for o in orders] == ["ducklake", "parquet", "ducklake", "parquet"]  # neither always right after the JVM
+
+
+def test_the_floor_is_cpu_bound_and_the_lone_writers_latency():
+    single = {"median_ms": 4.0, "client_cpu_ms_per_insert": 5.0, "catalog_cpu_ms_per_insert": 1.0}
+    f = bc.floor(single, workers=3, ops=100, cores=2)
+    assert f["cpu_ms_per_insert"] == 6.0
+    assert f["total_s_at_least"] == pytest.approx(300 * 6.0 / 1000 / 2)  # 3 writers share 2 cores
+    assert f["median_ms_at_least"] == 4.0  # an insert alone: other writers cannot make it shorter
+    # no more writers than cores: each has a core
+    f = bc.floor(single, workers=2, ops=100, cores=2)
+    assert (f["total_s_at_least"], f["median_ms_at_least"]) == (pytest.approx(0.6), 4.0)
+    # without the catalog server's CPU (k3d, external) the bound counts the client only, and says so
+    f = bc.floor({**single, "catalog_cpu_ms_per_insert": None}, workers=3, ops=100, cores=2)
+    assert f["cpu_ms_per_insert"] == 5.0 and f["catalog_cpu_counted"] is False
+
+
+def test_percentile_is_nearest_rank():
+    values = sorted(float(i) for i in range(1, 101))
+    assert bc._percentile(values, 0.95) == 95.0
+    assert bc._percentile(values, 0.5) == 50.0
+    assert bc._percentile([], 0.95) is None
+
+
+def test_every_checked_query_is_benchmarked():
+    from ducklake_kit.lessons import queries
+
+    names = [q.name for q in bq.bench_query_list()]
+    assert names and set(names) <= set(queries.REFERENCE_SQL)
+    assert {"q1_trips_by_vendor", "q2_avg_total_by_passenger_count"} <= set(names)
+
+
+# -- unit: the figures' formulas, on tiny literal inputs ------------------------------------------------------
+
+
+def test_stats_of_three_runs():
+    assert bq._stats([0.3, 0.1, 0.2], 1000) == {"median_s": 0.2, "min_s": 0.1, "max_s": 0.3, "rows_per_s": 5000,
+                                               "runs_s": [0.3, 0.1, 0.2]}
+
+
+def test_goals_met_and_reachable():
+    run = {"total_s": 0.8, "median_ms": 6.0, "errors": 0, "rows_lost": 0}
+    g = bc.goals(run, {"total_s_at_least": 1.5, "median_ms_at_least": 4.0})
+    assert g["met"] == {"total_s": True, "median_ms": False, "errors": True, "rows_lost": True}
+    assert g["reachable_here"] == {"total_s": False, "median_ms": True}
+    bad = bc.goals({"total_s": 2.0, "median_ms": None, "errors": 3, "rows_lost": 1}, None)
+    assert bad["met"] == {"total_s": False, "median_ms": True, "errors": False, "rows_lost": False}
+    assert "reachable_here" not in bad
+
+
+# -- integration: real PostgreSQL, S3 and Spark ----------------------------------------------------------------
+
+
+def test_queries_suite_end_to_end(stack, tmp_path):
+    json_path, png_path = tmp_path / "q.json", tmp_path / "q.png"
+    steps: list[str] = []
+    result = bq.bench_queries(stack.platform, stack.state, rows=5000, runs=1, warmup=1, on_step=steps.append,
+                              json_path=json_path, png_path=png_path)
+    names = [q.name for q in bq.bench_query_list()]
+    assert [q["name"] for q in result["queries"]] == names
+    assert 0 < result["table_rows"] <= 5000  # the quarantine keeps the rows that fail a quality rule
+    for q in result["queries"]:
+        assert q["answers_agree"], (q["name"], q["differences"])
+        assert q["result_rows"] > 0, q["name"]
+        for engine in bq.ENGINES:
+            s = q[engine]
+            assert len(s["runs_s"]) == 1 and s["min_s"] <= s["median_s"] <= s["max_s"]
+            assert s["rows_per_s"] > 0
+    assert result["answers_agree"] is True
+    assert set(result["total_median_s"]) == set(bq.ENGINES)
+    # (a) and (b) read the very same files: same layout, same rows as the table; Spark's local copy holds them too
+    data = result["data"]
+    same = ("files", "row_groups", "rows", "compressed_bytes")
+    assert data["ducklake"]["files"] >= 1 and [data["ducklake"][k] for k in same] == [data["parquet_s3"][k] for k in same]
+    assert data["ducklake"]["rows"] == data["parquet_local"]["rows"] == result["table_rows"]
+    fixed = result["fixed_cost"]
+    assert fixed["catalog_round_trips"] >= 3 and fixed["ducklake_ms"] > 0 and fixed["parquet_ms"] > 0
+    assert "ducklake_snapshot" in fixed["catalog_tables"] and "ducklake_data_file" in fixed["catalog_tables"]
+    assert json.loads(json_path.read_text())["table_rows"] == result["table_rows"]
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # a second run finds the same data in the lake and both exports: nothing is reloaded or rewritten
+    again = bq.bench_queries(stack.platform, stack.state, rows=5000, runs=1, warmup=1, names=["q1_trips_by_vendor"])
+    assert again["data"]["reused"] is True
+    assert again["data"]["parquet_local"]["written"] is False
+    assert [q["name"] for q in again["queries"]] == ["q1_trips_by_vendor"]
+    assert again["queries"][0]["answers_agree"]
+
+
+def test_concurrency_suite_counts_add_up(stack, tmp_path):
+    json_path, png_path = tmp_path / "c.json", tmp_path / "c.png"
+    result = bc.bench_concurrency(stack.platform, stack.state, workers=2, ops=20, json_path=json_path, png_path=png_path)
+    file, lake = result["results"]["file"], result["results"]["ducklake"]
+    for r in (file, lake):
+        assert r["expected_rows"] == 40
+        assert r["errors"] == sum(r["errors_by_kind"].values())
+        assert r["succeeded"] + r["errors"] == 40
+        assert r["silently_lost"] == 0  # every INSERT that reported success left its row
+        assert r["duplicate_rows"] == 0
+        assert r["total_s"] > 0 and r["median_ms"] <= r["p95_ms"] <= r["max_ms"]
+    # the file path fails only by lock conflicts, and each conflict is exactly one lost row
+    assert set(file["errors_by_kind"]) <= {"conflicting lock"}
+    assert file["rows_lost"] == file["errors"]
+    # the file path: every row not in the file is an error someone saw (none vanished after a success)
+    assert file["actual_rows"] == 40 - file["errors"]
+    # DuckLake: no errors, no loss, one snapshot per INSERT; 2 writers never exhaust DuckLake's own 30 retries
+    assert lake["errors"] == 0 and lake["rows_lost"] == 0 and lake["actual_rows"] == 40
+    assert lake["snapshots"] == 40
+    assert lake["reruns"] == 0
+    assert lake["insert_profile"]["catalog_round_trips"] >= 3  # at least begin, write, commit
+    # the writers ran with the small-writer settings; what an insert costs was measured, alone and together
+    assert lake["settings"]["threads"] == 1 and lake["client_cpu_ms_per_insert"] > 0
+    single = lake["single_writer"]
+    assert single["ops_per_worker"] == 20 and 0 < single["min_ms"] <= single["median_ms"] <= single["p95_ms"]
+    assert single["client_cpu_ms_per_insert"] > 0
+    if stack.env["DUCKLAKE_PLATFORM"] == "local":  # the kit's own PostgreSQL: its CPU is counted too
+        assert single["catalog_cpu_ms_per_insert"] > 0 and lake["catalog_cpu_ms_per_insert"] > 0
+    floor = result["floor"]
+    assert floor["cpu_ms_per_insert"] >= single["client_cpu_ms_per_insert"] and floor["total_s_at_least"] > 0
+    assert set(result["goals"]["reachable_here"]) == {"total_s", "median_ms"}  # the rule itself: test_goals_*
+    assert json.loads(json_path.read_text())["results"]["ducklake"]["actual_rows"] == 40
+    assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_concurrency_rejects_nonsense_sizes(stack):
+    from ducklake_kit.errors import KitError
+
+    with pytest.raises(KitError, match="at least 1"):
+        bc.bench_concurrency(stack.platform, stack.state, workers=0, ops=10)
+    with pytest.raises(KitError, match="unknown concurrency mode"):
+        bc.bench_concurrency(stack.platform, stack.state, modes=("sqlite",))

@@ -1,0 +1,185 @@
+"""The harness as a user drives it: exit codes, one-line errors, the JSON shape, and the `all` flow."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from ducklake_kit.cli import app
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _json(result) -> dict:
+    return json.loads(result.stdout)
+
+
+def test_all_runs_the_flow_and_every_check_holds(stack, cli):
+    result = cli(stack.env, "all", "--json")
+    assert result.exit_code == 0, result.output
+    doc = _json(result)
+    assert doc["status"] == "ok"
+    assert set(doc) == {"status", "result", "catalog_info"}
+    assert doc["result"]["failed"] == 0 and doc["result"]["passed"] >= 10
+    assert doc["catalog_info"]["data_path"] == "s3://lake/"
+    names = [c["name"] for c in doc["result"]["checks"]]
+    assert "the load made exactly one snapshot" in names and "re-running the load skips every file" in names
+    assert doc["catalog_info"]["snapshot_id"] >= doc["result"]["load"]["snapshot_id"]
+    # re-running the whole flow is safe: the foundation table is rebuilt, the load is skipped, the checks hold again
+    again = cli(stack.env, "all")
+    assert again.exit_code == 0, again.output
+    assert re.search(r"(\d+)/\1 checks passed", again.output)
+
+
+def test_sql_returns_rows_for_any_row_returning_statement_and_real_affected_counts(stack, cli):
+    sql = (
+        "CREATE OR REPLACE TABLE cli_t (id INT, name VARCHAR); "
+        "INSERT INTO cli_t VALUES (1, 'a'), (2, 'b'), (3, NULL); "
+        "UPDATE cli_t SET name = 'z' WHERE id >= 2; "
+        "DELETE FROM cli_t WHERE id = 1; "
+        "FROM cli_t ORDER BY id; "
+        "WITH x AS (SELECT count(*) AS n FROM cli_t) SELECT n FROM x"
+    )
+    result = cli(stack.env, "sql", sql, "--json")
+    assert result.exit_code == 0, result.output
+    doc = _json(result)
+    assert doc["status"] == "ok"
+    stmts = doc["result"]["statements"]
+    assert [s["affected_rows"] for s in stmts[1:4]] == [3, 2, 1]
+    assert stmts[4]["columns"] == ["id", "name"] and stmts[4]["rows"] == [[2, "z"], [3, "z"]]
+    assert stmts[5]["rows"] == [[2]]  # a WITH query returns rows too
+    assert isinstance(doc["catalog_info"]["snapshot_id"], int)
+
+
+def test_time_travel_syntax_parses_through_sql(stack, cli):
+    cli(stack.env, "sql", "CREATE OR REPLACE TABLE tt (i INT); INSERT INTO tt VALUES (1)")
+    v1 = _json(cli(stack.env, "sql", "SELECT max(snapshot_id) FROM ducklake_snapshots('lake')", "--json"))["result"]["statements"][0]["rows"][0][0]
+    cli(stack.env, "sql", "INSERT INTO tt VALUES (2), (3)")
+    doc = _json(cli(stack.env, "sql", f"SELECT count(*) FROM tt AT (VERSION => {v1})", "--json"))
+    assert doc["result"]["statements"][0]["rows"] == [[1]]
+
+
+@pytest.mark.parametrize(
+    "query, message",
+    [
+        ("SELEC 1", "Error: SQL does not parse: Parser Error"),
+        ("SELECT * FROM no_such_table", "Error: SQL failed: Catalog Error: Table with name no_such_table does not exist"),
+    ],
+)
+def test_bad_sql_gives_one_line_and_a_nonzero_exit(stack, cli, query, message):
+    result = cli(stack.env, "sql", query)
+    assert result.exit_code == 3
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    doc = _json(cli(stack.env, "sql", query, "--json"))
+    assert doc["status"] == "error" and doc["result"]["error"].startswith(message)
+
+
+def test_a_failed_statement_leaves_stored_data_untouched(stack, cli):
+    cli(stack.env, "sql", "CREATE OR REPLACE TABLE keep_me AS SELECT 42 AS answer")
+    result = cli(stack.env, "sql", "INSERT INTO keep_me VALUES ('not a number')")
+    assert result.exit_code == 3
+    doc = _json(cli(stack.env, "sql", "FROM keep_me", "--json"))
+    assert doc["result"]["statements"][0]["rows"] == [[42]]
+
+
+def test_status_reports_health_ports_and_sizes(stack, cli):
+    result = cli(stack.env, "status", "--json")
+    assert result.exit_code == 0, result.output
+    services = {s["name"]: s for s in _json(result)["result"]["services"]}
+    assert set(services) == {"postgres", "s3"} and all(s["healthy"] for s in services.values())
+    if stack.env["DUCKLAKE_PLATFORM"] == "local":
+        assert services["postgres"]["port"] == stack.pg_port and services["s3"]["port"] == stack.s3_port
+        assert services["postgres"]["data_bytes"] > 1_000_000
+
+
+def test_connect_prints_working_psql_and_duckdb_commands(stack, cli, local_only):
+    result = cli(stack.env, "connect", "--json")
+    assert result.exit_code == 0, result.output
+    info = _json(result)["result"]
+    init_sql = Path(info["duckdb_init_sql"])
+    assert oct(init_sql.stat().st_mode & 0o777) == "0o600"
+    # the printed psql command works as printed, with the password from the 0600 pgpass file
+    import subprocess
+
+    out = subprocess.run(info["psql"] + " -tAc 'select count(*) > 0 from ducklake_snapshot'", shell=True,
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.strip() == "t", out.stderr
+    duck = subprocess.run(info["duckdb_cli"] + " -batch -noheader -csv -c \"SELECT count(*) > 0 FROM ducklake_snapshots('lake')\"",
+                          shell=True, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert duck.returncode == 0 and duck.stdout.strip().splitlines()[-1] == "true", duck.stdout + duck.stderr
+
+
+def test_external_platform_runs_the_same_flow(stack, cli, local_only):
+    ep = stack.platform.endpoints()
+    env = {
+        "DUCKLAKE_PLATFORM": "external",
+        "DUCKLAKE_HOME": str(stack.home),
+        "DUCKLAKE_PG_DSN": f"postgresql://{ep.pg.user}:{ep.pg.password}@127.0.0.1:{ep.pg.port}/{ep.pg.dbname}",
+        "DUCKLAKE_S3_ENDPOINT": ep.s3.url,
+        "DUCKLAKE_S3_KEY_ID": ep.s3.key_id,
+        "DUCKLAKE_S3_SECRET": ep.s3.secret,
+    }
+    result = cli(env, "all", "--no-bench", "--json")
+    assert result.exit_code == 0, result.output
+    assert _json(result)["catalog_info"]["platform"] == "external"
+    down = cli(env, "down")
+    assert down.exit_code == 0 and "nothing to stop" in down.output
+    reset = cli(env, "reset", "--yes")
+    assert reset.exit_code == 3 and "only works on the platforms the kit runs" in reset.stderr
+
+
+def test_external_platform_without_settings_says_what_to_set(cli, tmp_path):
+    result = cli({"DUCKLAKE_PLATFORM": "external", "DUCKLAKE_HOME": str(tmp_path)}, "status")
+    assert result.exit_code == 3
+    assert result.stderr.startswith("Error: --platform external needs DUCKLAKE_PG_DSN, DUCKLAKE_S3_ENDPOINT")
+
+
+def test_external_wrong_password_is_one_line(stack, cli, local_only):
+    ep = stack.platform.endpoints()
+    env = {"DUCKLAKE_PLATFORM": "external", "DUCKLAKE_HOME": str(stack.home),
+           "DUCKLAKE_PG_DSN": f"postgresql://{ep.pg.user}:wrong@127.0.0.1:{ep.pg.port}/{ep.pg.dbname}",
+           "DUCKLAKE_S3_ENDPOINT": ep.s3.url, "DUCKLAKE_S3_KEY_ID": ep.s3.key_id, "DUCKLAKE_S3_SECRET": ep.s3.secret}
+    result = cli(env, "sql", "SELECT 1")
+    assert result.exit_code == 3
+    assert result.stderr.strip() == (f"Error: PostgreSQL at 127.0.0.1:{ep.pg.port} refused the password for user "
+                                     f"'{ep.pg.user}'. Try: check the catalog credentials.")
+
+
+def test_commands_before_up_say_to_run_up(cli, tmp_path):
+    result = cli({"DUCKLAKE_HOME": str(tmp_path / "new")}, "sql", "SELECT 1")
+    assert result.exit_code == 3
+    assert "has not been set up" in result.stderr and "run `up` first" in result.stderr
+
+
+def test_reset_asks_first_and_keeps_data_when_declined(fresh_stack, cli):
+    fresh_stack.platform.up()
+    result = cli(fresh_stack.env, "reset", input="n\n")
+    assert result.exit_code == 3 and "nothing was deleted" in result.stderr
+    assert fresh_stack.state.credentials_file.exists()
+    result = cli(fresh_stack.env, "reset", "--yes")
+    assert result.exit_code == 0, result.output
+    assert not fresh_stack.home.exists()
+
+
+def test_k3d_platform_without_docker_or_k3d_says_what_is_missing(cli, tmp_path):
+    # a PATH with neither docker nor k3d (kubectl is still found in this venv): one line naming both, exit 3
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    result = cli({"DUCKLAKE_HOME": str(tmp_path / "home"), "PATH": str(empty_bin)}, "--platform", "k3d", "up")
+    assert result.exit_code == 3
+    assert result.stderr.startswith("Error: docker, k3d not found (--platform k3d needs docker, k3d, kubectl). "
+                                    "Try: install Docker Engine"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_every_command_has_help_and_is_documented():
+    readme = (ROOT / "README.md").read_text()
+    for cmd in app.registered_commands:
+        name = cmd.name or cmd.callback.__name__
+        assert (cmd.callback.__doc__ or "").strip(), f"{name} has no help text"
+        assert f"`{name}`" in readme, f"README does not document `{name}`"

@@ -1,0 +1,125 @@
+"""Maintenance against a private stack per test (it expires snapshots, so the shared lake keeps its history):
+a dry run changes nothing; a real run keeps every answer, makes expired versions unreachable, and removes the
+files a killed load left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from ducklake_kit.checks import CheckRun
+from ducklake_kit.errors import KitError
+from ducklake_kit.lake import Lake
+from ducklake_kit.lessons.maintain import fingerprint, referenced_files, run_maintain, s3_objects
+from ducklake_kit.taxi import flow
+
+pytestmark = [pytest.mark.integration]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _history(lake: Lake) -> tuple[list[int], int, int]:
+    """A table with small (inlined) and larger (Parquet) inserts and a delete; returns the snapshots, and the
+    expected rows and sum(x), computed in Python."""
+    lake.run("CREATE TABLE events (id BIGINT, x BIGINT, note VARCHAR)")
+    snaps, ids = [lake.current_snapshot()], []
+    for lo, hi in ((0, 5), (5, 10), (10, 2010), (2010, 4010), (4010, 4013)):
+        lake.run(f"INSERT INTO events SELECT i, i * 3, 'n' || i FROM range({lo}, {hi}) r(i)")
+        ids += range(lo, hi)
+        snaps.append(lake.current_snapshot())
+    lake.run("DELETE FROM events WHERE id % 10 = 7")
+    snaps.append(lake.current_snapshot())
+    kept = [i for i in ids if i % 10 != 7]
+    return snaps, len(kept), sum(i * 3 for i in kept)
+
+
+def _answers(lake: Lake) -> tuple[int, int]:
+    n, s = lake.con.execute("SELECT count(*), sum(x) FROM events").fetchone()
+    return n, int(s)
+
+
+def test_dry_run_changes_nothing_then_a_real_run_keeps_answers_and_expires(fresh_stack):
+    fresh_stack.platform.up()
+    ep = fresh_stack.platform.endpoints()
+    with Lake(ep) as lake:
+        snaps, rows, total = _history(lake)
+        assert _answers(lake) == (rows, total)
+        cutoff = lake.scalar("SELECT now()")
+        lake.run("INSERT INTO events VALUES (-1, 0, 'after the cutoff')")
+        after_cutoff = lake.current_snapshot()
+        objects, all_snaps = s3_objects(ep), lake.con.execute("SELECT snapshot_id FROM ducklake_snapshots('lake')").fetchall()
+        # the fingerprint can fail: one changed value changes it
+        fp = fingerprint(lake)
+        assert fp["main.events"][0] == rows + 1
+
+    with pytest.raises(KitError, match="cannot read the age"):
+        run_maintain(fresh_stack.platform, CheckRun(), older_than="seven days")
+
+    checks = CheckRun()
+    dry = run_maintain(fresh_stack.platform, checks, older_than=cutoff, dry_run=True)
+    assert checks.ok, [c.as_dict() for c in checks.failed]
+    would = dry["would"]
+    assert would["expire_snapshots"] == [0, *snaps]  # everything committed before the cutoff
+    assert would["flush_inlined_rows"] == {"main.events": 5 + 5 - 1 + 3 + 1}  # inlined inserts, minus the deleted id 7
+    with Lake(ep) as lake:
+        assert s3_objects(ep) == objects
+        assert lake.con.execute("SELECT snapshot_id FROM ducklake_snapshots('lake')").fetchall() == all_snaps
+        lake.run("UPDATE events SET x = x + 1 WHERE id = 0")
+        assert fingerprint(lake) != fp
+        lake.run("UPDATE events SET x = x - 1 WHERE id = 0")
+        assert fingerprint(lake)["main.events"] == fp["main.events"]
+        restored = lake.current_snapshot()
+
+    checks = CheckRun()
+    done = run_maintain(fresh_stack.platform, checks, versions=[after_cutoff])  # exactly one version
+    assert checks.ok, [c.as_dict() for c in checks.failed]
+    assert done["done"]["expired"] == [after_cutoff]
+
+    checks = CheckRun()
+    real = run_maintain(fresh_stack.platform, checks, older_than=cutoff)
+    assert checks.ok, [c.as_dict() for c in checks.failed]
+    assert real["done"]["expired"] == [0, *snaps]
+    assert real["done"]["flushed"] == {}  # the versions run already flushed them
+    assert real["after"]["inlined_rows"] == 0
+    with Lake(ep) as lake:
+        assert _answers(lake) == (rows + 1, total)
+        for version in (snaps[0], snaps[-1]):
+            with pytest.raises(duckdb.InvalidInputException, match="No snapshot found"):
+                lake.con.execute(f"SELECT count(*) FROM events AT (VERSION => {version})").fetchall()
+        assert lake.scalar(f"SELECT count(*) FROM events AT (VERSION => {restored})") == rows + 1
+        assert referenced_files(lake) <= set(s3_objects(ep))
+
+
+@pytest.mark.spark
+def test_orphaned_files_from_a_killed_load_are_removed_and_answers_unchanged(fresh_stack):
+    fresh_stack.platform.up()
+    ep = fresh_stack.platform.endpoints()
+    result, checks = flow.load_and_verify(fresh_stack.platform, fresh_stack.state, source="synthetic", months="2021-05",
+                                          rows_per_month=4000)
+    assert checks.ok
+    env = {**os.environ, **fresh_stack.env, "DUCKLAKE_FAULT": "kill-before-commit"}
+    proc = subprocess.run([sys.executable, str(ROOT / "ducklake_test.py"), "load", "--source", "synthetic", "--months", "2021-06",
+                           "--rows-per-month", "4000"], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    with Lake(ep) as lake:
+        orphans = set(s3_objects(ep)) - referenced_files(lake)
+        answers = lake.con.execute("SELECT count(*), sum(total_amount) FROM trips").fetchone()
+    assert any("pickup_month=6" in o for o in orphans), orphans  # the killed load's trips file
+
+    checks = CheckRun()
+    dry = run_maintain(fresh_stack.platform, checks, older_than="7 days", dry_run=True)
+    assert checks.ok and dry["would"]["orphaned_files"] == []  # younger than the cutoff: a running load is safe
+
+    checks = CheckRun()
+    real = run_maintain(fresh_stack.platform, checks, older_than=datetime.now(timezone.utc))
+    assert checks.ok, [c.as_dict() for c in checks.failed]
+    assert orphans <= set(real["done"]["orphans_deleted"])
+    assert not orphans & set(s3_objects(ep))
+    with Lake(ep) as lake:
+        assert lake.con.execute("SELECT count(*), sum(total_amount) FROM trips").fetchone() == answers
+        assert answers[0] == result.files[0].rows_accepted

@@ -1,0 +1,67 @@
+"""Supervised processes: pid files, start/stop, readiness, ports."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ducklake_kit.errors import KitError
+from ducklake_kit.platforms import procs
+
+
+def test_stale_pid_file_is_detected_and_never_kills_a_stranger(tmp_path):
+    # a live process that is NOT the one recorded (same pid, other start time) must be treated as stale
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pid_file = tmp_path / "svc.pid.json"
+        pid_file.write_text(json.dumps({"service": "svc", "pid": stranger.pid, "create_time": 1.0, "port": 1, "argv0": "x"}))
+        assert procs.live_pid(pid_file) is None
+        assert procs.stop(pid_file).startswith("not running")
+        assert stranger.poll() is None, "stop() killed a process the kit did not start"
+        assert not pid_file.exists()
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_start_and_stop_a_real_process(tmp_path):
+    pid_file, log = tmp_path / "s.pid.json", tmp_path / "s.log"
+    rec, proc = procs.start("s", [sys.executable, "-c", "print('hello', flush=True); import time; time.sleep(60)"],
+                            pid_file=pid_file, log_file=log, port=1)
+    assert procs.live_pid(pid_file) == rec
+    procs.wait_until(lambda: "hello" in log.read_text() or None, what="s", timeout=10, proc=proc)
+    assert procs.stop(pid_file).startswith("stopped")
+    proc.wait(5)
+    assert procs.live_pid(pid_file) is None
+
+
+def test_wait_until_reports_an_exited_process_with_its_log(tmp_path):
+    log = tmp_path / "x.log"
+    _, proc = procs.start("x", [sys.executable, "-c", "import sys; print('cannot bind'); sys.exit(7)"],
+                          pid_file=tmp_path / "x.pid.json", log_file=log, port=1)
+    start = time.monotonic()
+    with pytest.raises(KitError) as err:
+        procs.wait_until(lambda: None, what="x", timeout=30, proc=proc, log_file=log)
+    assert time.monotonic() - start < 10, "did not notice the exit early"
+    assert "exited with code 7" in err.value.what and "cannot bind" in err.value.detail
+
+
+def test_wait_until_times_out_with_the_last_error():
+    def probe():
+        raise ConnectionRefusedError("nobody home")
+
+    with pytest.raises(KitError, match=r"not ready after 0s \(ConnectionRefusedError: nobody home\)"):
+        procs.wait_until(probe, what="svc", timeout=0.3)
+
+
+def test_port_in_use_sees_a_listener():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        assert procs.port_in_use(s.getsockname()[1])
+    assert not procs.port_in_use(procs.free_port())

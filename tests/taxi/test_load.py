@@ -1,0 +1,162 @@
+"""The PySpark load against the real stack: figures equal the source, one snapshot per load, idempotent,
+atomic under a kill, no duplicates under task retries, bad files refused with the lake unchanged."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from ducklake_kit.platforms import s3
+from ducklake_kit.errors import KitError
+from ducklake_kit.lake import Lake
+from ducklake_kit.taxi import flow
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT.parent / "shared" / "tlc-samples"
+SAMPLE_2025_02 = SAMPLES / "yellow_tripdata_2025-02_random5000.parquet"
+ROWS = 4000  # per synthetic month: small, the figures are checked exactly anyway
+
+
+def _lake_state(stack) -> tuple[int, int, int]:
+    """(latest snapshot, trips rows, quarantine rows): what must not move when a load fails."""
+    with Lake(stack.platform.endpoints()) as lake:
+        snap = lake.current_snapshot()
+        tables = {r[0] for r in lake.con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake'").fetchall()}
+        trips = lake.scalar("SELECT count(*) FROM trips") if "trips" in tables else 0
+        quarantine = lake.scalar("SELECT count(*) FROM quarantine") if "quarantine" in tables else 0
+    return snap, trips, quarantine
+
+
+def _load(stack, **kw):
+    return flow.load_and_verify(stack.platform, stack.state, **kw)
+
+
+def _cli_load(stack, *args, env_extra=None):
+    env = {**os.environ, **stack.env, **(env_extra or {})}
+    return subprocess.run([sys.executable, str(ROOT / "ducklake_test.py"), "load", *args], env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_two_synthetic_months_load_checked_in_one_snapshot_and_rerun_is_a_no_op(stack):
+    before = _lake_state(stack)[0]
+    result, checks = _load(stack, source="synthetic", months="2023-01..2023-02", rows_per_month=ROWS, seed=7)
+    assert checks.ok, [c.as_dict() for c in checks.failed]
+    assert result.snapshot_id == before + 1
+    assert [(f.source.period, f.status, f.rows_read) for f in result.files] == [("2023-01", "loaded", ROWS), ("2023-02", "loaded", ROWS)]
+    assert all(f.rows_rejected > 0 and f.rows_accepted > 0 for f in result.files)  # the generator's quirks are quarantined
+    with Lake(stack.platform.endpoints()) as lake:
+        # partitioned as DuckLake lays it out, and the log has one row per file with the snapshot's rows
+        paths = [r[0] for r in lake.con.execute("SELECT data_file FROM ducklake_list_files('lake', 'trips')").fetchall()]
+        assert any("/pickup_year=2023/pickup_month=1/" in p for p in paths) and all(p.startswith("s3://lake/main/trips/") for p in paths)
+        log = lake.con.execute("SELECT period, rows_read, rows_accepted + rows_rejected, snapshot_id FROM load_log "
+                               "WHERE load_id = ? ORDER BY period", [result.load_id]).fetchall()
+        assert log == [("2023-01", ROWS, ROWS, result.snapshot_id), ("2023-02", ROWS, ROWS, result.snapshot_id)]
+        assert lake.scalar("SELECT count(*) FROM zones") == 265
+    again, checks = _load(stack, source="synthetic", months="2023-01..2023-02", rows_per_month=ROWS, seed=7)
+    assert checks.ok and again.snapshot_id is None
+    assert [f.status for f in again.files] == ["skipped", "skipped"]
+    assert _lake_state(stack)[0] == result.snapshot_id
+
+
+@pytest.mark.skipif(not SAMPLE_2025_02.exists(), reason="the real TLC samples (../shared/tlc-samples) are not here")
+def test_a_real_tlc_sample_loads_with_figures_equal_to_the_source(stack):
+    result, checks = _load(stack, source="files", paths=[str(SAMPLE_2025_02)])
+    assert checks.ok, [c.as_dict() for c in checks.failed]
+    (fr,) = result.files
+    assert (fr.rows_read, fr.rows_accepted + fr.rows_rejected) == (5000, 5000)
+    with Lake(stack.platform.endpoints()) as lake:
+        # one row checked value by value against pyarrow's own reading of the file
+        src = pq.read_table(SAMPLE_2025_02).slice(0, 1).to_pylist()[0]
+        got = lake.con.execute(
+            "SELECT pickup_at, dropoff_at, total_amount, pu_location_id, cbd_congestion_fee FROM "
+            "(FROM trips UNION ALL BY NAME FROM quarantine) WHERE source_file = ? AND pickup_at = ? AND dropoff_at = ? "
+            "AND total_amount = ?", [SAMPLE_2025_02.name, src["tpep_pickup_datetime"], src["tpep_dropoff_datetime"],
+                                     src["total_amount"]]).fetchall()
+        assert (src["tpep_pickup_datetime"], src["tpep_dropoff_datetime"], src["total_amount"], src["PULocationID"],
+                src["cbd_congestion_fee"]) in got
+
+
+def test_replace_swaps_a_month_in_one_snapshot(stack):
+    _load(stack, source="synthetic", months="2022-06", rows_per_month=ROWS, seed=1)
+    result, checks = _load(stack, source="synthetic", months="2022-06", rows_per_month=ROWS // 2, seed=1, mode="replace")
+    assert checks.ok, [c.as_dict() for c in checks.failed]
+    with Lake(stack.platform.endpoints()) as lake:
+        n = lake.scalar("SELECT count(*) FROM (FROM trips UNION ALL BY NAME FROM quarantine) WHERE source_file LIKE '%2022-06%'")
+        assert n == ROWS // 2
+        assert lake.scalar("SELECT count(*) FROM load_log WHERE period = '2022-06'") == 1
+    with pytest.raises(KitError, match="already loaded from different content"):
+        _load(stack, source="synthetic", months="2022-06", rows_per_month=ROWS, seed=1)  # skip mode refuses
+
+
+def test_a_load_killed_before_commit_leaves_the_lake_as_it_was(stack, local_only):
+    before = _lake_state(stack)
+    proc = _cli_load(stack, "--source", "synthetic", "--months", "2021-03", "--rows-per-month", str(ROWS),
+                     env_extra={"DUCKLAKE_FAULT": "kill-before-commit"})
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    assert _lake_state(stack) == before  # no snapshot, no orphan rows
+    result, checks = _load(stack, source="synthetic", months="2021-03", rows_per_month=ROWS)
+    assert checks.ok and result.snapshot_id == before[0] + 1 and result.files[0].rows_read == ROWS
+
+
+def test_a_retried_spark_task_does_not_duplicate_rows(stack, local_only):
+    # local[2,2]: two task attempts allowed; the fault fails each task's first attempt after it wrote its files
+    proc = _cli_load(stack, "--source", "synthetic", "--months", "2021-04", "--rows-per-month", str(ROWS),
+                     "--spark-master", "local[2,2]", "--json", env_extra={"DUCKLAKE_FAULT": "fail-first-task-attempt"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with Lake(stack.platform.endpoints()) as lake:
+        n = lake.scalar("SELECT count(*) FROM (FROM trips UNION ALL BY NAME FROM quarantine) WHERE source_file LIKE '%2021-04%'")
+        registered = {r[0] for r in lake.con.execute("SELECT data_file FROM ducklake_list_files('lake', 'trips')").fetchall()}
+    assert n == ROWS
+    # the failed first attempts did write files: they are in the bucket but not in the lake (proof the retry ran)
+    ep = stack.platform.endpoints()
+    listing = s3.client(ep.s3).list_objects_v2(Bucket="lake", Prefix="main/trips/pickup_year=2021/pickup_month=4/")
+    on_s3 = {f"s3://lake/{o['Key']}" for o in listing.get("Contents", [])}
+    assert on_s3 - registered, "no orphan file: the injected task failure never happened"
+    assert registered & on_s3
+
+
+def _bad_files(tmp_path: Path) -> dict[str, Path]:
+    good = tmp_path / "good"
+    good.mkdir()
+    from ducklake_kit.taxi import synthetic
+
+    src = synthetic.generate_month(good, 2020, 5, 500).path
+    truncated = tmp_path / "yellow_tripdata_2020-05_truncated.parquet"
+    truncated.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+    corrupt = tmp_path / "yellow_tripdata_2020-05_corrupt.parquet"
+    corrupt.write_bytes(b"PAR1" + os.urandom(2000) + b"PAR1")
+    unknown = tmp_path / "yellow_tripdata_2020-05_unknown.parquet"
+    pq.write_table(pa.table({"a": [1, 2], "b": ["x", "y"]}), unknown)
+    return {"truncated": truncated, "corrupt": corrupt, "unknown": unknown}
+
+
+@pytest.mark.parametrize("kind, message", [
+    ("truncated", "is not a readable Parquet file"),
+    ("corrupt", "is not a readable Parquet file"),
+    ("unknown", "unknown"),
+])
+def test_bad_files_get_one_clear_error_and_leave_the_lake_unchanged(stack, tmp_path, kind, message):
+    path = _bad_files(tmp_path)[kind]
+    before = _lake_state(stack)
+    proc = _cli_load(stack, "--source", "files", "--path", str(path))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and message.lower() in errors[0].lower(), proc.stderr
+    assert _lake_state(stack) == before
+
+
+@pytest.mark.parametrize("months, message", [
+    ("2024-13", "no such month: 2024-13"),
+    ("2024-03..2024-01", "ends before it starts"),
+    ("March", "cannot read the months 'March'"),
+])
+def test_bad_months_are_one_clear_error(stack, cli, months, message):
+    result = cli(stack.env, "load", "--source", "synthetic", "--months", months)
+    assert result.exit_code == 3 and message in result.stderr, result.output
