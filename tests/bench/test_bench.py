@@ -47,17 +47,19 @@ def test_the_duckdb_engines_take_turns_after_spark():
 
 
 def test_the_floor_is_cpu_bound_and_the_lone_writers_latency():
-    single = {"median_ms": 4.0, "client_cpu_ms_per_insert": 5.0, "catalog_cpu_ms_per_insert": 1.0}
+    single = bc.SingleWriter(ops_per_worker=100, median_ms=4.0, p95_ms=6.0, min_ms=3.0, client_cpu_ms_per_insert=5.0,
+                             catalog_cpu_ms_per_insert=1.0)
     f = bc.floor(single, workers=3, ops=100, cores=2)
-    assert f["cpu_ms_per_insert"] == 6.0
-    assert f["total_s_at_least"] == pytest.approx(300 * 6.0 / 1000 / 2)  # 3 writers share 2 cores
-    assert f["median_ms_at_least"] == 4.0  # an insert alone: other writers cannot make it shorter
+    assert f.cpu_ms_per_insert == 6.0
+    assert f.total_s_at_least == 0.9  # 300 inserts x 6 ms of CPU, 3 writers sharing 2 cores
+    assert f.median_ms_at_least == 4.0  # an insert alone: other writers cannot make it shorter
     # no more writers than cores: each has a core
     f = bc.floor(single, workers=2, ops=100, cores=2)
-    assert (f["total_s_at_least"], f["median_ms_at_least"]) == (pytest.approx(0.6), 4.0)
+    assert (f.total_s_at_least, f.median_ms_at_least) == (0.6, 4.0)
     # without the catalog server's CPU (k3d, external) the bound counts the client only, and says so
-    f = bc.floor({**single, "catalog_cpu_ms_per_insert": None}, workers=3, ops=100, cores=2)
-    assert f["cpu_ms_per_insert"] == 5.0 and f["catalog_cpu_counted"] is False
+    single.catalog_cpu_ms_per_insert = None
+    f = bc.floor(single, workers=3, ops=100, cores=2)
+    assert f.cpu_ms_per_insert == 5.0 and f.catalog_cpu_counted is False
 
 
 def test_percentile_is_nearest_rank():
@@ -79,18 +81,64 @@ def test_every_checked_query_is_benchmarked():
 
 
 def test_stats_of_three_runs():
-    assert bq._stats([0.3, 0.1, 0.2], 1000) == {"median_s": 0.2, "min_s": 0.1, "max_s": 0.3, "rows_per_s": 5000,
-                                               "runs_s": [0.3, 0.1, 0.2]}
+    assert bq._stats([0.3, 0.1, 0.2], 1000) == bq.EngineStats(median_s=0.2, min_s=0.1, max_s=0.3, rows_per_s=5000,
+                                                             runs_s=[0.3, 0.1, 0.2])
+
+
+def test_ratios_per_query_and_over_all_queries():
+    assert bq.ratios(0.2, 0.25, 3.0) == {"ratio_ducklake_to_parquet": 0.8, "speedup_vs_spark": 15.0}
+
+    def query(ducklake: float, parquet: float, spark: float) -> bq.QueryFigures:
+        engines = {e: bq.EngineStats(m, m, m, None, [m]) for e, m in (("ducklake", ducklake), ("parquet", parquet), ("spark", spark))}
+        return bq.QueryFigures("q", "q.sql", 1, engines, 0.0, 0.0, True)
+
+    t = bq.totals([query(0.1, 0.1, 0.5), query(0.3, 0.2, 4.5)])  # sums 0.4 / 0.3 / 5.0: a slow query weighs what it costs
+    assert t.total_median_s == {"ducklake": 0.4, "parquet": 0.3, "spark": 5.0}
+    assert (t.ratio_ducklake_to_parquet, t.speedup_vs_spark, t.ratio_met, t.speedup_met) == (1.333, 12.5, False, True)
+    assert t.as_dict()["goals"] == {"ratio_ducklake_to_parquet_max": 1.05, "speedup_vs_spark_min": 10.0,
+                                    "ratio_met": False, "speedup_met": True}
+
+
+def test_summary_counts_lost_silently_lost_and_duplicate_rows():
+    reports = [  # 2 writers x 3 inserts: writer 0 lost one to an error; 4 rows in the table, one of them twice
+        {"worker": 0, "start": 10.0, "end": 10.5, "latencies_s": [(0, 0.010), (2, 0.030)], "errors": {"conflicting lock": 1}},
+        {"worker": 1, "start": 10.1, "end": 11.0, "latencies_s": [(0, 0.020), (1, 0.040), (2, 0.050)], "errors": {}},
+    ]
+    s = bc._summary("file", reports, workers=2, ops=3, actual=5, distinct=4)
+    assert (s.expected_rows, s.succeeded, s.errors, s.errors_by_kind) == (6, 5, 1, {"conflicting lock": 1})
+    assert (s.rows_lost, s.silently_lost, s.duplicate_rows) == (1, 0, 1)
+    assert (s.total_s, s.median_ms, s.max_ms) == (1.0, 30.0, 50.0)
+    assert "reruns" not in s.as_dict() and s.as_dict()["rows_lost"] == 1  # the file mode's JSON has no DuckLake fields
+    # one success whose row is not there: lost silently, the defect the suite exists to catch
+    s = bc._summary("file", reports, workers=2, ops=3, actual=4, distinct=4)
+    assert (s.rows_lost, s.silently_lost) == (2, 1)
+
+
+def _figures(**values) -> bc.WriterFigures:
+    base = dict(mode="ducklake", workers=3, ops_per_worker=100, total_s=0.8, ops_per_s=375.0, median_ms=6.0, p95_ms=9.0,
+                max_ms=12.0, succeeded=300, errors=0, errors_by_kind={}, expected_rows=300, actual_rows=300, rows_lost=0,
+                silently_lost=0, duplicate_rows=0, slowest_ops=[])
+    return bc.WriterFigures(**{**base, **values})
 
 
 def test_goals_met_and_reachable():
-    run = {"total_s": 0.8, "median_ms": 6.0, "errors": 0, "rows_lost": 0}
-    g = bc.goals(run, {"total_s_at_least": 1.5, "median_ms_at_least": 4.0})
-    assert g["met"] == {"total_s": True, "median_ms": False, "errors": True, "rows_lost": True}
-    assert g["reachable_here"] == {"total_s": False, "median_ms": True}
-    bad = bc.goals({"total_s": 2.0, "median_ms": None, "errors": 3, "rows_lost": 1}, None)
-    assert bad["met"] == {"total_s": False, "median_ms": True, "errors": False, "rows_lost": False}
-    assert "reachable_here" not in bad
+    g = bc.goals(_figures(), bc.Floor(10.0, True, total_s_at_least=1.5, median_ms_at_least=4.0))
+    assert g.met == {"total_s": True, "median_ms": False, "errors": True, "rows_lost": True}
+    assert g.reachable_here == {"total_s": False, "median_ms": True}
+    bad = bc.goals(_figures(total_s=2.0, median_ms=None, errors=3, rows_lost=1), None)
+    assert bad.met == {"total_s": False, "median_ms": True, "errors": False, "rows_lost": False}
+    assert "reachable_here" not in bad.as_dict() and bad.as_dict()["total_s"] == 1.0  # the thresholds travel with it
+
+
+def test_the_lake_defect_is_a_lost_or_duplicated_row():
+    machine = bc.Machine(2, [0.1, 0.1, 0.1], [0.2, 0.1, 0.1])
+    assert bc.ConcurrencyRun(3, 100, machine, {"ducklake": _figures()}).lake_defect() is None
+    lost = bc.ConcurrencyRun(3, 100, machine, {"ducklake": _figures(actual_rows=299, rows_lost=1, silently_lost=1)})
+    assert lost.lake_defect() == "DuckLake lost 1 and duplicated 0 of 300 rows (0 inserts reported an error, 1 lost silently)"
+    twice = bc.ConcurrencyRun(3, 100, machine, {"ducklake": _figures(duplicate_rows=2)})
+    assert twice.lake_defect().startswith("DuckLake lost 0 and duplicated 2")
+    # the file mode's losses are the point of the comparison, not a defect
+    assert bc.ConcurrencyRun(3, 100, machine, {"file": _figures(mode="file", rows_lost=40)}).lake_defect() is None
 
 
 # -- integration: real PostgreSQL, S3 and Spark ----------------------------------------------------------------
@@ -102,68 +150,71 @@ def test_queries_suite_end_to_end(stack, tmp_path):
     result = bq.bench_queries(stack.platform, stack.state, rows=5000, runs=1, warmup=1, on_step=steps.append,
                               json_path=json_path, png_path=png_path)
     names = [q.name for q in bq.bench_query_list()]
-    assert [q["name"] for q in result["queries"]] == names
-    assert 0 < result["table_rows"] <= 5000  # the quarantine keeps the rows that fail a quality rule
-    for q in result["queries"]:
-        assert q["answers_agree"], (q["name"], q["differences"])
-        assert q["result_rows"] > 0, q["name"]
+    assert [q.name for q in result.queries] == names
+    assert 0 < result.table_rows <= 5000  # the quarantine keeps the rows that fail a quality rule
+    for q in result.queries:
+        assert q.answers_agree, (q.name, q.differences)
+        assert q.result_rows > 0, q.name
         for engine in bq.ENGINES:
-            s = q[engine]
-            assert len(s["runs_s"]) == 1 and s["min_s"] <= s["median_s"] <= s["max_s"]
-            assert s["rows_per_s"] > 0
-    assert result["answers_agree"] is True
-    assert set(result["total_median_s"]) == set(bq.ENGINES)
+            s = q.engines[engine]
+            assert len(s.runs_s) == 1 and s.min_s <= s.median_s <= s.max_s
+            assert s.rows_per_s > 0
+    assert result.answers_agree is True
+    assert set(result.totals.total_median_s) == set(bq.ENGINES)
     # (a) and (b) read the very same files: same layout, same rows as the table; Spark's local copy holds them too
-    data = result["data"]
+    data = result.data
     same = ("files", "row_groups", "rows", "compressed_bytes")
     assert data["ducklake"]["files"] >= 1 and [data["ducklake"][k] for k in same] == [data["parquet_s3"][k] for k in same]
-    assert data["ducklake"]["rows"] == data["parquet_local"]["rows"] == result["table_rows"]
-    fixed = result["fixed_cost"]
+    assert data["ducklake"]["rows"] == data["parquet_local"]["rows"] == result.table_rows
+    fixed = result.fixed_cost
     assert fixed["catalog_round_trips"] >= 3 and fixed["ducklake_ms"] > 0 and fixed["parquet_ms"] > 0
     assert "ducklake_snapshot" in fixed["catalog_tables"] and "ducklake_data_file" in fixed["catalog_tables"]
-    assert json.loads(json_path.read_text())["table_rows"] == result["table_rows"]
+    doc = json.loads(json_path.read_text())
+    assert doc["table_rows"] == result.table_rows and doc["queries"][0]["ducklake"]["median_s"] == result.queries[0].engines["ducklake"].median_s
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # a second run finds the same data in the lake and both exports: nothing is reloaded or rewritten
     again = bq.bench_queries(stack.platform, stack.state, rows=5000, runs=1, warmup=1, names=["q1_trips_by_vendor"])
-    assert again["data"]["reused"] is True
-    assert again["data"]["parquet_local"]["written"] is False
-    assert [q["name"] for q in again["queries"]] == ["q1_trips_by_vendor"]
-    assert again["queries"][0]["answers_agree"]
+    assert again.data["reused"] is True
+    assert again.data["parquet_local"]["written"] is False
+    assert [q.name for q in again.queries] == ["q1_trips_by_vendor"]
+    assert again.queries[0].answers_agree
 
 
 def test_concurrency_suite_counts_add_up(stack, tmp_path):
     json_path, png_path = tmp_path / "c.json", tmp_path / "c.png"
     result = bc.bench_concurrency(stack.platform, stack.state, workers=2, ops=20, json_path=json_path, png_path=png_path)
-    file, lake = result["results"]["file"], result["results"]["ducklake"]
+    file, lake = result.results["file"], result.results["ducklake"]
     for r in (file, lake):
-        assert r["expected_rows"] == 40
-        assert r["errors"] == sum(r["errors_by_kind"].values())
-        assert r["succeeded"] + r["errors"] == 40
-        assert r["silently_lost"] == 0  # every INSERT that reported success left its row
-        assert r["duplicate_rows"] == 0
-        assert r["total_s"] > 0 and r["median_ms"] <= r["p95_ms"] <= r["max_ms"]
+        assert r.expected_rows == 40
+        assert r.errors == sum(r.errors_by_kind.values())
+        assert r.succeeded + r.errors == 40
+        assert r.silently_lost == 0  # every INSERT that reported success left its row
+        assert r.duplicate_rows == 0
+        assert r.total_s > 0 and r.median_ms <= r.p95_ms <= r.max_ms
     # the file path fails only by lock conflicts, and each conflict is exactly one lost row
-    assert set(file["errors_by_kind"]) <= {"conflicting lock"}
-    assert file["rows_lost"] == file["errors"]
+    assert set(file.errors_by_kind) <= {"conflicting lock"}
+    assert file.rows_lost == file.errors
     # the file path: every row not in the file is an error someone saw (none vanished after a success)
-    assert file["actual_rows"] == 40 - file["errors"]
+    assert file.actual_rows == 40 - file.errors
     # DuckLake: no errors, no loss, one snapshot per INSERT; 2 writers never exhaust DuckLake's own 30 retries
-    assert lake["errors"] == 0 and lake["rows_lost"] == 0 and lake["actual_rows"] == 40
-    assert lake["snapshots"] == 40
-    assert lake["reruns"] == 0
-    assert lake["insert_profile"]["catalog_round_trips"] >= 3  # at least begin, write, commit
+    assert lake.errors == 0 and lake.rows_lost == 0 and lake.actual_rows == 40
+    assert lake.snapshots == 40
+    assert lake.reruns == 0
+    assert lake.insert_profile["catalog_round_trips"] >= 3  # at least begin, write, commit
     # the writers ran with the small-writer settings; what an insert costs was measured, alone and together
-    assert lake["settings"]["threads"] == 1 and lake["client_cpu_ms_per_insert"] > 0
-    single = lake["single_writer"]
-    assert single["ops_per_worker"] == 20 and 0 < single["min_ms"] <= single["median_ms"] <= single["p95_ms"]
-    assert single["client_cpu_ms_per_insert"] > 0
+    assert lake.settings["threads"] == 1 and lake.client_cpu_ms_per_insert > 0
+    single = lake.single_writer
+    assert single.ops_per_worker == 20 and 0 < single.min_ms <= single.median_ms <= single.p95_ms
+    assert single.client_cpu_ms_per_insert > 0
     if stack.env["DUCKLAKE_PLATFORM"] == "local":  # the kit's own PostgreSQL: its CPU is counted too
-        assert single["catalog_cpu_ms_per_insert"] > 0 and lake["catalog_cpu_ms_per_insert"] > 0
-    floor = result["floor"]
-    assert floor["cpu_ms_per_insert"] >= single["client_cpu_ms_per_insert"] and floor["total_s_at_least"] > 0
-    assert set(result["goals"]["reachable_here"]) == {"total_s", "median_ms"}  # the rule itself: test_goals_*
-    assert json.loads(json_path.read_text())["results"]["ducklake"]["actual_rows"] == 40
+        assert single.catalog_cpu_ms_per_insert > 0 and lake.catalog_cpu_ms_per_insert > 0
+    assert result.floor.cpu_ms_per_insert >= single.client_cpu_ms_per_insert and result.floor.total_s_at_least > 0
+    assert set(result.goals.reachable_here) == {"total_s", "median_ms"}  # the rule itself: test_goals_*
+    assert result.lake_defect() is None
+    doc = json.loads(json_path.read_text())
+    assert doc["results"]["ducklake"]["actual_rows"] == 40 and doc["results"]["ducklake"]["single_writer"]["ops_per_worker"] == 20
+    assert "reruns" not in doc["results"]["file"] and doc["floor"]["total_s_at_least"] == result.floor.total_s_at_least
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -31,6 +31,9 @@ def test_quoting_by_hand():
     assert qualified("a b", 'say "hi"') == '"a b"."say ""hi"""'
     assert split_name("timetravel.trips") == ("timetravel", "trips")
     assert split_name("trips") == ("main", "trips")
+    for bad in ("lake.timetravel.trips", "timetravel.", '"odd".trips'):
+        with pytest.raises(KitError, match="not a table name"):
+            split_name(bad)
 
 
 def test_a_name_that_needs_quoting_round_trips(lake):
@@ -91,6 +94,32 @@ def test_commit_reports_its_own_snapshot_even_when_another_writer_commits_next(s
     assert lake.scalar(f"SELECT list(x ORDER BY x) FROM {t} AT (VERSION => {done.snapshot_id})") == [1]
 
 
+def test_commit_finds_its_snapshot_by_its_token_when_the_instance_moved_on(lake, monkeypatch):
+    # DuckLake's last_committed_snapshot() is per DuckDB instance: a cursor committing on another thread in between
+    # would move it. Simulated here: it answers a later snapshot; the commit still reports its own.
+    from ducklake_kit.lake import transactions
+
+    t = f"{SCHEMA}.tokens"
+    lake.run(f"CREATE TABLE {t} (x INTEGER)")
+    cursor = lake.cursor()
+    real = transactions.last_committed_snapshot
+
+    def moved_on(lk):
+        ours = real(lk)
+        cursor.execute(f"INSERT INTO {t} VALUES (2)")  # another commit on the same instance, after ours
+        return real(lk) if real(lk) != ours else None
+
+    monkeypatch.setattr(transactions, "last_committed_snapshot", moved_on)
+    done = commit(lake, f"INSERT INTO {t} VALUES (1)", "lake_tests: token")
+    monkeypatch.undo()
+    assert last_committed_snapshot(lake) > done.snapshot_id  # the instance moved on, as it would have
+    assert lake.scalar("SELECT commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?",
+                       [done.snapshot_id]) == "lake_tests: token"
+    assert lake.scalar(f"SELECT list(x) FROM {t} AT (VERSION => {done.snapshot_id})") == [1]
+    # a transaction that changes nothing makes no snapshot, and says so
+    assert commit(lake, f"SELECT count(*) FROM {t}", "lake_tests: nothing").snapshot_id is None
+
+
 def test_a_failed_commit_leaves_nothing(lake):
     t = f"{SCHEMA}.atomic"
     lake.run(f"CREATE TABLE {t} (x INTEGER)")
@@ -149,3 +178,6 @@ def test_advisory_lock_is_exclusive_and_says_when_busy(stack):
         pass
     with pytest.raises(ValueError):
         lock_key("longer than eight")
+    with pytest.raises(ValueError, match="positive"):  # PostgreSQL's lock_timeout 0 would wait forever
+        with advisory_lock(ep, key, timeout_s=0, busy=KitError("never")):
+            pass

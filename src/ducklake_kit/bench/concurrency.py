@@ -15,7 +15,7 @@ concurrent part only (process start, imports and ATTACH happen before the barrie
     every failed commit attempt is a rolled-back catalog transaction (`pg_stat_database.xact_rollback` of
     the catalog database, before vs after; exact when nothing else uses the catalog meanwhile).
 
-    The workers use `SMALL_WRITER_SETTINGS` (one DuckDB thread: see lake.py) on top of RETRY_SETTINGS.
+    The workers use `SMALL_WRITER_SETTINGS` (one DuckDB thread: see lake/connection.py) on top of RETRY_SETTINGS.
 
 Per mode: total wall time of the concurrent part, median and p95 latency of the successful operations,
 errors (by kind), retries, and rows: expected (workers x ops), actual (counted in the table afterwards), lost
@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import asdict, dataclass, field, fields
 import multiprocessing
 import queue as queue_mod
 import os
@@ -49,7 +50,7 @@ from typing import Any
 
 import duckdb
 
-from ducklake_kit.bench.results import BENCH_SCHEMA, load_average, machine, write_outputs
+from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average, write_outputs
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import RETRY_SETTINGS, SMALL_WRITER_SETTINGS, Lake, execute_retrying
 from ducklake_kit.lake.profile import catalog_statements
@@ -63,6 +64,127 @@ GOALS = {"total_s": 1.0, "median_ms": 5.0, "errors": 0, "rows_lost": 0}  # DuckL
 CALIBRATE_OPS = 100  # one writer alone, before the concurrent run: the CPU an insert costs (see `floor`)
 BARRIER_TIMEOUT_S = 300  # 16 workers each loading DuckDB and its extensions on 2 cores take a while
 _INSERT = "INSERT INTO {table} VALUES (?, ?, now())"
+
+
+@dataclass
+class SingleWriter:
+    """One writer alone, before the concurrent run: what an insert costs without contention."""
+
+    ops_per_worker: int
+    median_ms: float
+    p95_ms: float
+    min_ms: float
+    client_cpu_ms_per_insert: float
+    catalog_cpu_ms_per_insert: float | None  # None when the catalog is not the kit's own process (k3d, external)
+
+
+@dataclass
+class WriterFigures:
+    """One mode's figures: time, latency, errors, and the rows counted in the table afterwards."""
+
+    mode: str
+    workers: int
+    ops_per_worker: int
+    total_s: float
+    ops_per_s: float | None
+    median_ms: float | None
+    p95_ms: float | None
+    max_ms: float | None
+    succeeded: int
+    errors: int
+    errors_by_kind: dict[str, int]
+    expected_rows: int
+    actual_rows: int
+    rows_lost: int  # expected - actual
+    silently_lost: int  # INSERTs that reported success but whose row is missing: must be 0
+    duplicate_rows: int
+    slowest_ops: list[dict[str, Any]]
+    retries: int = 0
+    retries_note: str = ""
+    # DuckLake only (the file mode has none of these)
+    reruns: int | None = None
+    reruns_note: str | None = None
+    catalog_commits: int | None = None
+    snapshots: int | None = None
+    client_cpu_ms_per_insert: float | None = None
+    catalog_cpu_ms_per_insert: float | None = None
+    data_inlining: bool | None = None
+    insert_profile: dict[str, Any] | None = None
+    synchronous_commit: str | None = None
+    retry_settings: dict[str, Any] | None = None
+    settings: dict[str, Any] | None = None
+    catalog_settings: dict[str, Any] | None = None
+    single_writer: SingleWriter | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.mode != "ducklake":
+            for name in _DUCKLAKE_ONLY:
+                out.pop(name)
+        return out
+
+
+_DUCKLAKE_ONLY = [f.name for f in fields(WriterFigures) if f.name not in {
+    "mode", "workers", "ops_per_worker", "total_s", "ops_per_s", "median_ms", "p95_ms", "max_ms", "succeeded", "errors",
+    "errors_by_kind", "expected_rows", "actual_rows", "rows_lost", "silently_lost", "duplicate_rows", "slowest_ops",
+    "retries", "retries_note"}]
+
+
+@dataclass
+class Floor:
+    """Lower bounds for the concurrent run on this machine, from one writer measured alone (see `floor`)."""
+
+    cpu_ms_per_insert: float
+    catalog_cpu_counted: bool
+    total_s_at_least: float
+    median_ms_at_least: float
+    note: str = "lower bounds from one writer measured alone: its CPU per insert (total) and its median latency"
+
+
+@dataclass
+class Goals:
+    """The goals for DuckLake at 3 workers x 100 inserts: which the run met, and which this machine can reach."""
+
+    met: dict[str, bool]
+    reachable_here: dict[str, bool] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {**GOALS, "applies_to": "ducklake, 3 workers x 100 inserts", "met": self.met}
+        if self.reachable_here is not None:
+            out["reachable_here"] = self.reachable_here
+        return out
+
+
+@dataclass
+class ConcurrencyRun:
+    workers: int
+    ops_per_worker: int
+    machine: Machine
+    results: dict[str, WriterFigures] = field(default_factory=dict)
+    floor: Floor | None = None
+    goals: Goals | None = None
+
+    @property
+    def ducklake(self) -> WriterFigures | None:
+        return self.results.get("ducklake")
+
+    def lake_defect(self) -> str | None:
+        """The suite's correctness claim (not its speed goals): every DuckLake insert that reported success is in
+        the table, exactly once. What broke it, or None."""
+        d = self.ducklake
+        if d is None or not (d.rows_lost or d.duplicate_rows):
+            return None
+        return (f"DuckLake lost {d.rows_lost} and duplicated {d.duplicate_rows} of {d.expected_rows} rows "
+                f"({d.errors} inserts reported an error, {d.silently_lost} lost silently)")
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"suite": "concurrency", "workers": self.workers, "ops_per_worker": self.ops_per_worker,
+                               **self.machine.as_dict(), "results": {m: r.as_dict() for m, r in self.results.items()}}
+        if self.floor is not None:
+            out["floor"] = asdict(self.floor)
+        if self.goals is not None:
+            out["goals"] = self.goals.as_dict()
+        return out
 
 
 def _error_kind(exc: BaseException) -> str:
@@ -178,7 +300,7 @@ def _percentile(sorted_values: list[float], p: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(p * len(sorted_values)) - 1))]
 
 
-def _summary(mode: str, reports: list[dict[str, Any]], workers: int, ops: int, actual: int, distinct: int) -> dict[str, Any]:
+def _summary(mode: str, reports: list[dict[str, Any]], workers: int, ops: int, actual: int, distinct: int) -> WriterFigures:
     lat = sorted(s for r in reports for _, s in r["latencies_s"])
     slowest = sorted(((s, r["worker"], op) for r in reports for op, s in r["latencies_s"]), reverse=True)[:5]
     errors: Counter = Counter()
@@ -187,31 +309,31 @@ def _summary(mode: str, reports: list[dict[str, Any]], workers: int, ops: int, a
     total = max(r["end"] for r in reports) - min(r["start"] for r in reports)
     expected = workers * ops
     n_errors = sum(errors.values())
-    return {
-        "mode": mode,
-        "workers": workers,
-        "ops_per_worker": ops,
-        "total_s": round(total, 3),
-        "ops_per_s": round(len(lat) / total, 1) if total else None,
-        "median_ms": round(statistics.median(lat) * 1000, 2) if lat else None,
-        "p95_ms": round(_percentile(lat, 0.95) * 1000, 2) if lat else None,
-        "max_ms": round(lat[-1] * 1000, 2) if lat else None,  # same precision as median and p95, so they stay ordered
-        "succeeded": len(lat),
-        "errors": n_errors,
-        "errors_by_kind": dict(errors),
-        "expected_rows": expected,
-        "actual_rows": actual,
-        "rows_lost": expected - actual,
-        "silently_lost": expected - n_errors - actual,  # INSERTs that reported success but whose row is missing
-        "duplicate_rows": actual - distinct,
-        "slowest_ops": [{"worker": w, "op": op, "ms": round(s * 1000, 1)} for s, w, op in slowest],
-    }
+    return WriterFigures(
+        mode=mode,
+        workers=workers,
+        ops_per_worker=ops,
+        total_s=round(total, 3),
+        ops_per_s=round(len(lat) / total, 1) if total else None,
+        median_ms=round(statistics.median(lat) * 1000, 2) if lat else None,
+        p95_ms=round(_percentile(lat, 0.95) * 1000, 2) if lat else None,
+        max_ms=round(lat[-1] * 1000, 2) if lat else None,  # same precision as median and p95, so they stay ordered
+        succeeded=len(lat),
+        errors=n_errors,
+        errors_by_kind=dict(errors),
+        expected_rows=expected,
+        actual_rows=actual,
+        rows_lost=expected - actual,
+        silently_lost=expected - n_errors - actual,  # INSERTs that reported success but whose row is missing
+        duplicate_rows=actual - distinct,
+        slowest_ops=[{"worker": w, "op": op, "ms": round(s * 1000, 1)} for s, w, op in slowest],
+    )
 
 
 # -- (a) one DuckDB file -------------------------------------------------------------------------------------
 
 
-def run_file(home: Path, workers: int, ops: int) -> dict[str, Any]:
+def run_file(home: Path, workers: int, ops: int) -> WriterFigures:
     folder = Path(tempfile.mkdtemp(prefix="bench-concurrency-", dir=home))
     path = str(folder / "seed.duckdb")
     try:
@@ -223,8 +345,8 @@ def run_file(home: Path, workers: int, ops: int) -> dict[str, Any]:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     out = _summary("file", reports, workers, ops, int(actual), int(distinct))
-    out["retries"] = 0  # the seed did not retry; neither does this mode
-    out["retries_note"] = "none: a failed open is not retried (as in the seed)"
+    out.retries = 0  # the seed did not retry; neither does this mode
+    out.retries_note = "none: a failed open is not retried (as in the seed)"
     return out
 
 
@@ -278,7 +400,7 @@ def catalog_cpu_reader(state: State) -> Callable[[], float | None]:
 def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
                  settings: dict[str, Any] | None = None, catalog_settings: dict[str, str] | None = None,
                  catalog_cpu: Callable[[], float | None] = lambda: None, profile: bool = True,
-                 calibrate_ops: int = 0) -> dict[str, Any]:
+                 calibrate_ops: int = 0) -> WriterFigures:
     """`settings`: DuckDB settings of every worker (over SMALL_WRITER_SETTINGS, before the ATTACH);
     `catalog_settings`: PostgreSQL settings of the workers' catalog connections (e.g. synchronous_commit)."""
     table = f"{BENCH_SCHEMA}.{TABLE}"
@@ -303,30 +425,30 @@ def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
         actual, distinct, snapshots = lake.con.execute(
             f"SELECT count(*), count(DISTINCT (worker, op)), count(DISTINCT snapshot_id) FROM {table} WHERE op >= 0").fetchone()
     out = _summary("ducklake", reports, workers, ops, int(actual), int(distinct))
-    out["retries"] = after[1] - before[1]
-    out["retries_note"] = ("rolled-back catalog transactions during the run (pg_stat_database.xact_rollback): each is a "
+    out.retries = after[1] - before[1]
+    out.retries_note = ("rolled-back catalog transactions during the run (pg_stat_database.xact_rollback): each is a "
                            "commit attempt that lost the race and was retried by DuckLake (exact if nothing else used the catalog)")
-    out["reruns"] = sum(r.get("reruns", 0) for r in reports)
-    out["reruns_note"] = (f"inserts run again by the writer after DuckLake gave up its {RETRY_SETTINGS['ducklake_max_retry_count']} "
+    out.reruns = sum(r.get("reruns", 0) for r in reports)
+    out.reruns_note = (f"inserts run again by the writer after DuckLake gave up its {RETRY_SETTINGS['ducklake_max_retry_count']} "
                           "retries (lake.execute_retrying: nothing had been committed; capped, jittered waits)")
-    out["catalog_commits"] = after[0] - before[0]
-    out["snapshots"] = int(snapshots)  # one per INSERT: fewer would mean two INSERTs shared a snapshot id
-    ok = out["succeeded"] or 1
-    out["client_cpu_ms_per_insert"] = round(sum(r.get("cpu_s", 0.0) for r in reports) / ok * 1000, 2)
-    out["catalog_cpu_ms_per_insert"] = (round((cpu["end"] - cpu["start"]) / ok * 1000, 2)
-                                        if cpu.get("start") is not None and cpu.get("end") is not None else None)
-    out["data_inlining"] = inlining
-    out["insert_profile"] = insert_profile
-    out["synchronous_commit"] = (catalog_settings or {}).get("synchronous_commit") or _catalog_setting(ep, "synchronous_commit")
-    out["retry_settings"] = RETRY_SETTINGS
-    out["settings"] = worker_settings  # DuckDB settings of the workers (on top of RETRY_SETTINGS)
-    out["catalog_settings"] = catalog_settings or {}
-    out["single_writer"] = single
+    out.catalog_commits = after[0] - before[0]
+    out.snapshots = int(snapshots)  # one per INSERT: fewer would mean two INSERTs shared a snapshot id
+    ok = out.succeeded or 1
+    out.client_cpu_ms_per_insert = round(sum(r.get("cpu_s", 0.0) for r in reports) / ok * 1000, 2)
+    out.catalog_cpu_ms_per_insert = (round((cpu["end"] - cpu["start"]) / ok * 1000, 2)
+                                     if cpu.get("start") is not None and cpu.get("end") is not None else None)
+    out.data_inlining = inlining
+    out.insert_profile = insert_profile
+    out.synchronous_commit = (catalog_settings or {}).get("synchronous_commit") or _catalog_setting(ep, "synchronous_commit")
+    out.retry_settings = RETRY_SETTINGS
+    out.settings = worker_settings  # DuckDB settings of the workers (on top of RETRY_SETTINGS)
+    out.catalog_settings = catalog_settings or {}
+    out.single_writer = single
     return out
 
 
 def single_writer(ep: Endpoints, table: str, ops: int, settings: dict[str, Any], catalog_settings: dict[str, str] | None,
-                  catalog_cpu: Callable[[], float | None]) -> dict[str, Any]:
+                  catalog_cpu: Callable[[], float | None]) -> SingleWriter:
     """One writer alone, in this process, with the workers' settings: latency and CPU per insert without contention.
     Its rows have op < 0, so the concurrent run's counts leave them out."""
     with Lake(ep, settings=settings, catalog_settings=catalog_settings) as lake:
@@ -340,41 +462,32 @@ def single_writer(ep: Endpoints, table: str, ops: int, settings: dict[str, Any],
             latencies.append(time.perf_counter() - t)
         cpu1, pg1 = time.process_time(), catalog_cpu()
     latencies.sort()
-    return {"ops_per_worker": ops, "median_ms": round(statistics.median(latencies) * 1000, 2),
-            "p95_ms": round(_percentile(latencies, 0.95) * 1000, 2), "min_ms": round(latencies[0] * 1000, 2),
-            "client_cpu_ms_per_insert": round((cpu1 - cpu0) / ops * 1000, 2),
-            "catalog_cpu_ms_per_insert": round((pg1 - pg0) / ops * 1000, 2) if pg0 is not None and pg1 is not None else None}
+    return SingleWriter(ops, round(statistics.median(latencies) * 1000, 2), round(_percentile(latencies, 0.95) * 1000, 2),
+                        round(latencies[0] * 1000, 2), round((cpu1 - cpu0) / ops * 1000, 2),
+                        round((pg1 - pg0) / ops * 1000, 2) if pg0 is not None and pg1 is not None else None)
 
 
-def floor(single: dict[str, Any], workers: int, ops: int, cores: int) -> dict[str, Any]:
+def floor(single: SingleWriter, workers: int, ops: int, cores: int) -> Floor:
     """What this machine could do at best with these settings, from one writer measured alone: every insert needs
     `cpu` ms of CPU (DuckDB client + PostgreSQL) and `workers` processes share `cores` cores, so the run needs at
     least inserts x cpu / min(workers, cores) seconds (retries only add CPU); and an insert is a chain of catalog
     round trips that other writers cannot shorten, so the median is not below the lone writer's. Both are lower
     bounds measured on this machine (noise aside), not predictions."""
-    cpu = single["client_cpu_ms_per_insert"] + (single["catalog_cpu_ms_per_insert"] or 0.0)
+    cpu = single.client_cpu_ms_per_insert + (single.catalog_cpu_ms_per_insert or 0.0)
     total = workers * ops * cpu / 1000 / min(workers, cores)
-    median = single["median_ms"] or 0.0
-    return {
-        "cpu_ms_per_insert": round(cpu, 2),
-        "catalog_cpu_counted": single["catalog_cpu_ms_per_insert"] is not None,
-        "total_s_at_least": round(total, 3),
-        "median_ms_at_least": round(median, 2),
-        "note": "lower bounds from one writer measured alone: its CPU per insert (total) and its median latency",
-    }
+    return Floor(round(cpu, 2), single.catalog_cpu_ms_per_insert is not None, round(total, 3), round(single.median_ms or 0.0, 2))
 
 
-def goals(ducklake: dict[str, Any], lower_bounds: dict[str, Any] | None) -> dict[str, Any]:
-    """The goals for DuckLake at 3 workers x 100 inserts: which the run met, and (from the floor measured alone)
-    whether this machine could meet the time goals at all."""
-    d = ducklake
-    out: dict[str, Any] = {**GOALS, "applies_to": "ducklake, 3 workers x 100 inserts",
-                           "met": {"total_s": d["total_s"] < GOALS["total_s"], "median_ms": (d["median_ms"] or 0) < GOALS["median_ms"],
-                                   "errors": d["errors"] == 0, "rows_lost": d["rows_lost"] == 0}}
-    if lower_bounds:
-        out["reachable_here"] = {"total_s": lower_bounds["total_s_at_least"] < GOALS["total_s"],
-                                 "median_ms": lower_bounds["median_ms_at_least"] < GOALS["median_ms"]}
-    return out
+def goals(run: WriterFigures, lower_bounds: Floor | None) -> Goals:
+    """Which goals DuckLake's run met, and (from the floor measured alone) whether this machine could meet the
+    time goals at all."""
+    met = {"total_s": run.total_s < GOALS["total_s"], "median_ms": (run.median_ms or 0) < GOALS["median_ms"],
+           "errors": run.errors == 0, "rows_lost": run.rows_lost == 0}
+    reach = None
+    if lower_bounds is not None:
+        reach = {"total_s": lower_bounds.total_s_at_least < GOALS["total_s"],
+                 "median_ms": lower_bounds.median_ms_at_least < GOALS["median_ms"]}
+    return Goals(met, reach)
 
 
 # -- the suite -----------------------------------------------------------------------------------------------
@@ -384,7 +497,7 @@ def bench_concurrency(platform: Platform, state: State, *, workers: int = 3, ops
                       on_step: Callable[[str], None] = lambda _m: None, modes: tuple[str, ...] = MODES,
                       inlining: bool = True, settings: dict[str, Any] | None = None,
                       catalog_settings: dict[str, str] | None = None, calibrate_ops: int = CALIBRATE_OPS,
-                      json_path: Path | None = None, png_path: Path | None = None) -> dict[str, Any]:
+                      json_path: Path | None = None, png_path: Path | None = None) -> ConcurrencyRun:
     """`settings`/`catalog_settings`: see run_ducklake. `calibrate_ops`: inserts of one writer alone, measured
     first, from which the lower bounds of `floor` are computed (0: skip)."""
     if workers < 1 or ops < 1:
@@ -394,7 +507,7 @@ def bench_concurrency(platform: Platform, state: State, *, workers: int = 3, ops
         raise KitError(f"unknown concurrency mode '{unknown[0]}'", f"choose from: {', '.join(MODES)}")
     ep = platform.endpoints()
     load_before = load_average()
-    results: dict[str, Any] = {}
+    results: dict[str, WriterFigures] = {}
     if "file" in modes:
         on_step(f"(a) one DuckDB file, opened per operation: {workers} workers x {ops} inserts")
         state.home.mkdir(parents=True, exist_ok=True)
@@ -403,45 +516,39 @@ def bench_concurrency(platform: Platform, state: State, *, workers: int = 3, ops
         on_step(f"(b) DuckLake, PostgreSQL catalog, one connection per worker: {workers} workers x {ops} inserts")
         results["ducklake"] = run_ducklake(ep, workers, ops, inlining, settings, catalog_settings,
                                            catalog_cpu_reader(state), calibrate_ops=min(calibrate_ops, max(ops, 20)))
-    out: dict[str, Any] = {
-        "suite": "concurrency",
-        "workers": workers,
-        "ops_per_worker": ops,
-        **machine(load_before),
-        "results": results,
-    }
-    if "ducklake" in results:
-        d = results["ducklake"]
-        if d.get("single_writer"):
-            out["floor"] = floor(d["single_writer"], workers, ops, os.cpu_count() or 1)
-        out["goals"] = goals(d, out.get("floor"))
+    out = ConcurrencyRun(workers, ops, Machine.since(load_before), results)
+    d = out.ducklake
+    if d is not None:
+        if d.single_writer is not None:
+            out.floor = floor(d.single_writer, workers, ops, os.cpu_count() or 1)
+        out.goals = goals(d, out.floor)
     write_outputs(out, json_path, png_path, chart_concurrency)
     return out
 
 
-def chart_concurrency(result: dict[str, Any], path: Path) -> None:
+def chart_concurrency(result: ConcurrencyRun, path: Path) -> None:
     """Left: total seconds per mode; right: median and p95 ms per operation (log scales)."""
     import matplotlib  # only with --png: matplotlib takes a while to import
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    res = result["results"]
+    res = result.results
     names = list(res)
-    labels = [f"{m}\n{res[m]['errors']} errors, {res[m]['rows_lost']} lost" for m in names]
+    labels = [f"{m}\n{res[m].errors} errors, {res[m].rows_lost} lost" for m in names]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
-    left.bar(labels, [res[m]["total_s"] for m in names], color=["tab:red", "tab:blue"][: len(names)])
+    left.bar(labels, [res[m].total_s for m in names], color=["tab:red", "tab:blue"][: len(names)])
     left.set_ylabel("total seconds (concurrent part)")
     left.set_yscale("log")
     x = range(len(names))
-    right.bar([i - 0.2 for i in x], [res[m]["median_ms"] or 0 for m in names], 0.4, label="median")
-    right.bar([i + 0.2 for i in x], [res[m]["p95_ms"] or 0 for m in names], 0.4, label="p95")
+    right.bar([i - 0.2 for i in x], [res[m].median_ms or 0 for m in names], 0.4, label="median")
+    right.bar([i + 0.2 for i in x], [res[m].p95_ms or 0 for m in names], 0.4, label="p95")
     right.set_xticks(list(x), labels)
     right.set_ylabel("ms per successful insert")
     right.set_yscale("log")
     right.legend()
-    fig.suptitle(f"bench --suite concurrency: {result['workers']} workers x {result['ops_per_worker']} inserts, "
-                 f"{result['cores']} cores", fontsize=10)
+    fig.suptitle(f"bench --suite concurrency: {result.workers} workers x {result.ops_per_worker} inserts, "
+                 f"{result.machine.cores} cores", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -15,12 +15,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from ducklake_kit.bench.results import BENCH_SCHEMA, load_average, machine
+from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average
 from ducklake_kit.errors import KitError
 from ducklake_kit.platforms.base import Platform
 from ducklake_kit.platforms.state import State
@@ -29,6 +30,44 @@ from ducklake_kit.taxi import spark as spark_mod
 from ducklake_kit.taxi.load import PARTITION_KEYS, build_frame, run_load
 
 ROWS_PER_FILE = 2_500_000  # a TLC month holds about 3M trips: bigger N means more months
+GOAL_RATIO = 0.8  # DuckLake's rows/s at least 80% of plain Parquet's
+
+
+@dataclass
+class PathFigures:
+    """One write path: time, rate, and the driver's peak memory (Python; the JVM, which hosts the executors locally)."""
+
+    seconds: float
+    rows_per_s: int
+    driver_python_peak_mib: int
+    driver_jvm_peak_mib: int
+    driver_python_growth_mib: int
+    snapshot_id: int | None = None  # DuckLake: the load's snapshot
+    raw_landing_s: float | None = None  # DuckLake: landing the raw files (part of neither path's time)
+    bytes: int | None = None  # plain Parquet: what Spark wrote
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if v is not None or k in ("snapshot_id", "raw_landing_s")}
+
+
+@dataclass
+class LoadFigures:
+    rows: int
+    files: int
+    machine: Machine
+    ducklake: PathFigures
+    parquet: PathFigures
+    ratio_ducklake_to_parquet: float
+    goal_ratio: float = GOAL_RATIO
+
+    @property
+    def goal_met(self) -> bool:
+        return self.ratio_ducklake_to_parquet >= self.goal_ratio
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"rows": self.rows, "files": self.files, **self.machine.as_dict(), "ducklake": self.ducklake.as_dict(),
+                "parquet": self.parquet.as_dict(), "ratio_ducklake_to_parquet": self.ratio_ducklake_to_parquet,
+                "goal_ratio": self.goal_ratio}
 
 
 class PeakMemory:
@@ -94,7 +133,7 @@ def _plain_parquet(spark, files, zones_path: Path, out: Path) -> None:
     df.write.mode("overwrite").partitionBy("tbl", *PARTITION_KEYS).parquet(str(out))
 
 
-def bench_load(platform: Platform, state: State, rows: int, on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def bench_load(platform: Platform, state: State, rows: int, on_step: Callable[[str], None] = lambda _m: None) -> LoadFigures:
     if rows < 1000:
         raise KitError(f"--rows {rows} is too small to measure", "use --rows 1000000 or more")
     ep = platform.endpoints()
@@ -136,17 +175,13 @@ def bench_load(platform: Platform, state: State, rows: int, on_step: Callable[[s
     finally:
         shutil.rmtree(out, ignore_errors=True)
     lake_rate, parquet_rate = total / lake_s, total / parquet_s
-    return {
-        "rows": total,
-        "files": len(files),
-        **machine(load_before),
-        "ducklake": {"seconds": round(lake_s, 2), "rows_per_s": round(lake_rate), "snapshot_id": result.snapshot_id,
-                     "driver_python_peak_mib": round(lake_mem[0] / 2**20), "driver_jvm_peak_mib": round(lake_mem[1] / 2**20),
-                     "driver_python_growth_mib": round(lake_mem[2] / 2**20),
-                     "raw_landing_s": result.timings.get("raw")},
-        "parquet": {"seconds": round(parquet_s, 2), "rows_per_s": round(parquet_rate), "bytes": parquet_bytes,
-                    "driver_python_peak_mib": round(parquet_mem[0] / 2**20), "driver_jvm_peak_mib": round(parquet_mem[1] / 2**20),
-                    "driver_python_growth_mib": round(parquet_mem[2] / 2**20)},
-        "ratio_ducklake_to_parquet": round(lake_rate / parquet_rate, 3),
-        "goal_ratio": 0.8,
-    }
+    def mib(n: int) -> int:
+        return round(n / 2**20)
+
+    return LoadFigures(
+        rows=total, files=len(files), machine=Machine.since(load_before),
+        ducklake=PathFigures(round(lake_s, 2), round(lake_rate), mib(lake_mem[0]), mib(lake_mem[1]), mib(lake_mem[2]),
+                             snapshot_id=result.snapshot_id, raw_landing_s=result.timings.get("raw")),
+        parquet=PathFigures(round(parquet_s, 2), round(parquet_rate), mib(parquet_mem[0]), mib(parquet_mem[1]), mib(parquet_mem[2]),
+                            bytes=parquet_bytes),
+        ratio_ducklake_to_parquet=round(lake_rate / parquet_rate, 3))

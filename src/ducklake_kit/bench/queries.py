@@ -27,13 +27,14 @@ import shutil
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from ducklake_kit.bench.results import BENCH_SCHEMA, load_average, machine, write_outputs
+from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average, write_outputs
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake.profile import catalog_statements
 from ducklake_kit.lake import Lake
@@ -54,6 +55,75 @@ ENGINE_LABELS = {"ducklake": "DuckDB on DuckLake", "parquet": "DuckDB on Parquet
 _BENCH_TABLES = ("trips", "quarantine", "zones", "load_log")
 _HIVE = "hive_partitioning = true, hive_types = {'pickup_year': INTEGER, 'pickup_month': INTEGER}"
 SETTLE_AFTER_SPARK_S = 0.05
+
+
+@dataclass
+class EngineStats:
+    """One engine's timed runs of one query."""
+
+    median_s: float
+    min_s: float
+    max_s: float
+    rows_per_s: int | None  # rows of the table over the median: a scan rate, comparable across queries
+    runs_s: list[float]
+
+
+@dataclass
+class QueryFigures:
+    name: str
+    file: str
+    result_rows: int
+    engines: dict[str, EngineStats]  # by ENGINES
+    ratio_ducklake_to_parquet: float
+    speedup_vs_spark: float
+    answers_agree: bool
+    differences: dict[str, str] = field(default_factory=dict)  # engine -> the first difference from DuckLake's answer
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "file": self.file, "result_rows": self.result_rows,
+                **{e: asdict(st) for e, st in self.engines.items()},
+                "ratio_ducklake_to_parquet": self.ratio_ducklake_to_parquet, "speedup_vs_spark": self.speedup_vs_spark,
+                "answers_agree": self.answers_agree, "differences": self.differences}
+
+
+@dataclass
+class Totals:
+    """Over all queries: each engine's sum of medians, their ratios (sum over sum), and the goals they meet."""
+
+    total_median_s: dict[str, float]
+    ratio_ducklake_to_parquet: float
+    speedup_vs_spark: float
+    ratio_met: bool
+    speedup_met: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"total_median_s": self.total_median_s, "ratio_ducklake_to_parquet": self.ratio_ducklake_to_parquet,
+                "speedup_vs_spark": self.speedup_vs_spark,
+                "goals": {"ratio_ducklake_to_parquet_max": GOAL_LAKE_TO_PARQUET, "speedup_vs_spark_min": GOAL_SPEEDUP_VS_SPARK,
+                          "ratio_met": self.ratio_met, "speedup_met": self.speedup_met}}
+
+
+@dataclass
+class QueriesRun:
+    rows_requested: int
+    table_rows: int
+    machine: Machine
+    runs: int
+    warmup: int
+    data: dict[str, Any]  # where each engine's rows live: files, row groups, bytes (a description, printed as JSON)
+    queries: list[QueryFigures]
+    totals: Totals
+    fixed_cost: dict[str, Any]  # the probe's times and the catalog statements a query sends (a description)
+
+    @property
+    def answers_agree(self) -> bool:
+        return all(q.answers_agree for q in self.queries)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"suite": "queries", "rows_requested": self.rows_requested, "table_rows": self.table_rows,
+                **self.machine.as_dict(), "runs": self.runs, "warmup": self.warmup, "engines": ENGINE_LABELS,
+                "data": self.data, "queries": [q.as_dict() for q in self.queries], **self.totals.as_dict(),
+                "answers_agree": self.answers_agree, "fixed_cost": self.fixed_cost}
 
 
 def round_order(i: int) -> tuple[str, ...]:
@@ -245,15 +315,28 @@ def fixed_cost(lake_cur: duckdb.DuckDBPyConnection, parquet_cur: duckdb.DuckDBPy
 # -- running ------------------------------------------------------------------------------------------------
 
 
-def _stats(seconds: list[float], table_rows: int) -> dict[str, Any]:
+def _stats(seconds: list[float], table_rows: int) -> EngineStats:
     med = statistics.median(seconds)
-    return {"median_s": round(med, 4), "min_s": round(min(seconds), 4), "max_s": round(max(seconds), 4),
-            "rows_per_s": round(table_rows / med) if med else None, "runs_s": [round(s, 4) for s in seconds]}
+    return EngineStats(round(med, 4), round(min(seconds), 4), round(max(seconds), 4),
+                       round(table_rows / med) if med else None, [round(s, 4) for s in seconds])
+
+
+def ratios(ducklake_s: float, parquet_s: float, spark_s: float) -> dict[str, float]:
+    """DuckLake's time over plain Parquet's on the same files (1.0: no overhead), and Spark's over DuckLake's."""
+    return {"ratio_ducklake_to_parquet": round(ducklake_s / parquet_s, 3), "speedup_vs_spark": round(spark_s / ducklake_s, 1)}
+
+
+def totals(entries: list[QueryFigures]) -> Totals:
+    """Over all queries: each engine's sum of medians, their ratios (sum over sum) and the goals they meet."""
+    total = {e: round(sum(q.engines[e].median_s for q in entries), 4) for e in ENGINES}
+    r = ratios(total["ducklake"], total["parquet"], total["spark"])
+    return Totals(total, r["ratio_ducklake_to_parquet"], r["speedup_vs_spark"],
+                  r["ratio_ducklake_to_parquet"] <= GOAL_LAKE_TO_PARQUET, r["speedup_vs_spark"] >= GOAL_SPEEDUP_VS_SPARK)
 
 
 def bench_queries(platform: Platform, state: State, *, rows: int, runs: int = 5, warmup: int = 1,
                   on_step: Callable[[str], None] = lambda _m: None, json_path: Path | None = None,
-                  png_path: Path | None = None, names: list[str] | None = None) -> dict[str, Any]:
+                  png_path: Path | None = None, names: list[str] | None = None) -> QueriesRun:
     """Run the benchmark queries on the three engines; figures per query and in total, answers checked."""
     if rows < 1000:
         raise KitError(f"--rows {rows} is too small to measure", "use --rows 1000000 or more")
@@ -313,37 +396,14 @@ def bench_queries(platform: Platform, state: State, *, rows: int, runs: int = 5,
                     if engine == "spark":
                         time.sleep(SETTLE_AFTER_SPARK_S)  # the JVM finishes its own work, off the DuckDB clocks
             diffs = {e: compare(answers["ducklake"], answers[e]) for e in ("parquet", "spark")}
-            entry: dict[str, Any] = {"name": q.name, "file": q.path.name, "result_rows": len(answers["ducklake"])}
-            entry.update({e: _stats(times[e], table_rows) for e in ENGINES})
-            entry["ratio_ducklake_to_parquet"] = round(entry["ducklake"]["median_s"] / entry["parquet"]["median_s"], 3)
-            entry["speedup_vs_spark"] = round(entry["spark"]["median_s"] / entry["ducklake"]["median_s"], 1)
-            entry["answers_agree"] = not any(diffs.values())
-            entry["differences"] = {e: d for e, d in diffs.items() if d}
-            results.append(entry)
+            stats = {e: _stats(times[e], table_rows) for e in ENGINES}
+            r = ratios(stats["ducklake"].median_s, stats["parquet"].median_s, stats["spark"].median_s)
+            results.append(QueryFigures(q.name, q.path.name, len(answers["ducklake"]), stats, r["ratio_ducklake_to_parquet"],
+                                        r["speedup_vs_spark"], not any(diffs.values()), {e: d for e, d in diffs.items() if d}))
         on_lake.close()
         on_parquet.close()
 
-    totals = {e: round(sum(r[e]["median_s"] for r in results), 4) for e in ENGINES}
-    ratio = round(totals["ducklake"] / totals["parquet"], 3)
-    speedup = round(totals["spark"] / totals["ducklake"], 1)
-    out = {
-        "suite": "queries",
-        "rows_requested": rows,
-        "table_rows": table_rows,
-        **machine(load_before),
-        "runs": runs,
-        "warmup": warmup,
-        "engines": ENGINE_LABELS,
-        "data": data,
-        "queries": results,
-        "total_median_s": totals,
-        "ratio_ducklake_to_parquet": ratio,  # sum of medians / sum of medians
-        "speedup_vs_spark": speedup,
-        "goals": {"ratio_ducklake_to_parquet_max": GOAL_LAKE_TO_PARQUET, "speedup_vs_spark_min": GOAL_SPEEDUP_VS_SPARK,
-                  "ratio_met": ratio <= GOAL_LAKE_TO_PARQUET, "speedup_met": speedup >= GOAL_SPEEDUP_VS_SPARK},
-        "answers_agree": all(r["answers_agree"] for r in results),
-        "fixed_cost": fixed,
-    }
+    out = QueriesRun(rows, table_rows, Machine.since(load_before), runs, warmup, data, results, totals(results), fixed)
     write_outputs(out, json_path, png_path, chart_queries)
     return out
 
@@ -351,25 +411,26 @@ def bench_queries(platform: Platform, state: State, *, rows: int, runs: int = 5,
 # -- output -------------------------------------------------------------------------------------------------
 
 
-def chart_queries(result: dict[str, Any], path: Path) -> None:
+def chart_queries(result: QueriesRun, path: Path) -> None:
     """Grouped bars: median seconds per query and engine (log scale, min..max as error bars)."""
     import matplotlib  # only with --png: matplotlib takes a while to import
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    qs = result["queries"]
+    qs = result.queries
     fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(qs)), 5))
     width = 0.27
     for i, engine in enumerate(ENGINES):
-        med = [q[engine]["median_s"] for q in qs]
-        err = [[m - q[engine]["min_s"] for m, q in zip(med, qs)], [q[engine]["max_s"] - m for m, q in zip(med, qs)]]
+        med = [q.engines[engine].median_s for q in qs]
+        err = [[m - q.engines[engine].min_s for m, q in zip(med, qs)], [q.engines[engine].max_s - m for m, q in zip(med, qs)]]
         ax.bar([x + (i - 1) * width for x in range(len(qs))], med, width, yerr=err, capsize=2, label=ENGINE_LABELS[engine])
-    ax.set_xticks(range(len(qs)), [q["name"] for q in qs], fontsize=7, rotation=25, ha="right")
+    ax.set_xticks(range(len(qs)), [q.name for q in qs], fontsize=7, rotation=25, ha="right")
     ax.set_yscale("log")
     ax.set_ylabel("median seconds (log scale; bars: min..max)")
-    ax.set_title(f"bench --suite queries: {result['table_rows']:,} rows, {result['cores']} cores, {result['runs']} runs; "
-                 f"DuckLake/Parquet {result['ratio_ducklake_to_parquet']}, Spark/DuckLake {result['speedup_vs_spark']}x", fontsize=9)
+    ax.set_title(f"bench --suite queries: {result.table_rows:,} rows, {result.machine.cores} cores, {result.runs} runs; "
+                 f"DuckLake/Parquet {result.totals.ratio_ducklake_to_parquet}, Spark/DuckLake {result.totals.speedup_vs_spark}x",
+                 fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,21 +17,31 @@ def load_average() -> tuple[float, float, float]:
     return os.getloadavg()
 
 
-def machine(load_before: tuple[float, float, float]) -> dict[str, Any]:
-    """The header of a result: cores and the load average (1, 5, 15 min) before the run and now."""
-    return {
-        "cores": os.cpu_count(),
-        "load_average_before": [round(x, 2) for x in load_before],
-        "load_average_after": [round(x, 2) for x in os.getloadavg()],
-    }
+@dataclass(frozen=True)
+class Machine:
+    """The header of every result: cores, and the load average (1, 5, 15 min) before the run and after it."""
+
+    cores: int | None
+    load_average_before: list[float]
+    load_average_after: list[float]
+
+    @classmethod
+    def since(cls, load_before: tuple[float, float, float]) -> Machine:
+        return cls(os.cpu_count(), [round(x, 2) for x in load_before], [round(x, 2) for x in os.getloadavg()])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"cores": self.cores, "load_average_before": self.load_average_before,
+                "load_average_after": self.load_average_after}
 
 
-def write_outputs(result: dict[str, Any], json_path: Path | None, png_path: Path | None,
-                  chart: Callable[[dict[str, Any], Path], None] | None = None) -> None:
-    """The result as JSON to `json_path` and, with a chart function, a PNG to `png_path` (folders created)."""
+def write_outputs(result: Any, json_path: Path | None, png_path: Path | None,
+                  chart: Callable[[Any, Path], None] | None = None) -> None:
+    """The result (a dict, or a dataclass with `as_dict()`) as JSON to `json_path` and, with a chart function, a
+    PNG to `png_path` (folders created)."""
     if json_path:
+        doc = result.as_dict() if hasattr(result, "as_dict") else result
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(result, indent=2, default=str))
+        Path(json_path).write_text(json.dumps(doc, indent=2, default=str))
     if png_path and chart is not None:
         Path(png_path).parent.mkdir(parents=True, exist_ok=True)
         chart(result, Path(png_path))

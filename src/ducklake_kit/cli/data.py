@@ -10,8 +10,7 @@ from ducklake_kit.checks import CheckRun
 from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
 from ducklake_kit.cli.output import console, print_checks, print_json, render_checks, render_statement, table
 from ducklake_kit.errors import EXIT_CHECK_FAILED
-from ducklake_kit.lake import Lake
-from ducklake_kit.lake.expect import expect_value
+from ducklake_kit.lake.expect import run_sql
 from ducklake_kit.lessons import LESSON_ROWS_PER_MONTH
 from ducklake_kit.taxi import sources
 
@@ -27,21 +26,19 @@ def sql(
 ) -> None:
     """Run SQL against the lake; rows for every statement that returns them, real affected-row counts."""
     c: Ctx = ctx.obj
-    with Lake(c.platform().endpoints()) as lake:
-        results = lake.run(query)
-        info = lake.catalog_info(c.platform_name)
-    check = expect_value(results[-1], expect).as_dict() if expect is not None else None
+    run = run_sql(c.platform().endpoints(), c.platform_name, query, expect)
+    check = run.expectation
     if as_json:
-        body: dict[str, Any] = {"statements": [r.as_dict() for r in results]}
+        body: dict[str, Any] = {"statements": [r.as_dict() for r in run.results]}
         if check:
-            body["expect"] = check
-        print_json("ok" if not check or check["passed"] else "error", body, info)
+            body["expect"] = check.as_dict()
+        print_json("ok" if run.ok else "error", body, run.catalog_info)
     else:
-        for r in results:
+        for r in run.results:
             console().print(render_statement(r))
         if check:
-            typer.echo(f"{'ok' if check['passed'] else 'FAIL'}: expected {check['expected']}, got {check['actual']}")
-    if check and not check["passed"]:
+            typer.echo(f"{'ok' if check.passed else 'FAIL'}: expected {check.expected}, got {check.actual}")
+    if not run.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
 
@@ -99,13 +96,7 @@ def query(
     from ducklake_kit.lessons import queries as q  # lessons load only for the command that runs them (start-up)
 
     c: Ctx = ctx.obj
-    run = CheckRun()
-    with Lake(c.platform().endpoints()) as lake:
-        if check:
-            answers = q.check_queries(lake, run, names or None)
-        else:
-            answers = {n: q.run_query(lake, n) for n in (names or [x.name for x in q.list_queries()])}
-        info = lake.catalog_info(c.platform_name)
+    answers, run, info = q.run_queries(c.platform().endpoints(), c.platform_name, names or None, check=check)
     if as_json:
         print_json("ok" if run.ok else "error", {"queries": q.answers_as_dict(answers), **run.as_dict()}, info)
     else:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ducklake_kit.lake.connection import StatementResult
+from ducklake_kit.lake.connection import Lake, StatementResult
+from ducklake_kit.platforms.base import Endpoints
 
 
 @dataclass(frozen=True)
@@ -35,3 +36,24 @@ def expect_value(result: StatementResult, expected: str) -> Expectation:
     else:
         actual = f"{len(result.rows)} rows x {len(result.columns)} columns (--expect needs exactly one value)"
     return Expectation(expected, actual, actual == expected)
+
+
+@dataclass
+class SqlRun:
+    """What `sql` ran: every statement's result, the lake afterwards, and the expectation's verdict if one was given."""
+
+    results: list[StatementResult]
+    catalog_info: dict[str, Any]
+    expectation: Expectation | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.expectation is None or self.expectation.passed
+
+
+def run_sql(endpoints: Endpoints, platform_name: str, text: str, expect: str | None = None) -> SqlRun:
+    """Run one or more statements against the lake; with `expect`, compare the last statement's answer with it."""
+    with Lake(endpoints) as lake:
+        results = lake.run(text)
+        info = lake.catalog_info(platform_name)
+    return SqlRun(results, info, expect_value(results[-1], expect) if expect is not None else None)

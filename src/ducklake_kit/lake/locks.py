@@ -24,7 +24,9 @@ def lock_key(name: str) -> int:
 @contextmanager
 def advisory_lock(ep: Endpoints, key: int, *, timeout_s: int, busy: KitError) -> Iterator[None]:
     """Hold advisory lock `key` for the `with` block, waiting at most `timeout_s` seconds; `busy` is raised when
-    it could not be had in time."""
+    it could not be had in time. (PostgreSQL reads a lock_timeout of 0 as "wait forever": refused here.)"""
+    if timeout_s <= 0:
+        raise ValueError(f"timeout_s must be positive, not {timeout_s}")
     conn = postgres.connect(ep.pg, timeout=10)
     try:
         conn.execute(f"SET lock_timeout = '{int(timeout_s)}s'")

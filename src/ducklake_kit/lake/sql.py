@@ -9,6 +9,8 @@ from typing import Any
 
 import duckdb
 
+from ducklake_kit.errors import KitError
+
 
 def quote_literal(value: Any) -> str:
     """A SQL string literal: 'it''s'."""
@@ -26,9 +28,12 @@ def qualified(*parts: str) -> str:
 
 
 def split_name(name: str, default_schema: str = "main") -> tuple[str, str]:
-    """'timetravel.trips' -> ('timetravel', 'trips'); 'trips' -> ('main', 'trips')."""
-    schema_name, dot, table = name.rpartition(".")
-    return (schema_name if dot else default_schema), table
+    """'timetravel.trips' -> ('timetravel', 'trips'); 'trips' -> ('main', 'trips'). Plain names only: a table of
+    the lake is named `table` or `schema.table` (no catalog prefix, no quotes)."""
+    parts = name.split(".")
+    if len(parts) > 2 or not all(parts) or any('"' in p for p in parts):
+        raise KitError(f"'{name}' is not a table name of the lake", "name it as table or schema.table, e.g. timetravel.trips")
+    return (parts[0], parts[1]) if len(parts) == 2 else (default_schema, parts[0])
 
 
 def table_exists(con: duckdb.DuckDBPyConnection, database: str, schema_name: str, table: str) -> bool:

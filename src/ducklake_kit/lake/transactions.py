@@ -1,12 +1,18 @@
 """One transaction with a commit message: the statements, `ducklake_set_commit_message`, COMMIT, and the id of
-the snapshot this connection committed (`last_committed_snapshot()`, not the lake's latest: another writer may
-commit in between, and its snapshot is not ours).
+the snapshot THIS transaction made.
+
+That id is not the lake's latest snapshot (another writer may commit right after us), nor simply DuckLake's
+`last_committed_snapshot()`: that is kept per DuckDB instance, so a cursor of the same `Lake` committing on
+another thread can move it. Each commit therefore carries a token of its own in the snapshot's
+`commit_extra_info`, and the snapshot is the one that holds it.
 
 A failed statement or a failed COMMIT rolls back and raises; nothing here is ever re-run, since a COMMIT that
 failed may still have reached the catalog."""
 
 from __future__ import annotations
 
+import json
+import uuid
 from dataclasses import dataclass, field
 
 import duckdb
@@ -30,22 +36,37 @@ class Commit:
 
 
 def last_committed_snapshot(lake: Lake) -> int | None:
-    """The snapshot the last transaction of this connection committed (None before any)."""
+    """The snapshot the last transaction of this DuckDB instance committed (None before any)."""
     row = lake.con.execute(f"SELECT * FROM {quote_ident(lake.alias)}.last_committed_snapshot()").fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
+def snapshot_with_token(lake: Lake, token: str, hint: int | None = None) -> int | None:
+    """The snapshot whose commit_extra_info carries `token`: `hint` first (one catalog row), else a search."""
+    extra = json.dumps({"commit": token})
+    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
+    if hint is not None:
+        row = lake.con.execute(f"SELECT commit_extra_info FROM {meta}.ducklake_snapshot_changes WHERE snapshot_id = ?",
+                               [hint]).fetchone()
+        if row and row[0] == extra:
+            return hint
+    row = lake.con.execute(f"SELECT max(snapshot_id) FROM {meta}.ducklake_snapshot_changes WHERE commit_extra_info = ?",
+                           [extra]).fetchone()
     return int(row[0]) if row and row[0] is not None else None
 
 
 def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTHOR) -> Commit:
     """Run `sql` (one text of one or more statements, or a list of texts) in ONE transaction with `message`
     as its commit message: one snapshot, or nothing when anything fails."""
-    before = last_committed_snapshot(lake)
+    token = uuid.uuid4().hex
     con = lake.con
     con.execute("BEGIN TRANSACTION")
     try:
         results: list[StatementResult] = []
         for text in [sql] if isinstance(sql, str) else sql:
             results.extend(lake.run(text))
-        con.execute("CALL ducklake_set_commit_message(?, ?, ?)", [lake.alias, author, message])
+        con.execute("CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)",
+                    [lake.alias, author, message, json.dumps({"commit": token})])
         con.execute("COMMIT")
     except BaseException:
         try:
@@ -53,5 +74,4 @@ def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTH
         except duckdb.Error:
             pass  # a failed COMMIT has already ended the transaction; the original error is the one to report
         raise
-    after = last_committed_snapshot(lake)
-    return Commit(after if after != before else None, message, results)
+    return Commit(snapshot_with_token(lake, token, last_committed_snapshot(lake)), message, results)

@@ -72,10 +72,10 @@ def run_all(platform: Platform, state: State, checks: CheckRun, *, source: str =
         with checks.stage("bench"):
             on_step("a short benchmark: 3 writers x 100 inserts into DuckLake and into one DuckDB file")
             figures = bench_concurrency.bench_concurrency(platform, state, workers=3, ops=100, on_step=on_step)
-            lake_side = figures["results"]["ducklake"]
-            checks.equal("bench: DuckLake lost no rows (3 x 100 inserts)", lake_side["rows_lost"], 0)
-            checks.equal("bench: DuckLake reported no errors", lake_side["errors"], 0)
-            result["bench"] = figures
+            lake_side = figures.results["ducklake"]
+            checks.equal("bench: DuckLake lost no rows (3 x 100 inserts)", lake_side.rows_lost, 0)
+            checks.equal("bench: DuckLake reported no errors", lake_side.errors, 0)
+            result["bench"] = figures.as_dict()
 
     with Lake(platform.endpoints()) as lake:
         result["catalog_info"] = lake.catalog_info(platform.name)  # after everything, not before

@@ -34,7 +34,8 @@ def run(platform: Platform, checks: CheckRun) -> dict[str, Any]:
 
     snapshots: list[int] = []
     with checks.step("create + 2 inserts"), Lake(ep) as lake:
-        lake.run(f"DROP TABLE IF EXISTS {TABLE}; CREATE TABLE {TABLE} (id BIGINT, amount BIGINT)")
+        # kit_smoke: this table's name before 2026-11 (one name for the foundation everywhere); dropped so it is not left over
+        lake.run(f"DROP TABLE IF EXISTS kit_smoke; DROP TABLE IF EXISTS {TABLE}; CREATE TABLE {TABLE} (id BIGINT, amount BIGINT)")
         created_at = lake.current_snapshot()
         for lo, hi in BATCHES:
             (res,) = lake.run(f"INSERT INTO {TABLE} SELECT i, (i * 7) % 1000 FROM range({lo}, {hi}) r(i)")

@@ -30,6 +30,7 @@ from ducklake_kit.checks import CheckRun
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import table_exists
+from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.platforms.state import project_root
 from ducklake_kit.taxi.reference import NEEDED_COLUMNS, reference_connection, source_select
 
@@ -197,6 +198,20 @@ def check_queries(lake: Lake, checks: CheckRun, names: list[str] | None = None) 
     finally:
         ref.close()
     return answers
+
+
+def run_queries(endpoints: Endpoints, platform_name: str, names: list[str] | None = None, *, check: bool = True
+                ) -> tuple[dict[str, tuple[list[str], list[tuple], float]], CheckRun, dict[str, Any]]:
+    """`query`: run the named queries (all by default), each checked against the source files unless `check` is
+    off: (answers by name, the checks, the lake's catalog_info afterwards)."""
+    run = CheckRun()
+    with Lake(endpoints) as lake:
+        if check:
+            answers = check_queries(lake, run, names)
+        else:
+            answers = {n: run_query(lake, n) for n in (names or [x.name for x in list_queries()])}
+        info = lake.catalog_info(platform_name)
+    return answers, run, info
 
 
 def answers_as_dict(answers: dict[str, tuple[list[str], list[tuple], float]]) -> dict[str, Any]:

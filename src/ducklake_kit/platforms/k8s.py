@@ -1,7 +1,7 @@
 """Names and ports of the Kubernetes (k3d) platform: the one place the harness and the manifests agree on.
 
 The manifests under databases/ and overlays/ spell these names as literals (Kustomize has no variables);
-tests/test_manifests.py renders them and fails if a name or port here and there disagree. Pure constants:
+tests/platforms/test_manifests.py renders them and fails if a name or port here and there disagree. Pure constants:
 no kubectl calls in this module.
 """
 

@@ -13,7 +13,6 @@ import psycopg
 
 from ducklake_kit.errors import KitError
 from ducklake_kit.platforms.base import PgEndpoint
-from ducklake_kit.platforms.procs import _demote
 
 RUN_AS_WHEN_ROOT = "ducklake"  # PostgreSQL refuses to run as root; the kit runs it as this system user
 
@@ -79,6 +78,7 @@ def initdb(bin_dir: Path, data: Path, user: str, password: str, log_file: Path) 
         _check_reachable(data.parent, run_as)
         for p in (data.parent, data, pwfile):
             os.chown(p, entry.pw_uid, entry.pw_gid)
+    from ducklake_kit.platforms.procs import _demote  # procs imports psutil: only when a catalog is initialised
 
     try:
         result = subprocess.run(

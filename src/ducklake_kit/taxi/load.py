@@ -28,6 +28,7 @@ from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, load_statements, secret_statements
 from ducklake_kit.lake.locks import advisory_lock, lock_key
 from ducklake_kit.lake.sql import table_exists, tables
+from ducklake_kit.lake.transactions import last_committed_snapshot
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.taxi import schema
 from ducklake_kit.taxi import spark as spark_mod
@@ -293,7 +294,9 @@ def run_load(
             _commit(lake, ep, todo, superseded, mode, schema_name, by_table, written, zones_path, landed, load_id, started,
                     result, fault)
         result.timings["commit"] = round(time.perf_counter() - t, 2)
-        result.snapshot_id = lake.current_snapshot()
+        # the snapshot this load committed, not the lake's latest (another writer may have committed since);
+        # this Lake's connection has no cursors on other threads, so its instance's last commit is ours
+        result.snapshot_id = last_committed_snapshot(lake)
     return result
 
 
@@ -337,8 +340,8 @@ def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[
             con.execute(f"INSERT INTO {q}.{LOAD_LOG} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, to_timestamp(?)::TIMESTAMP, ?)",
                         [load_id, f.kind, f.path.name, fr.raw_uri, f.sha256, f.period, mode, fr.rows_read,
                          fr.rows_accepted, fr.rows_rejected, fr.data_files, started, round(time.time() - started, 3)])
-        con.execute(f"CALL ducklake_set_commit_message('{lake.alias}', 'ducklake-kit', ?)",
-                    [f"load {load_id}: {len(todo)} file(s), mode {mode}"])
+        con.execute("CALL ducklake_set_commit_message(?, 'ducklake-kit', ?)",
+                    [lake.alias, f"load {load_id}: {len(todo)} file(s), mode {mode}"])
         if fault == "kill-before-commit":
             os.kill(os.getpid(), signal.SIGKILL)
         try:

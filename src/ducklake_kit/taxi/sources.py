@@ -17,7 +17,6 @@ from pathlib import Path
 
 
 from ducklake_kit.errors import KitError
-from ducklake_kit.taxi import schema
 
 TLC_BASE_URL = "https://d37ci6vzurychx.cloudfront.net"
 SOURCES = ("auto", "tlc", "synthetic", "files")
@@ -107,6 +106,8 @@ def columns_of(path: Path) -> list[str]:
 
 def describe_file(path: Path, kind: str) -> SourceFile:
     """Checked before anything is landed or loaded: a readable footer and a known schema."""
+    from ducklake_kit.taxi import schema  # pyarrow: only when a file is checked (start-up of `up`, `sql`, `status`)
+
     year, month = period_from_name(path.name)
     rows = parquet_rows(path) if path.suffix.lower() == ".parquet" else None
     schema.detect_variant(columns_of(path), source=path.name)  # one clear error for an unknown schema

@@ -1,0 +1,22 @@
+"""Start-up: the commands that only talk to the services (`--help`, `up`, `status`, `sql`, `doctor`) do not load
+Spark, pyarrow, pandas, psutil or matplotlib; those load with the commands that use them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("pyspark", "pyarrow", "pandas", "psutil", "matplotlib")
+
+
+def test_the_cli_imports_nothing_heavy():
+    probe = ("import sys; import ducklake_kit.cli; "
+             f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""
+
+
+def test_the_probe_sees_a_heavy_import():  # the check above can fail: importing a lesson pulls pyarrow in
+    probe = "import sys; import ducklake_kit.lessons.queries, ducklake_kit.taxi.synthetic; print('pyarrow' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "True"
