@@ -55,6 +55,15 @@ def snapshot_with_token(lake: Lake, token: str, hint: int | None = None) -> int 
     return int(row[0]) if row and row[0] is not None else None
 
 
+def rollback_quietly(con: duckdb.DuckDBPyConnection) -> None:
+    """ROLLBACK after a failure; a failed COMMIT has already ended the transaction, and the original error is the
+    one to report, so a ROLLBACK that fails too is ignored."""
+    try:
+        con.execute("ROLLBACK")
+    except duckdb.Error:
+        pass
+
+
 def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTHOR) -> Commit:
     """Run `sql` (one text of one or more statements, or a list of texts) in ONE transaction with `message`
     as its commit message: one snapshot, or nothing when anything fails."""
@@ -69,9 +78,6 @@ def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTH
                     [lake.alias, author, message, json.dumps({"commit": token})])
         con.execute("COMMIT")
     except BaseException:
-        try:
-            con.execute("ROLLBACK")
-        except duckdb.Error:
-            pass  # a failed COMMIT has already ended the transaction; the original error is the one to report
+        rollback_quietly(con)
         raise
     return Commit(snapshot_with_token(lake, token, last_committed_snapshot(lake)), message, results)

@@ -28,7 +28,7 @@ from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, load_statements, secret_statements
 from ducklake_kit.lake.locks import advisory_lock, lock_key
 from ducklake_kit.lake.sql import table_exists, tables
-from ducklake_kit.lake.transactions import last_committed_snapshot
+from ducklake_kit.lake.transactions import last_committed_snapshot, rollback_quietly
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.taxi import schema
 from ducklake_kit.taxi import spark as spark_mod
@@ -350,10 +350,7 @@ def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[
             raise KitError(f"the commit failed, nothing was registered and the lake is unchanged ({first_line(exc)})",
                            "run the load again: it skips what is already there") from None
     except BaseException:
-        try:
-            con.execute("ROLLBACK")
-        except duckdb.Error:
-            pass  # a failed COMMIT has already ended the transaction; the original error is the one to report
+        rollback_quietly(con)
         raise
 
 
