@@ -38,6 +38,7 @@ from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average, writ
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake.profile import catalog_statements
 from ducklake_kit.lake import Lake
+from ducklake_kit.lake.sql import quote_literal, table_exists
 from ducklake_kit.lessons import queries as queries_mod
 from ducklake_kit.platforms import s3
 from ducklake_kit.taxi import sources
@@ -191,9 +192,7 @@ def compare(expected: list[tuple], actual: list[tuple]) -> str | None:
 
 
 def _bench_shas(lake: Lake) -> set[str]:
-    exists = lake.scalar("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? AND table_name = 'load_log'",
-                         [lake.alias, BENCH_SCHEMA])
-    if not exists:
+    if not table_exists(lake.con, lake.alias, BENCH_SCHEMA, "load_log"):
         return set()
     return {r[0] for r in lake.con.execute(f"SELECT sha256 FROM {lake.alias}.{BENCH_SCHEMA}.load_log").fetchall()}
 
@@ -286,7 +285,7 @@ def layout(con: duckdb.DuckDBPyConnection, files: list[str] | str) -> dict[str, 
 
 
 def _sql_list(values: list[str]) -> str:
-    return "[" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + "]"
+    return "[" + ", ".join(quote_literal(v) for v in values) + "]"
 
 
 def fixed_cost(lake_cur: duckdb.DuckDBPyConnection, parquet_cur: duckdb.DuckDBPyConnection, runs: int,
