@@ -20,6 +20,7 @@ from ducklake_kit.cli import app
 from ducklake_kit.platforms.local import LocalPlatform
 from ducklake_kit.platforms.procs import free_port
 from ducklake_kit.platforms.state import State
+from ducklake_kit.workers import plane
 
 BACKEND = os.environ.get("DUCKLAKE_TEST_BACKEND", "local")
 # `all` loads three synthetic months; small ones keep the suite quick on 2 cores
@@ -45,14 +46,20 @@ class LocalStack:
         self.pg_port, self.s3_port = free_port(), free_port()
         self.state = State(self.home)
         self.platform = LocalPlatform(self.state, pg_port=self.pg_port, s3_port=self.s3_port)
+        # the worker plane's ports, saved so that library calls and CLI runs find the same ones
+        self.scheduler_port, self.dashboard_port = free_port(), free_port()
+        self.state.save_settings(scheduler_port=self.scheduler_port, dashboard_port=self.dashboard_port)
         self.env = {
             "DUCKLAKE_PLATFORM": "local",
             "DUCKLAKE_HOME": str(self.home),
             "DUCKLAKE_PG_PORT": str(self.pg_port),
             "DUCKLAKE_S3_PORT": str(self.s3_port),
+            "DUCKLAKE_SCHEDULER_PORT": str(self.scheduler_port),
+            "DUCKLAKE_DASHBOARD_PORT": str(self.dashboard_port),
         }
 
     def close(self) -> None:
+        plane.down(self.state)  # a test or a lab may have started the worker plane (`up`)
         self.platform.down()
         shutil.rmtree(self.home, ignore_errors=True)
 
@@ -98,6 +105,7 @@ class ContainerStack:
         self.platform.up()
 
     def close(self) -> None:
+        plane.down(self.state)
         self.pg.stop()
         self.s3.stop()
         shutil.rmtree(self.home, ignore_errors=True)

@@ -1,12 +1,12 @@
-"""Start-up: the commands that only talk to the services (`--help`, `up`, `status`, `sql`, `doctor`) do not load
-Spark, pyarrow, pandas, psutil or matplotlib; those load with the commands that use them."""
+"""Start-up: importing the CLI (what `--help` and every command pay) loads no Spark, pyarrow, pandas, psutil,
+matplotlib or Dask; those load with the commands that use them (`up` and `status` load Dask for the workers)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-HEAVY = ("pyspark", "pyarrow", "pandas", "psutil", "matplotlib")
+HEAVY = ("pyspark", "pyarrow", "pandas", "psutil", "matplotlib", "distributed")
 
 
 def test_the_cli_imports_nothing_heavy():

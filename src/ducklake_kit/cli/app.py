@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ducklake_kit.cli import core, data, bench  # noqa: F401,I001  (each registers its commands on `app`, in this order)
+from ducklake_kit.cli import core, workers, data, bench  # noqa: F401,I001  (each registers its commands on `app`, in this order)
 from ducklake_kit.cli.common import Ctx, app
 from ducklake_kit.platforms import PLATFORMS
 from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT, K3D_PG_PORT, K3D_S3_PORT
@@ -24,10 +24,13 @@ def main_options(
     home: Annotated[Optional[Path], typer.Option(envvar="DUCKLAKE_HOME", help="State folder (data, logs, credentials). Default: ./.ducklake")] = None,
     pg_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_PG_PORT", help=f"Local PostgreSQL port (default {DEFAULT_PG_PORT}; k3d: {K3D_PG_PORT}, the port-forward).")] = None,
     s3_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_S3_PORT", help=f"Local S3 port (default {DEFAULT_S3_PORT}; k3d: {K3D_S3_PORT}, the port-forward).")] = None,
+    scheduler: Annotated[Optional[str], typer.Option(envvar="DUCKLAKE_SCHEDULER", help="A running Dask scheduler (tcp://host:port) to use as the worker plane instead of starting one.")] = None,
 ) -> None:
     if platform not in PLATFORMS:
         raise typer.BadParameter(f"choose one of {', '.join(PLATFORMS)}", param_hint="--platform")
-    ctx.obj = Ctx(platform, home, pg_port, s3_port)
+    if scheduler is not None and not scheduler.startswith(("tcp://", "tls://")):
+        raise typer.BadParameter("give the scheduler's address as tcp://host:port", param_hint="--scheduler")
+    ctx.obj = Ctx(platform, home, pg_port, s3_port, scheduler)
 
 
 def main() -> None:

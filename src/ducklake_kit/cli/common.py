@@ -30,9 +30,11 @@ JsonOpt = Annotated[bool, typer.Option("--json", help='Print {"status", "result"
 
 
 class Ctx:
-    def __init__(self, platform: str, home: Path | None, pg_port: int | None, s3_port: int | None):
+    def __init__(self, platform: str, home: Path | None, pg_port: int | None, s3_port: int | None,
+                 scheduler: str | None = None):
         self.platform_name = platform
         self.state = State(home)
+        self.scheduler = scheduler  # a user's Dask scheduler (tcp://host:port); None: the kit's own worker plane
         self.options = {"pg_port": pg_port, "s3_port": s3_port} if platform in ("local", "k3d") else {}
 
     def platform(self):

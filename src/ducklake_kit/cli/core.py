@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import subprocess
-from typing import Annotated, Any
+from typing import Annotated, Any, Optional
 
 import typer
 
 from ducklake_kit.cli.common import Ctx, JsonOpt, app, command
 from ducklake_kit.cli.output import console, print_json, table
+from ducklake_kit.cli.workers import print_plane
 from ducklake_kit.errors import EXIT_CHECK_FAILED, EXIT_ERROR, KitError
 from ducklake_kit.lake import connect as connect_mod
 from ducklake_kit.platforms import doctor as doctor_mod
@@ -50,23 +51,37 @@ def doctor(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         raise typer.Exit(EXIT_ERROR)
 
 
+WorkersOpt = Annotated[Optional[int], typer.Option(
+    "--workers", min=0, help="DuckDB workers on Dask to run (default 2, or as many as the last `up`); 0: no worker plane.")]
+
+
 @app.command()
 @command
-def up(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Start the catalog (PostgreSQL) and the S3 store, create the catalog database and buckets. Idempotent."""
-    platform = ctx.obj.platform()
+def up(ctx: typer.Context, workers: WorkersOpt = None, as_json: JsonOpt = False) -> None:
+    """Start the catalog (PostgreSQL) and the S3 store, create the catalog database and buckets, then the worker
+    plane (a Dask scheduler and N DuckDB workers, each with the lake attached). Idempotent."""
+    from ducklake_kit.workers import plane as plane_mod  # Dask loads only with the commands that use it
+
+    c: Ctx = ctx.obj
+    platform = c.platform()
     statuses = platform.up()
+    plane = plane_mod.up(c.state, platform.endpoints(), workers, c.scheduler)
     if as_json:
-        print_json("ok", {"services": [vars(s) for s in statuses]})
+        print_json("ok", {"services": [vars(s) for s in statuses], "worker_plane": plane.as_dict()})
     else:
         console().print(_services_table(statuses))
+        print_plane(plane)
 
 
 @app.command()
 @command
 def down(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Stop the services the kit started. Data stays (see `reset`)."""
-    msgs = ctx.obj.platform().down()
+    """Stop the worker plane and the services the kit started. Data stays (see `reset`)."""
+    from ducklake_kit.workers import plane as plane_mod
+
+    c: Ctx = ctx.obj
+    msgs = [] if c.scheduler else plane_mod.down(c.state)  # a user's Dask cluster is theirs to stop
+    msgs += c.platform().down()
     if as_json:
         print_json("ok", {"stopped": msgs})
     else:
@@ -77,13 +92,24 @@ def down(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 @app.command()
 @command
 def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Show each service's health (a real round trip), port, pid and data size. Exit 1 when one is down."""
-    statuses = ctx.obj.platform().status()
+    """Show each service's health (a real round trip), port, pid and data size, and the workers. Exit 1 when one
+    is down."""
+    from ducklake_kit.workers import plane as plane_mod
+
+    c: Ctx = ctx.obj
+    statuses = c.platform().status()
     healthy = all(s.healthy for s in statuses)
+    plane = plane_mod.status(c.state, c.platform().endpoints(), c.scheduler) if healthy else None
+    healthy = healthy and (plane is None or plane.healthy)
     if as_json:
-        print_json("ok" if healthy else "error", {"services": [vars(s) for s in statuses]})
+        print_json("ok" if healthy else "error", {"services": [vars(s) for s in statuses],
+                                                  "worker_plane": plane.as_dict() if plane else None})
     else:
         console().print(_services_table(statuses))
+        if plane is not None:
+            print_plane(plane)
+        else:
+            console().print("worker plane: not checked (the catalog or S3 is down)", markup=False)
     if not healthy:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
@@ -99,7 +125,10 @@ def reset(
     c: Ctx = ctx.obj
     if not yes and not typer.confirm(f"Delete the catalog, the lake data and the credentials in {c.state.home}?", default=False):
         raise KitError("reset cancelled; nothing was deleted", "pass --yes to reset without asking")
-    msgs = c.platform().reset()
+    from ducklake_kit.workers import plane as plane_mod
+
+    msgs = [] if c.scheduler else plane_mod.down(c.state)
+    msgs += c.platform().reset()
     if as_json:
         print_json("ok", {"reset": msgs})
     else:
@@ -113,6 +142,7 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Print how to reach the catalog (psql, DBeaver) and the lake (DuckDB CLI with an init SQL file)."""
     c: Ctx = ctx.obj
     info = connect_mod.describe(c.state, c.platform().endpoints())
+    info["worker_plane"] = _plane_address(c)
     if as_json:
         print_json("ok", info)
         return
@@ -130,6 +160,17 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     for kind, settings in info["dbeaver"].items():
         out.print(f"  {kind}: " + ", ".join(f"{k}={v}" for k, v in settings.items()), markup=False)
     out.print("[bold]S3:[/] " + ", ".join(f"{k}={v}" for k, v in info["s3"].items()), markup=False)
+    plane = info["worker_plane"]
+    out.print(f"[bold]Worker plane:[/] Dask scheduler {plane['scheduler']}", highlight=False)
+    if plane["dashboard"]:
+        out.print(f"  dashboard (open in a browser): {plane['dashboard']}", markup=False)
+
+
+def _plane_address(c: Ctx) -> dict[str, Any]:
+    from ducklake_kit.workers.plane import PlaneConfig
+
+    cfg = PlaneConfig.of(c.state, c.scheduler)
+    return {"scheduler": cfg.address, "dashboard": cfg.dashboard}
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

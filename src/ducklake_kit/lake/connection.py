@@ -17,7 +17,7 @@ from typing import Any
 import duckdb
 
 from ducklake_kit.errors import KitError, first_line
-from ducklake_kit.lake.sql import quote_literal as _sql_str
+from ducklake_kit.lake.sql import quote_ident, quote_literal as _sql_str
 from ducklake_kit.platforms.base import Endpoints
 
 LAKE = "lake"  # the ATTACH alias: tables are lake.main.<table>
@@ -132,6 +132,8 @@ class StatementResult:
     rows: list[tuple] = field(default_factory=list)
     affected_rows: int | None = None  # real counts for INSERT/UPDATE/DELETE, None where it has no meaning
     seconds: float | None = None  # how long the statement took, fetching its rows included
+    snapshot_id: int | None = None  # the snapshot this statement committed (with `run(track_snapshots=True)`)
+    statement: str = ""  # the statement's text
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -200,10 +202,20 @@ class Lake:
         cur.execute(f"USE {self.alias}")
         return cur
 
-    def run(self, sql: str) -> list[StatementResult]:
+    def last_committed_snapshot(self) -> int | None:
+        """The snapshot the last transaction of this DuckDB instance committed (None before any)."""
+        row = self.con.execute(f"SELECT * FROM {quote_ident(self.alias)}.last_committed_snapshot()").fetchone()
+        return int(row[0]) if row and row[0] is not None else None
+
+    def run(self, sql: str, *, track_snapshots: bool = False) -> list[StatementResult]:
         """Run one or more statements; rows for every statement that returns rows (whatever its first keyword),
         real affected counts for DML. When one fails, `StatementFailed` says which (its index and text) and keeps
-        the results of those that ran before it; the later ones are not run."""
+        the results of those that ran before it; the later ones are not run.
+
+        `track_snapshots`: each result's `snapshot_id` is the snapshot that statement committed (an autocommit
+        write, or a COMMIT), else None. Read from DuckLake's per-instance `last_committed_snapshot()` before and
+        after each statement that is not a plain SELECT, so it is exact only while no other cursor of this DuckDB
+        instance commits at the same time (a worker runs one task at a time)."""
         try:
             statements = self.con.extract_statements(sql)
         except duckdb.Error as exc:
@@ -211,8 +223,10 @@ class Lake:
         if not statements:
             raise KitError("no SQL statement given", 'pass one, e.g. `sql "SHOW TABLES"`')
         results: list[StatementResult] = []
+        last = self.last_committed_snapshot() if track_snapshots else None
         for index, stmt in enumerate(statements):
             kind = stmt.type.name
+            text = stmt.query.strip()
             start = time.perf_counter()
             try:
                 rel = self.con.execute(stmt)
@@ -222,9 +236,14 @@ class Lake:
                 raise StatementFailed(index, len(statements), stmt.query, first_line(exc), results) from None
             seconds = round(time.perf_counter() - start, 6)
             if kind in _DML and columns == ["Count"] and len(rows) == 1:
-                results.append(StatementResult(kind, [], [], int(rows[0][0]), seconds))
+                result = StatementResult(kind, [], [], int(rows[0][0]), seconds, statement=text)
             else:
-                results.append(StatementResult(kind, columns, rows, None, seconds))
+                result = StatementResult(kind, columns, rows, None, seconds, statement=text)
+            if track_snapshots and kind != "SELECT":
+                now = self.last_committed_snapshot()
+                if now != last:
+                    result.snapshot_id, last = now, now
+            results.append(result)
         return results
 
     def scalar(self, sql: str, params: list | None = None) -> Any:

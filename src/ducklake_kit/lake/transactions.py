@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import duckdb
 
-from ducklake_kit.lake.connection import Lake, StatementResult
+from ducklake_kit.lake.connection import Lake, StatementFailed, StatementResult
 from ducklake_kit.lake.sql import quote_ident
 
 AUTHOR = "ducklake-kit"
@@ -37,8 +37,7 @@ class Commit:
 
 def last_committed_snapshot(lake: Lake) -> int | None:
     """The snapshot the last transaction of this DuckDB instance committed (None before any)."""
-    row = lake.con.execute(f"SELECT * FROM {quote_ident(lake.alias)}.last_committed_snapshot()").fetchone()
-    return int(row[0]) if row and row[0] is not None else None
+    return lake.last_committed_snapshot()
 
 
 def snapshot_with_token(lake: Lake, token: str, hint: int | None = None) -> int | None:
@@ -72,8 +71,14 @@ def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTH
     con.execute("BEGIN TRANSACTION")
     try:
         results: list[StatementResult] = []
-        for text in [sql] if isinstance(sql, str) else sql:
-            results.extend(lake.run(text))
+        texts = [sql] if isinstance(sql, str) else sql
+        for i, text in enumerate(texts):
+            try:
+                results.extend(lake.run(text))
+            except StatementFailed as exc:  # index, total and results over all the texts, not just the failing one
+                later = sum(len(lake.con.extract_statements(t)) for t in texts[i + 1:])
+                raise StatementFailed(len(results) + exc.index, len(results) + exc.total + later, exc.statement,
+                                      exc.error, results + exc.results) from None
         con.execute("CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)",
                     [lake.alias, author, message, json.dumps({"commit": token})])
         con.execute("COMMIT")

@@ -147,6 +147,14 @@ def stop(pid_file: Path, *, sig: int = signal.SIGTERM, timeout: float = 20.0) ->
     return msg
 
 
+class GiveUp(Exception):
+    """Raised by a `wait_until` check that knows waiting longer cannot help: `wait_until` raises its `error`."""
+
+    def __init__(self, error: KitError):
+        super().__init__(error.what)
+        self.error = error
+
+
 def wait_until(
     check: Callable[[], T | None],
     *,
@@ -156,7 +164,8 @@ def wait_until(
     log_file: Path | None = None,
     fix: str = "",
 ) -> T:
-    """Poll `check` (None or an exception = not yet) until it returns a value, with a deadline.
+    """Poll `check` (None or an exception = not yet) until it returns a value, with a deadline; a check that
+    raises `GiveUp` ends the wait at once with its error.
 
     Fails early when the process we are waiting for exits, and shows the reason and the log's tail.
     """
@@ -168,6 +177,8 @@ def wait_until(
             value = check()
             if value is not None:
                 return value
+        except GiveUp as give_up:
+            raise give_up.error from None
         except Exception as exc:  # noqa: BLE001 - any failure of the probe means "not ready yet"
             last_error = f"{type(exc).__name__}: {first_line(exc)}"
         exited = proc is not None and proc.poll() is not None

@@ -1,0 +1,188 @@
+"""The client side of the worker plane: connect to a Dask scheduler (the kit's own or a user's), make sure every
+worker has the lake attached, list the workers, and run SQL tasks on any worker or on a named one.
+
+A task whose worker died is never run again: the kit's scheduler runs with `allowed-failures = 0`, so Dask raises
+at once instead of re-running the task elsewhere (a statement that may have committed must not run twice), and a
+user's scheduler that would re-run tasks is refused with the setting to change.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.lake import Lake
+from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.workers.plugin import LakePlugin, WorkerState, plugin_name, worker_state
+from ducklake_kit.workers.tasks import TaskError, TaskResult, run_statements
+
+CONNECT_TIMEOUT_S = 10
+NO_RETRIES_ENV = {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}  # how the kit starts its scheduler
+
+
+@dataclass
+class WorkerInfo:
+    """One worker, as `workers` lists it."""
+
+    name: str
+    address: str
+    pid: int | None
+    state: str  # Dask's status (running, paused, closing) and, when busy, how many tasks it is processing
+    lake: str  # "attached" or why not
+    tasks_run: int
+    uptime_s: float | None
+    local_tables: list[str]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class SchedulerUnreachable(KitError):
+    """No Dask scheduler answers at the address (`status` reports it; other errors are the user's to fix)."""
+
+
+class WorkerPlane:
+    """A connection to the worker plane's scheduler, with the lake plugin registered for `endpoints`."""
+
+    def __init__(self, address: str, endpoints: Endpoints, *, timeout_s: float = CONNECT_TIMEOUT_S,
+                 register: bool = True):
+        from distributed import Client  # the CLI only pays for importing Dask when it uses the workers
+
+        self.address = address
+        self.endpoints = endpoints
+        self.plugin = plugin_name(endpoints)
+        try:
+            self.client = Client(address, timeout=timeout_s, set_as_default=False)
+        except (OSError, TimeoutError) as exc:
+            raise SchedulerUnreachable(f"no Dask scheduler answers at {address} ({first_line(exc)})",
+                           "run `up` (it starts the worker plane), or check --scheduler / DUCKLAKE_SCHEDULER") from None
+        try:
+            self._refuse_task_retries()
+            if register:
+                self.ensure_plugin()
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self) -> "WorkerPlane":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- set-up --------------------------------------------------------------------------------------------------
+    def _refuse_task_retries(self) -> None:
+        allowed = self.client.run_on_scheduler(_allowed_failures)
+        if allowed != 0:
+            raise KitError(
+                f"the Dask scheduler at {self.address} re-runs a task whose worker died (allowed-failures = {allowed}), "
+                "which could run a committed statement twice",
+                "start it with DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=0 in its environment")
+
+    def ensure_plugin(self) -> None:
+        """Register the lake plugin at the scheduler unless it already is: every worker, present or future, attaches
+        the lake once. Registering it again would make every worker attach again."""
+        if self.plugin in self.client.run_on_scheduler(_worker_plugin_names):
+            return
+        # attach once from here first: on a new catalog, the first ATTACH creates DuckLake's tables, and several
+        # workers doing that at once collide in PostgreSQL (duplicate key in pg_type)
+        Lake(self.endpoints).close()
+        self.client.register_plugin(LakePlugin(self.endpoints), name=self.plugin)
+
+    # -- the workers ---------------------------------------------------------------------------------------------
+    def _scheduler_workers(self) -> dict[str, dict[str, Any]]:
+        return self.client.scheduler_info(n_workers=-1)["workers"]
+
+    def names(self) -> dict[str, str]:
+        """Worker name -> address, for the workers the scheduler knows now."""
+        return {str(w["name"]): addr for addr, w in self._scheduler_workers().items()}
+
+    def states(self, addresses: list[str] | None = None) -> dict[str, WorkerState]:
+        return self.client.run(worker_state, self.plugin, workers=addresses, on_error="return")
+
+    def workers(self) -> list[WorkerInfo]:
+        info = self._scheduler_workers()
+        states = self.states(list(info)) if info else {}
+        processing = self.client.processing()
+        out = []
+        now = time.time()
+        for addr, w in info.items():
+            st = states.get(addr)
+            busy = len(processing.get(addr, ()))
+            status = str(w.get("status", "running")).replace("Status.", "")
+            pid = w.get("pid")
+            if isinstance(st, WorkerState):
+                lake = "attached" if st.attached else f"NOT attached: {st.error or 'still attaching'}"
+                tasks, uptime, tables = st.tasks_run, (round(now - st.started, 1) if st.started else None), st.local_tables
+                pid = st.pid
+            else:  # the worker did not answer (it is closing, or the call failed)
+                lake, tasks, uptime, tables = f"unknown ({first_line(st) if isinstance(st, BaseException) else st})", 0, None, []
+            out.append(WorkerInfo(str(w["name"]), addr, pid, status + (f", {busy} task(s)" if busy else ", idle"),
+                                  lake, tasks, uptime, tables))
+        return sorted(out, key=lambda x: _name_key(x.name))
+
+    def address_of(self, name: str) -> str:
+        names = self.names()
+        if name in names:
+            return names[name]
+        if name in names.values():  # an address given instead of a name
+            return name
+        running = ", ".join(sorted(names, key=_name_key)) or "none"
+        raise KitError(f"no running worker is named '{name}' (running: {running})",
+                       "run `workers` to list them, or `up --workers N` to start more")
+
+    # -- tasks ---------------------------------------------------------------------------------------------------
+    def submit(self, texts: list[str] | str, *, worker: str | None = None, message: str | None = None):
+        """Submit a task (a Dask future). `worker`: a worker's name (or address) it must run on; other workers
+        never take it. `message`: run all the statements in one transaction with this commit message."""
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        pin = {"workers": [self.address_of(worker)], "allow_other_workers": False} if worker else {}
+        # pure=False: two identical statements are two tasks (Dask would otherwise run one and share its result);
+        # retries=0: a failed task is reported, never repeated
+        return self.client.submit(run_statements, self.plugin, texts, message, pure=False, retries=0, **pin)
+
+    def result(self, future, timeout_s: float | None = None) -> TaskResult:
+        """The task's result; a task whose worker died becomes a failed TaskResult naming the worker."""
+        from distributed import KilledWorker
+
+        try:
+            return future.result(timeout=timeout_s)
+        except KilledWorker as exc:
+            last = getattr(exc, "last_worker", None)
+            name = str(getattr(last, "name", None) or "?")
+            address = str(getattr(last, "address", None) or "")
+            return TaskResult(name, address, error=TaskError(
+                f"worker {name} ({address}) died while it held this task; the task was not run again, because its "
+                "statements may have committed: check the lake before re-running it"))
+        except (FutureTimeout, TimeoutError):
+            raise KitError(f"the task did not finish within {timeout_s:.0f}s (it may still be running on its worker)",
+                           "run `workers` to see what the workers are doing") from None
+
+    def run(self, texts: list[str] | str, *, worker: str | None = None, message: str | None = None,
+            timeout_s: float | None = None) -> TaskResult:
+        return self.result(self.submit(texts, worker=worker, message=message), timeout_s)
+
+    def run_each(self, texts: list[str], *, message: str | None = None) -> list[TaskResult]:
+        """One task per text, all submitted at once (they run in parallel on the free workers), in order."""
+        futures = [self.submit(t, message=message) for t in texts]
+        return [self.result(f) for f in futures]
+
+
+def _name_key(name: str) -> tuple[int, str]:
+    """w2 before w10."""
+    digits = name.lstrip("w")
+    return (int(digits), name) if name.startswith("w") and digits.isdigit() else (10**9, name)
+
+
+def _allowed_failures(dask_scheduler=None) -> int:
+    return int(dask_scheduler.allowed_failures)
+
+
+def _worker_plugin_names(dask_scheduler=None) -> list[str]:
+    return list(dask_scheduler.worker_plugins)

@@ -1,0 +1,268 @@
+"""The worker plane's processes on this machine: one Dask scheduler (with its dashboard) and N workers named
+w1..wN, each one process with one thread, all on loopback. Same discipline as PostgreSQL and S3: a pid file with
+the start time, a log in the state folder, ready only after a real round trip, `down` stops exactly these.
+
+`--scheduler tcp://host:port` (or DUCKLAKE_SCHEDULER) uses a Dask cluster that is already running instead: the kit
+starts nothing, registers the lake plugin there and uses its workers (the kit must be installed on them).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from ducklake_kit.errors import KitError
+from ducklake_kit.platforms import procs
+from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.platforms.state import DEFAULT_DASHBOARD_PORT, DEFAULT_SCHEDULER_PORT, State
+from ducklake_kit.workers.client import NO_RETRIES_ENV, SchedulerUnreachable, WorkerInfo, WorkerPlane, _name_key
+from ducklake_kit.workers.plugin import WorkerState
+
+DEFAULT_WORKERS = 2
+READY_TIMEOUT_S = float(os.environ.get("DUCKLAKE_READY_TIMEOUT", "60"))
+SCHEDULER = "scheduler"  # pid and log file names: scheduler, worker-w1, worker-w2, ...
+
+
+def worker_name(i: int) -> str:
+    return f"w{i}"
+
+
+def _worker_service(name: str) -> str:
+    return f"worker-{name}"
+
+
+@dataclass
+class PlaneConfig:
+    """Where the plane is: the kit's own scheduler on loopback ports, or a user's (`external_address`)."""
+
+    scheduler_port: int
+    dashboard_port: int
+    external_address: str | None = None
+
+    @classmethod
+    def of(cls, state: State, scheduler: str | None = None) -> "PlaneConfig":
+        saved = state.settings()
+        address = scheduler or os.environ.get("DUCKLAKE_SCHEDULER") or None
+        return cls(int(os.environ.get("DUCKLAKE_SCHEDULER_PORT") or saved.get("scheduler_port") or DEFAULT_SCHEDULER_PORT),
+                   int(os.environ.get("DUCKLAKE_DASHBOARD_PORT") or saved.get("dashboard_port") or DEFAULT_DASHBOARD_PORT),
+                   address)
+
+    @property
+    def address(self) -> str:
+        return self.external_address or f"tcp://127.0.0.1:{self.scheduler_port}"
+
+    @property
+    def dashboard(self) -> str | None:
+        return None if self.external_address else f"http://127.0.0.1:{self.dashboard_port}/status"
+
+
+@dataclass
+class PlaneStatus:
+    address: str
+    dashboard: str | None
+    managed: bool  # the kit started the scheduler and workers (False: a user's cluster)
+    scheduler_pid: int | None
+    healthy: bool
+    detail: str
+    workers: list[WorkerInfo] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)  # workers the kit started whose process is gone
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"address": self.address, "dashboard": self.dashboard, "managed": self.managed,
+                "scheduler_pid": self.scheduler_pid, "healthy": self.healthy, "detail": self.detail,
+                "workers": [w.as_dict() for w in self.workers], "missing": self.missing}
+
+
+def _scheduler_argv(cfg: PlaneConfig) -> list[str]:
+    return [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(cfg.scheduler_port),
+            "--dashboard-address", f"127.0.0.1:{cfg.dashboard_port}"]
+
+
+def _worker_argv(state: State, cfg: PlaneConfig, name: str) -> list[str]:
+    return [sys.executable, "-m", "dask", "worker", cfg.address, "--name", name, "--nthreads", "1", "--no-nanny",
+            "--no-dashboard", "--host", "127.0.0.1", "--local-directory", str(state.home / "dask" / name),
+            # a worker whose scheduler is gone for 60 s stops by itself, so no worker outlives its plane for long
+            "--death-timeout", "60"]
+
+
+def _env() -> dict[str, str]:
+    # every process imports from .pyc files (see the justfile's --compile-bytecode); no task is ever re-run
+    return {**NO_RETRIES_ENV, "PYTHONUNBUFFERED": "1"}
+
+
+def _saved_workers(state: State) -> int:
+    return int(state.settings().get("workers", DEFAULT_WORKERS))
+
+
+def up(state: State, endpoints: Endpoints, workers: int | None = None, scheduler: str | None = None) -> PlaneStatus:
+    """Start what is missing: the scheduler, then workers w1..wN (replacing dead ones, stopping any beyond N), and
+    wait until each has the lake attached. Idempotent: what runs and answers is reused."""
+    cfg = PlaneConfig.of(state, scheduler)
+    n = _saved_workers(state) if workers is None else workers
+    if n < 0:
+        raise KitError(f"--workers must be 0 or more, not {n}", "e.g. --workers 2")
+    if cfg.external_address:
+        with WorkerPlane(cfg.address, endpoints) as plane:
+            _wait_attached(plane, list(plane.names()))
+            return _status_of(plane, cfg, managed=False)
+    state.ensure_dirs()
+    if n == 0:  # no worker plane: stop one that runs
+        with state.lock():
+            stopped = _down(state)
+        state.save_settings(workers=0)
+        return PlaneStatus(cfg.address, None, True, None, True, "not started (--workers 0)" +
+                           (f"; {'; '.join(m for m in stopped if 'stopped' in m)}" if any("stopped" in m for m in stopped) else ""))
+    with state.lock():
+        scheduler_pid = _ensure_scheduler(state, cfg)
+        with WorkerPlane(cfg.address, endpoints) as plane:
+            wanted = [worker_name(i) for i in range(1, n + 1)]
+            for extra in sorted(set(_kit_workers(state)) - set(wanted), key=_name_key):
+                procs.stop(state.pid_file(_worker_service(extra)))
+            started = [name for name in wanted if _start_worker_if_needed(state, cfg, plane, name)]
+            _wait_attached(plane, wanted, started, state)
+            state.save_settings(scheduler_port=cfg.scheduler_port, dashboard_port=cfg.dashboard_port, workers=n)
+            out = _status_of(plane, cfg, managed=True, scheduler_pid=scheduler_pid)
+            out.detail = (f"started {', '.join(started)}" if started else "already running, reused")
+            return out
+
+
+def _ensure_scheduler(state: State, cfg: PlaneConfig) -> int:
+    pid_file, log_file = state.pid_file(SCHEDULER), state.log_file(SCHEDULER)
+    rec = procs.live_pid(pid_file)
+    if rec and rec.port == cfg.scheduler_port:
+        try:
+            procs.wait_until(lambda: _ping(cfg), what=f"the Dask scheduler (pid {rec.pid})", timeout=READY_TIMEOUT_S,
+                             log_file=log_file)
+            return rec.pid
+        except KitError:
+            procs.stop(pid_file)  # alive but not answering: replace it
+    elif rec:
+        procs.stop(pid_file)  # running on another port than asked: move it
+    else:
+        pid_file.unlink(missing_ok=True)
+    for port, what, option in ((cfg.scheduler_port, "the Dask scheduler", "DUCKLAKE_SCHEDULER_PORT"),
+                               (cfg.dashboard_port, "the Dask dashboard", "DUCKLAKE_DASHBOARD_PORT")):
+        if procs.port_in_use(port):
+            raise KitError(f"port {port} for {what} is already in use by another program",
+                           f"stop that program or choose another port with {option}")
+    rec, proc = procs.start(SCHEDULER, _scheduler_argv(cfg), pid_file=pid_file, log_file=log_file,
+                            port=cfg.scheduler_port, env=_env())
+    try:
+        procs.wait_until(lambda: _ping(cfg), what=f"the Dask scheduler on port {cfg.scheduler_port}",
+                         timeout=READY_TIMEOUT_S, proc=proc, log_file=log_file)
+    except KitError:
+        procs.stop(pid_file)
+        raise
+    return rec.pid
+
+
+def _ping(cfg: PlaneConfig) -> bool | None:
+    """A real round trip: a client connects and the scheduler answers."""
+    from distributed import Client
+
+    with Client(cfg.address, timeout=2, set_as_default=False) as client:
+        return bool(client.scheduler_info(n_workers=0)) or None
+
+
+def _kit_workers(state: State) -> list[str]:
+    """Names of the workers the kit started in this state folder (by pid file, alive or not)."""
+    return [p.name.removeprefix("worker-").removesuffix(".pid.json") for p in state.run_dir.glob("worker-*.pid.json")]
+
+
+def _start_worker_if_needed(state: State, cfg: PlaneConfig, plane: WorkerPlane, name: str) -> bool:
+    pid_file = state.pid_file(_worker_service(name))
+    rec = procs.live_pid(pid_file)
+    if rec and name in plane.names():
+        return False  # alive and joined: reused
+    if rec:
+        procs.stop(pid_file)  # alive but not joined to this scheduler: replace it
+    pid_file.unlink(missing_ok=True)
+    procs.start(_worker_service(name), _worker_argv(state, cfg, name), pid_file=pid_file,
+                log_file=state.log_file(_worker_service(name)), port=cfg.scheduler_port, env=_env())
+    return True
+
+
+def _wait_attached(plane: WorkerPlane, names: list[str], started: list[str] | None = None,
+                   state: State | None = None) -> None:
+    """Until every named worker has joined and attached the lake; one that failed to attach stops `up` with its
+    reason, one whose process exited with its log's tail."""
+    def ready() -> bool | None:
+        joined = plane.names()
+        for name in names:
+            if state is not None and name in (started or []) and procs.live_pid(state.pid_file(_worker_service(name))) is None:
+                log = state.log_file(_worker_service(name))
+                raise procs.GiveUp(KitError(f"worker {name} exited while starting", f"read {log}",
+                                      detail=f"last lines of {log}:\n{procs.log_tail(log)}"))
+            if name not in joined:
+                return None
+        states = plane.states([joined[n] for n in names]) if names else {}
+        for st in states.values():
+            if not isinstance(st, WorkerState):
+                return None  # not answering yet
+            if st.error:
+                raise procs.GiveUp(KitError(f"worker {st.name}: {st.error}",
+                                            "run `status`: the catalog and S3 must answer"))
+            if not st.attached:
+                return None  # the plugin is still attaching
+        return True
+
+    procs.wait_until(ready, what=f"worker(s) {', '.join(names)}", timeout=READY_TIMEOUT_S,
+                     fix="read the workers' logs in the state folder's logs/")
+
+
+def down(state: State) -> list[str]:
+    """Stop the workers, then the scheduler (exactly the processes the kit started). Nothing else to keep: the
+    worker-local tables live in the workers' memory and go with them."""
+    if not state.run_dir.exists():
+        return ["worker plane: not running"]
+    with state.lock():
+        return _down(state)
+
+
+def _down(state: State) -> list[str]:
+    msgs = [f"worker {name}: {procs.stop(state.pid_file(_worker_service(name)))}"
+            for name in sorted(_kit_workers(state), key=_name_key)]
+    msgs.append(f"scheduler: {procs.stop(state.pid_file(SCHEDULER))}")
+    return msgs
+
+
+def status(state: State, endpoints: Endpoints, scheduler: str | None = None) -> PlaneStatus:
+    cfg = PlaneConfig.of(state, scheduler)
+    managed = cfg.external_address is None
+    rec = procs.read_pid(state.pid_file(SCHEDULER)) if managed else None
+    if managed and rec is None and _saved_workers(state) == 0:
+        return PlaneStatus(cfg.address, None, True, None, True, "not started (up --workers 0)")
+    if managed and rec is None and "workers" not in state.settings():
+        return PlaneStatus(cfg.address, None, True, None, True, "never started in this state folder: `up` starts it")
+    if managed and (rec is None or rec.process() is None):
+        detail = "stopped: run `up`" if rec is None else f"not running (pid {rec.pid} is gone): run `up`"
+        return PlaneStatus(cfg.address, cfg.dashboard, True, None, False, detail)
+    try:
+        plane = WorkerPlane(cfg.address, endpoints, timeout_s=5)
+    except SchedulerUnreachable as exc:
+        return PlaneStatus(cfg.address, cfg.dashboard, managed, rec.pid if rec else None, False, exc.what)
+    with plane:
+        return _status_of(plane, cfg, managed, rec.pid if rec else None, state)
+
+
+def _status_of(plane: WorkerPlane, cfg: PlaneConfig, managed: bool, scheduler_pid: int | None = None,
+               state: State | None = None) -> PlaneStatus:
+    workers = plane.workers()
+    missing = []
+    if managed and state is not None:
+        joined = {w.name for w in workers}
+        missing = [n for n in sorted(_kit_workers(state), key=_name_key)
+                   if n not in joined or procs.live_pid(state.pid_file(_worker_service(n))) is None]
+    unattached = [w.name for w in workers if w.lake != "attached"]
+    healthy = not missing and not unattached and bool(workers)
+    if not workers:
+        detail = "the scheduler answers but has no workers: run `up --workers N`"
+    elif missing or unattached:
+        detail = "; ".join(filter(None, [f"gone: {', '.join(missing)} (run `up` to replace them)" if missing else "",
+                                         f"lake not attached on {', '.join(unattached)}" if unattached else ""]))
+    else:
+        detail = f"{len(workers)} worker(s), lake attached on each"
+    return PlaneStatus(cfg.address, cfg.dashboard, managed, scheduler_pid, healthy, detail, workers, missing)

@@ -1,0 +1,119 @@
+"""What runs inside each worker process: the plugin that attaches the lake once, when the worker joins, and keeps
+that connection for every task (pooled: no per-task connect, LOAD, ATTACH or DETACH).
+
+The same DuckDB connection also has an in-memory database attached as `local`: worker-local tables
+(`CREATE TABLE local.zones AS ...`), visible to every task on this worker and to no other worker, gone when the
+worker stops. Unqualified names are the lake's (`USE lake`).
+
+The plugin is registered at the scheduler by the client (`client.ensure_plugin`), so every worker that joins
+later, a replacement included, gets it too. It travels pickled over the scheduler's connection with the lake's
+endpoints (credentials included): never on a command line or in a log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from distributed import WorkerPlugin, get_worker
+
+from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.lake import Lake
+from ducklake_kit.platforms.base import Endpoints
+
+LOCAL_DB = "local"  # the worker-local in-memory database, attached beside the lake on every worker
+# One DuckDB thread per worker: the plane's parallelism is its workers (one Dask thread each), and a commit with a
+# second DuckDB thread costs twice the CPU (see lake.SMALL_WRITER_SETTINGS).
+WORKER_SETTINGS: dict[str, Any] = {"threads": 1}
+
+
+def plugin_name(endpoints: Endpoints) -> str:
+    """One plugin per lake: a name from the endpoints (credentials included, so new credentials re-attach)."""
+    digest = hashlib.sha256(repr(endpoints).encode()).hexdigest()[:12]
+    return f"ducklake-kit-lake-{digest}"
+
+
+@dataclass
+class WorkerState:
+    """What a worker reports about its lake connection (`client.run(worker_state, ...)`)."""
+
+    name: str
+    pid: int
+    attached: bool
+    error: str | None
+    tasks_run: int
+    started: float  # time.time() when the plugin attached
+    local_tables: list[str] = field(default_factory=list)
+
+
+class LakePlugin(WorkerPlugin):
+    """Attaches the lake when the worker joins; `lake` is the pooled connection every task of the worker uses."""
+
+    def __init__(self, endpoints: Endpoints, settings: dict[str, Any] | None = None):
+        self.endpoints = endpoints
+        self.settings = {**WORKER_SETTINGS, **(settings or {})}
+        self.name = plugin_name(endpoints)
+        self.lake: Lake | None = None
+        self.error: str | None = None
+        self.tasks_run = 0
+        self.started = 0.0
+        self._inspect = None  # a second cursor, for listing from the worker's event loop while a task runs
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # only the configuration travels; the connection is made on the worker
+        return {"endpoints": self.endpoints, "settings": self.settings, "name": self.name}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["endpoints"], state["settings"])
+
+    def setup(self, worker) -> None:
+        # never raises: a worker whose lake failed to attach stays up and says why (tasks and `workers` report it)
+        try:
+            lake = Lake(self.endpoints, settings=self.settings)
+            lake.con.execute(f"ATTACH ':memory:' AS {LOCAL_DB}")
+            lake.con.execute(f"USE {lake.alias}")
+            self._inspect = lake.con.cursor()
+            self.lake, self.started = lake, time.time()
+        except Exception as exc:  # noqa: BLE001 - reported, not raised
+            self.error = exc.what if isinstance(exc, KitError) else first_line(exc)
+
+    def teardown(self, worker) -> None:
+        if self.lake is not None:
+            self.lake.close()
+            self.lake = None
+
+    def count_task(self) -> None:
+        with self._lock:
+            self.tasks_run += 1
+
+    def local_tables(self) -> list[str]:
+        if self._inspect is None:
+            return []
+        rows = self._inspect.execute(
+            "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? ORDER BY ALL", [LOCAL_DB]).fetchall()
+        return [f"{LOCAL_DB}.{t}" if s == "main" else f"{LOCAL_DB}.{s}.{t}" for s, t in rows]
+
+
+def plugin_on(worker, name: str) -> LakePlugin | None:
+    plugin = worker.plugins.get(name)
+    return plugin if isinstance(plugin, LakePlugin) else None
+
+
+def worker_state(name: str, dask_worker=None) -> WorkerState:
+    """Run on a worker (`client.run`, in its event loop): its lake connection's state and worker-local tables."""
+    worker = dask_worker or get_worker()
+    plugin = plugin_on(worker, name)
+    if plugin is None:
+        return WorkerState(str(worker.name), os.getpid(), False, None, 0, 0.0)  # not installed yet (it is being set up)
+    tables: list[str] = []
+    error = plugin.error
+    try:
+        tables = plugin.local_tables()
+    except Exception as exc:  # noqa: BLE001 - listing must not break `workers`
+        error = error or f"could not list worker-local tables ({first_line(exc)})"
+    return WorkerState(str(worker.name), os.getpid(), plugin.lake is not None, error, plugin.tasks_run, plugin.started, tables)

@@ -1,0 +1,151 @@
+"""A task of the worker plane: a list of SQL texts run on one worker's pooled lake connection, and its typed result.
+
+`run_statements` is what a worker executes (the client submits it, see `client.WorkerPlane`). It never raises for
+a failed statement: the result says which statement failed (its index and text, with DuckDB's own error) and
+keeps the results of the statements before it, so the caller sees what did run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from distributed import get_worker
+
+from ducklake_kit.errors import first_line
+from ducklake_kit.lake import Lake, StatementFailed, StatementResult
+from ducklake_kit.lake.transactions import commit
+from ducklake_kit.workers.plugin import plugin_on
+
+
+@dataclass
+class StatementOutcome:
+    """One statement's result on a worker."""
+
+    index: int
+    statement: str
+    statement_type: str
+    columns: list[str]
+    rows: list[tuple]
+    affected_rows: int | None  # real counts for INSERT/UPDATE/DELETE; None where it has no meaning
+    seconds: float
+    snapshot_id: int | None  # the snapshot this statement committed, when it did
+
+    @classmethod
+    def of(cls, index: int, r: StatementResult) -> "StatementOutcome":
+        return cls(index, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows, r.seconds or 0.0, r.snapshot_id)
+
+
+@dataclass
+class TaskError:
+    """Why a task failed: a statement (its 0-based index and text, DuckDB's error), or the worker itself
+    (`index` None: it died, or its lake is not attached)."""
+
+    error: str
+    index: int | None = None
+    statement: str | None = None
+
+    def line(self) -> str:
+        where = f"statement {self.index + 1} failed: " if self.index is not None else ""
+        return where + self.error
+
+
+@dataclass
+class TaskResult:
+    worker: str  # the worker's name (w1, ...)
+    address: str
+    statements: list[StatementOutcome] = field(default_factory=list)
+    error: TaskError | None = None
+    seconds: float = 0.0
+    message: str | None = None  # the commit message, when the task ran as one transaction
+    snapshot_id: int | None = None  # the snapshot the task's transaction made (message=...), or the last one committed
+    rolled_back: bool = False  # a transaction that failed: the statements before the failure were undone
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def rows(self) -> list[tuple]:
+        """The rows of the last statement that returned rows."""
+        with_rows = [s for s in self.statements if s.columns]
+        return with_rows[-1].rows if with_rows else []
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        for s in out["statements"]:
+            s["rows"] = [list(r) for r in s["rows"]]
+        out["ok"] = self.ok
+        return out
+
+
+def _outcomes(results: list[StatementResult], offset: int = 0) -> list[StatementOutcome]:
+    return [StatementOutcome.of(offset + i, r) for i, r in enumerate(results)]
+
+
+def run_statements(plugin: str, texts: list[str], message: str | None = None) -> TaskResult:
+    """Run on a worker: each text (one or more statements) in order on the worker's pooled connection.
+
+    Without `message` every statement autocommits (a write is its own snapshot, reported per statement). With
+    `message` all of them run in ONE transaction with that commit message: one snapshot, or nothing."""
+    worker = get_worker()
+    name = str(worker.name)
+    lake_plugin = plugin_on(worker, plugin)
+    start = time.perf_counter()
+    result = TaskResult(name, worker.address, message=message)
+    if lake_plugin is None or lake_plugin.lake is None:
+        why = lake_plugin.error if lake_plugin else "the lake plugin is not installed"
+        result.error = TaskError(f"worker {name} has no lake attached ({why})")
+        return result
+    lake_plugin.count_task()
+    lake: Lake = lake_plugin.lake
+    lake.con.execute(f"USE {lake.alias}")  # a task that ran `USE local` must not change the next task's default
+    if message is not None:
+        _run_transaction(lake, texts, message, result)
+    else:
+        _run_autocommit(lake, texts, result)
+    result.seconds = round(time.perf_counter() - start, 6)
+    return result
+
+
+def _run_autocommit(lake: Lake, texts: list[str], result: TaskResult) -> None:
+    for text in texts:
+        offset = len(result.statements)
+        try:
+            result.statements.extend(_outcomes(lake.run(text, track_snapshots=True), offset))
+        except StatementFailed as exc:
+            result.statements.extend(_outcomes(exc.results, offset))
+            result.error = TaskError(exc.error, offset + exc.index, exc.statement)
+            _end_open_transaction(lake)
+            break
+        except Exception as exc:  # noqa: BLE001 - text that does not parse, a lost connection: still a result
+            result.error = TaskError(getattr(exc, "what", None) or first_line(exc), offset, text.strip())
+            break
+    committed = [s.snapshot_id for s in result.statements if s.snapshot_id is not None]
+    result.snapshot_id = committed[-1] if committed else None
+
+
+def _run_transaction(lake: Lake, texts: list[str], message: str, result: TaskResult) -> None:
+    done: list[StatementResult] = []
+    try:
+        made = commit(lake, texts, message)
+        done = made.results
+        result.snapshot_id = made.snapshot_id
+    except StatementFailed as exc:
+        done = exc.results
+        result.error = TaskError(exc.error, exc.index, exc.statement)
+        result.rolled_back = True
+    except Exception as exc:  # noqa: BLE001 - a failed COMMIT: rolled back by `commit`, reported here
+        result.error = TaskError(getattr(exc, "what", None) or first_line(exc))
+        result.rolled_back = True
+    result.statements = _outcomes(done)
+
+
+def _end_open_transaction(lake: Lake) -> None:
+    """A text that opened a transaction (BEGIN) and failed inside it: roll it back, so the worker's next task does
+    not run inside an aborted transaction."""
+    try:
+        lake.con.execute("ROLLBACK")
+    except Exception:  # noqa: BLE001 - no transaction was open: nothing to end
+        pass
