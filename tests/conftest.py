@@ -96,6 +96,9 @@ class ContainerStack:
             "DUCKLAKE_S3_ENDPOINT": f"http://{host}:{self.s3.get_exposed_port(9000)}",
             "DUCKLAKE_S3_KEY_ID": "testkey",
             "DUCKLAKE_S3_SECRET": "test-only-secret",
+            # the worker plane runs here, on free loopback ports
+            "DUCKLAKE_SCHEDULER_PORT": str(free_port()),
+            "DUCKLAKE_DASHBOARD_PORT": str(free_port()),
         }
         os.environ.update(self.env)
         from ducklake_kit.platforms.external import ExternalPlatform

@@ -2,7 +2,8 @@
 
 A lab's fenced `bash` blocks run line by line from the project root (as a learner types them, with the venv's
 `python` first on PATH); every line must exit 0. A `text` block right after a Verify block lists lines its output
-must contain. The documented default ports and `.ducklake/` are rewritten to the test stack's.
+must contain. The documented default ports (PostgreSQL, S3, the Dask scheduler and its dashboard) and `.ducklake/`
+are rewritten to the test stack's.
 A block preceded by `<!-- not run by the lab test: why -->` is skipped; `<!-- needs: docker -->` runs only where
 a Docker engine and k3d answer.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT
+from ducklake_kit.platforms.state import DEFAULT_DASHBOARD_PORT, DEFAULT_PG_PORT, DEFAULT_S3_PORT, DEFAULT_SCHEDULER_PORT
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,6 +122,8 @@ def test_lab(lab: Lab, lab_stack):
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     rewrites = {f"127.0.0.1:{DEFAULT_S3_PORT}": f"127.0.0.1:{lab_stack.s3_port}",
                 f"127.0.0.1:{DEFAULT_PG_PORT}": f"127.0.0.1:{lab_stack.pg_port}",
+                f"127.0.0.1:{DEFAULT_SCHEDULER_PORT}": f"127.0.0.1:{lab_stack.scheduler_port}",
+                f"127.0.0.1:{DEFAULT_DASHBOARD_PORT}": f"127.0.0.1:{lab_stack.dashboard_port}",
                 ".ducklake/": f"{lab_stack.home}/"}
     cluster_missing = _docker_and_k3d() if any(b.note.startswith("needs: docker") for b in lab.steps + lab.verify) else None
     skipped = []

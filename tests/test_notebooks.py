@@ -79,7 +79,8 @@ def _notebook_params() -> list:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", _notebook_params())
 def test_notebook_runs_top_to_bottom(path: Path, stack):
-    # the kernel finds the services as the CLI does: DUCKLAKE_PLATFORM, DUCKLAKE_HOME, DUCKLAKE_PG_PORT, ...
+    # the kernel finds the services as the CLI does: DUCKLAKE_PLATFORM, DUCKLAKE_HOME, DUCKLAKE_PG_PORT, ..., and
+    # the worker plane (notebook 04) by DUCKLAKE_SCHEDULER_PORT / DUCKLAKE_DASHBOARD_PORT, the stack's free ports
     env = {**os.environ, **stack.env, "MPLBACKEND": HEADLESS}
     env.pop("DISPLAY", None)  # nothing may open a window
     nb = _execute(path, env)

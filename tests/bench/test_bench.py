@@ -137,6 +137,11 @@ def test_the_lake_defect_is_a_lost_or_duplicated_row():
     assert lost.lake_defect() == "DuckLake lost 1 and duplicated 0 of 300 rows (0 inserts reported an error, 1 lost silently)"
     twice = bc.ConcurrencyRun(3, 100, machine, {"ducklake": _figures(duplicate_rows=2)})
     assert twice.lake_defect().startswith("DuckLake lost 0 and duplicated 2")
+    # the same rule for the worker plane's writers
+    plane = bc.ConcurrencyRun(3, 100, machine, {"ducklake": _figures(), "workers": _figures(mode="workers", actual_rows=299,
+                                                                                           rows_lost=1, silently_lost=1)})
+    assert plane.lake_defect() == ("DuckLake through the worker plane lost 1 and duplicated 0 of 300 rows "
+                                   "(0 inserts reported an error, 1 lost silently)")
     # the file mode's losses are the point of the comparison, not a defect
     assert bc.ConcurrencyRun(3, 100, machine, {"file": _figures(mode="file", rows_lost=40)}).lake_defect() is None
 
@@ -182,10 +187,13 @@ def test_queries_suite_end_to_end(stack, tmp_path):
 
 
 def test_concurrency_suite_counts_add_up(stack, tmp_path):
+    from ducklake_kit.workers import plane
+
     json_path, png_path = tmp_path / "c.json", tmp_path / "c.png"
+    had_plane, had_workers = plane.scheduler_running(stack.state), plane.running_workers(stack.state)
     result = bc.bench_concurrency(stack.platform, stack.state, workers=2, ops=20, json_path=json_path, png_path=png_path)
-    file, lake = result.results["file"], result.results["ducklake"]
-    for r in (file, lake):
+    file, lake, tasks = result.results["file"], result.results["ducklake"], result.results["workers"]
+    for r in (file, lake, tasks):
         assert r.expected_rows == 40
         assert r.errors == sum(r.errors_by_kind.values())
         assert r.succeeded + r.errors == 40
@@ -211,6 +219,10 @@ def test_concurrency_suite_counts_add_up(stack, tmp_path):
         assert single.catalog_cpu_ms_per_insert > 0 and lake.catalog_cpu_ms_per_insert > 0
     assert result.floor.cpu_ms_per_insert >= single.client_cpu_ms_per_insert and result.floor.total_s_at_least > 0
     assert set(result.goals.reachable_here) == {"total_s", "median_ms"}  # the rule itself: test_goals_*
+    # the same inserts as worker plane tasks: the same counts; the plane is left as the run found it
+    assert (tasks.errors, tasks.rows_lost, tasks.actual_rows, tasks.snapshots, tasks.reruns) == (0, 0, 40, 40, 0)
+    assert set(result.vs_floor) == {"ducklake", "workers"}
+    assert (plane.scheduler_running(stack.state), plane.running_workers(stack.state)) == (had_plane, had_workers)
     assert result.lake_defect() is None
     doc = json.loads(json_path.read_text())
     assert doc["results"]["ducklake"]["actual_rows"] == 40 and doc["results"]["ducklake"]["single_writer"]["ops_per_worker"] == 20

@@ -16,6 +16,11 @@ concurrent part only (process start, imports and ATTACH happen before the barrie
     the catalog database, before vs after; exact when nothing else uses the catalog meanwhile).
 
     The workers use `SMALL_WRITER_SETTINGS` (one DuckDB thread: see lake/connection.py) on top of RETRY_SETTINGS.
+(c) `workers`: the same inserts as tasks of the worker plane (Dask): one task per writer doing all its M inserts
+    on the worker's pooled connection (so Dask's per-task cost is not inside the per-insert times), pinned one
+    writer per worker w1..wN, released together by a Dask Event once every task has started. Workers the plane
+    lacks are started for the run and stopped after it. Its `retries` may under-count: the workers' catalog
+    connections stay open, and PostgreSQL publishes a live connection's counters only every few seconds.
 
 Per mode: total wall time of the concurrent part, median and p95 latency of the successful operations,
 errors (by kind), retries, and rows: expected (workers x ops), actual (counted in the table afterwards), lost
@@ -58,7 +63,7 @@ from ducklake_kit.platforms import postgres, procs
 from ducklake_kit.platforms.base import Endpoints, Platform
 from ducklake_kit.platforms.state import State
 
-MODES = ("file", "ducklake")
+MODES = ("file", "ducklake", "workers")
 TABLE = "concurrency"  # lake.bench.concurrency: recreated by every run, before the workers start
 GOALS = {"total_s": 1.0, "median_ms": 5.0, "errors": 0, "rows_lost": 0}  # DuckLake, 3 workers x 100 inserts
 CALIBRATE_OPS = 100  # one writer alone, before the concurrent run: the CPU an insert costs (see `floor`)
@@ -118,7 +123,7 @@ class WriterFigures:
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if self.mode != "ducklake":
+        if self.mode == "file":
             for name in _DUCKLAKE_ONLY:
                 out.pop(name)
         return out
@@ -163,19 +168,21 @@ class ConcurrencyRun:
     results: dict[str, WriterFigures] = field(default_factory=dict)
     floor: Floor | None = None
     goals: Goals | None = None
+    vs_floor: dict[str, float] = field(default_factory=dict)  # each lake mode's total over the floor's (goal: <= 1.5)
 
     @property
     def ducklake(self) -> WriterFigures | None:
         return self.results.get("ducklake")
 
     def lake_defect(self) -> str | None:
-        """The suite's correctness claim (not its speed goals): every DuckLake insert that reported success is in
-        the table, exactly once. What broke it, or None."""
-        d = self.ducklake
-        if d is None or not (d.rows_lost or d.duplicate_rows):
-            return None
-        return (f"DuckLake lost {d.rows_lost} and duplicated {d.duplicate_rows} of {d.expected_rows} rows "
-                f"({d.errors} inserts reported an error, {d.silently_lost} lost silently)")
+        """The suite's correctness claim (not its speed goals): every DuckLake insert, direct or from the worker
+        plane, that reported success is in the table, exactly once. What broke it, or None."""
+        for mode, label in (("ducklake", "DuckLake"), ("workers", "DuckLake through the worker plane")):
+            d = self.results.get(mode)
+            if d is not None and (d.rows_lost or d.duplicate_rows):
+                return (f"{label} lost {d.rows_lost} and duplicated {d.duplicate_rows} of {d.expected_rows} rows "
+                        f"({d.errors} inserts reported an error, {d.silently_lost} lost silently)")
+        return None
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"suite": "concurrency", "workers": self.workers, "ops_per_worker": self.ops_per_worker,
@@ -184,6 +191,8 @@ class ConcurrencyRun:
             out["floor"] = asdict(self.floor)
         if self.goals is not None:
             out["goals"] = self.goals.as_dict()
+        if self.vs_floor:
+            out["total_vs_floor"] = self.vs_floor
         return out
 
 
@@ -192,6 +201,26 @@ def _error_kind(exc: BaseException) -> str:
     if "Conflicting lock" in msg:
         return "conflicting lock"
     return f"{type(exc).__name__}: {msg.strip().splitlines()[0][:120] if msg.strip() else ''}"
+
+
+def _timed_inserts(insert: Callable[[int], int], ops: int) -> dict[str, Any]:
+    """Run `insert(op)` for op in 0..ops-1 (it returns how many times it re-ran the statement), timing each; a
+    failed insert is counted by kind, not retried. The report's figures for one writer."""
+    errors: Counter = Counter()
+    latencies = []
+    start = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on this machine
+    cpu_start = time.process_time()  # this process's CPU (all its threads): what an insert costs the client
+    reruns = 0  # inserts run again after DuckLake gave up its own retries (nothing had been committed)
+    for op in range(ops):
+        t = time.perf_counter()
+        try:
+            reruns += insert(op)
+        except duckdb.Error as exc:
+            errors[_error_kind(exc)] += 1
+            continue
+        latencies.append((op, time.perf_counter() - t))
+    return {"start": start, "end": time.monotonic(), "cpu_s": time.process_time() - cpu_start, "reruns": reruns,
+            "latencies_s": latencies, "errors": dict(errors)}
 
 
 def _worker(mode: str, target: Any, worker: int, ops: int, barrier, queue, options: dict[str, Any]) -> None:
@@ -213,37 +242,24 @@ def _worker(mode: str, target: Any, worker: int, ops: int, barrier, queue, optio
         barrier.abort()
         queue.put(report)
         return
-    errors: Counter = Counter()
-    latencies = []
     sql = _INSERT.format(table=table)
     try:
         barrier.wait(BARRIER_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - another worker failed its setup: nothing to measure
         queue.put({**report, "setup_error": "the barrier broke (another worker failed to start)"})
         return
-    report["start"] = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on this machine
-    cpu_start = time.process_time()  # this process's CPU (all its threads): what an insert costs the client
-    reruns = 0  # inserts run again after DuckLake gave up its own retries (nothing had been committed)
-    for op in range(ops):
-        t = time.perf_counter()
-        try:
-            if lake is not None:
-                reruns += execute_retrying(lake.con, sql, [worker, op])
-            else:
-                con = duckdb.connect(target)  # the seed's pattern: open, write, close, for every operation
-                try:
-                    con.execute(sql, [worker, op])
-                finally:
-                    con.close()
-        except duckdb.Error as exc:
-            errors[_error_kind(exc)] += 1
-            continue
-        latencies.append((op, time.perf_counter() - t))
-    report["end"] = time.monotonic()
-    report["cpu_s"] = time.process_time() - cpu_start
-    report["reruns"] = reruns
-    report["latencies_s"] = latencies
-    report["errors"] = dict(errors)
+    if lake is not None:
+        report.update(_timed_inserts(lambda op: execute_retrying(lake.con, sql, [worker, op]), ops))
+    else:
+        def open_write_close(op: int) -> int:
+            con = duckdb.connect(target)  # the seed's pattern: open, write, close, for every operation
+            try:
+                con.execute(sql, [worker, op])
+            finally:
+                con.close()
+            return 0
+
+        report.update(_timed_inserts(open_write_close, ops))
     if lake is not None:
         lake.close()
     queue.put(report)
@@ -397,14 +413,9 @@ def catalog_cpu_reader(state: State) -> Callable[[], float | None]:
     return read
 
 
-def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
-                 settings: dict[str, Any] | None = None, catalog_settings: dict[str, str] | None = None,
-                 catalog_cpu: Callable[[], float | None] = lambda: None, profile: bool = True,
-                 calibrate_ops: int = 0) -> WriterFigures:
-    """`settings`: DuckDB settings of every worker (over SMALL_WRITER_SETTINGS, before the ATTACH);
-    `catalog_settings`: PostgreSQL settings of the workers' catalog connections (e.g. synchronous_commit)."""
+def _prepare_table(ep: Endpoints, inlining: bool, profile: bool = False) -> dict[str, Any] | None:
+    """(Re)create the table the writers insert into; the profile of one INSERT's catalog round trips if asked."""
     table = f"{BENCH_SCHEMA}.{TABLE}"
-    worker_settings = {**SMALL_WRITER_SETTINGS, **(settings or {})}
     with Lake(ep) as lake:
         lake.con.execute(f"CREATE SCHEMA IF NOT EXISTS {BENCH_SCHEMA}")
         lake.con.execute(f"CREATE OR REPLACE TABLE {table} (worker INTEGER, op INTEGER, inserted_at TIMESTAMP)")
@@ -413,7 +424,27 @@ def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
         # setup rows (op < 0, not counted): the first INSERT creates the inlined-data table in the catalog, once;
         # the second is profiled (catalog round trips of an ordinary INSERT)
         lake.con.execute(_INSERT.format(table=table), [-1, -1])
-        insert_profile = profile_insert(lake, table) if profile else None
+        return profile_insert(lake, table) if profile else None
+
+
+def _counted(ep: Endpoints) -> tuple[int, int, int]:
+    """(rows, distinct (worker, op), distinct snapshots) the concurrent run left in the table."""
+    with Lake(ep) as lake:
+        actual, distinct, snapshots = lake.con.execute(
+            f"SELECT count(*), count(DISTINCT (worker, op)), count(DISTINCT snapshot_id) FROM {BENCH_SCHEMA}.{TABLE} "
+            "WHERE op >= 0").fetchone()
+    return int(actual), int(distinct), int(snapshots)
+
+
+def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
+                 settings: dict[str, Any] | None = None, catalog_settings: dict[str, str] | None = None,
+                 catalog_cpu: Callable[[], float | None] = lambda: None, profile: bool = True,
+                 calibrate_ops: int = 0) -> WriterFigures:
+    """`settings`: DuckDB settings of every worker (over SMALL_WRITER_SETTINGS, before the ATTACH);
+    `catalog_settings`: PostgreSQL settings of the workers' catalog connections (e.g. synchronous_commit)."""
+    table = f"{BENCH_SCHEMA}.{TABLE}"
+    worker_settings = {**SMALL_WRITER_SETTINGS, **(settings or {})}
+    insert_profile = _prepare_table(ep, inlining, profile)
     single = single_writer(ep, table, calibrate_ops, worker_settings, catalog_settings, catalog_cpu) if calibrate_ops else None
     before = _catalog_counters(ep)
     cpu: dict[str, float | None] = {}
@@ -421,10 +452,8 @@ def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
                            on_release=lambda: cpu.update(start=catalog_cpu()))
     cpu["end"] = catalog_cpu()
     after = _catalog_counters(ep)  # the workers have exited, so their statistics are flushed
-    with Lake(ep) as lake:
-        actual, distinct, snapshots = lake.con.execute(
-            f"SELECT count(*), count(DISTINCT (worker, op)), count(DISTINCT snapshot_id) FROM {table} WHERE op >= 0").fetchone()
-    out = _summary("ducklake", reports, workers, ops, int(actual), int(distinct))
+    actual, distinct, snapshots = _counted(ep)
+    out = _summary("ducklake", reports, workers, ops, actual, distinct)
     out.retries = after[1] - before[1]
     out.retries_note = ("rolled-back catalog transactions during the run (pg_stat_database.xact_rollback): each is a "
                            "commit attempt that lost the race and was retried by DuckLake (exact if nothing else used the catalog)")
@@ -444,6 +473,105 @@ def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
     out.settings = worker_settings  # DuckDB settings of the workers (on top of RETRY_SETTINGS)
     out.catalog_settings = catalog_settings or {}
     out.single_writer = single
+    return out
+
+
+# -- (c) the same inserts as tasks of the worker plane ---------------------------------------------------------
+
+
+def _plane_writer(plugin: str, writer: int, ops: int, ready: str, go: str) -> dict[str, Any]:
+    """A worker plane task (runs on a Dask worker): warm up on the worker's pooled connection, say so on the `ready`
+    queue, wait for the `go` event, then do `ops` INSERTs. Returns the same report as a writer process."""
+    from distributed import Event, Queue, get_worker
+
+    from ducklake_kit.workers.plugin import plugin_on
+
+    lake_plugin = plugin_on(get_worker(), plugin)
+    report: dict[str, Any] = {"worker": writer, "latencies_s": [], "errors": {}, "setup_error": None}
+    if lake_plugin is None or lake_plugin.lake is None:
+        report["setup_error"] = f"no lake attached on this worker ({lake_plugin.error if lake_plugin else 'no plugin'})"
+        Queue(ready).put(writer)
+        return report
+    lake_plugin.count_task()
+    con = lake_plugin.lake.con
+    table = f"{BENCH_SCHEMA}.{TABLE}"
+    con.execute(f"SELECT count(*) FROM {table}").fetchall()  # the table's catalog entry read before the clock starts
+    sql = _INSERT.format(table=table)
+    Queue(ready).put(writer)
+    if not Event(go).wait(BARRIER_TIMEOUT_S):
+        report["setup_error"] = "never released (another writer failed to start)"
+        return report
+    report.update(_timed_inserts(lambda op: execute_retrying(con, sql, [writer, op]), ops))
+    return report
+
+
+def run_plane(state: State, ep: Endpoints, workers: int, ops: int, inlining: bool = True,
+              catalog_cpu: Callable[[], float | None] = lambda: None, scheduler: str | None = None) -> WriterFigures:
+    """The inserts as worker plane tasks, one writer per worker w1..wN. Workers the kit's plane lacks are started
+    (not remembered as its size) and stopped afterwards, the scheduler too when the run started it."""
+    import uuid
+
+    from distributed import Event, Queue
+
+    from ducklake_kit.workers import WorkerPlane
+    from ducklake_kit.workers import plane as plane_mod
+    from ducklake_kit.workers.client import name_order
+    from ducklake_kit.workers.plugin import WORKER_SETTINGS
+
+    _prepare_table(ep, inlining)
+    had_scheduler, had = plane_mod.scheduler_running(state), plane_mod.running_workers(state)
+    status = plane_mod.up(state, ep, max(workers, len(had)), scheduler, remember=False)
+    try:
+        with WorkerPlane(status.address, ep) as wp:
+            names = sorted(wp.names(), key=name_order)[:workers]
+            if len(names) < workers:
+                raise KitError(f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {workers}",
+                               f"start more workers there, or run with --workers {len(names)}")
+            token = uuid.uuid4().hex[:12]
+            ready, go = Queue(f"bench-ready-{token}", client=wp.client), Event(f"bench-go-{token}", client=wp.client)
+            futures = [wp.client.submit(_plane_writer, wp.plugin, i, ops, ready.name, go.name, pure=False, retries=0,
+                                        workers=[wp.address_of(n)], allow_other_workers=False)
+                       for i, n in enumerate(names)]
+            for _ in names:
+                ready.get(timeout=BARRIER_TIMEOUT_S)
+            before, cpu_start = _catalog_counters(ep), catalog_cpu()
+            go.set()
+            results = [wp.result(f) for f in futures]
+            cpu_end = catalog_cpu()
+            time.sleep(1.5)  # let the workers' catalog connections publish their transaction counters
+            after = _catalog_counters(ep)
+    finally:
+        if not scheduler:
+            if not had_scheduler:
+                plane_mod.down(state)
+            else:
+                extra = [n for n in plane_mod.running_workers(state) if n not in had]
+                if extra:
+                    plane_mod.stop_workers(state, extra)
+    failed = [r for r in results if not isinstance(r, dict) or r.get("setup_error")]
+    if failed:
+        first = failed[0]
+        why = first.get("setup_error") if isinstance(first, dict) else first.error.line()
+        raise KitError(f"a writer on the worker plane could not run ({why})", "run `workers` to see the workers' state")
+    reports = results
+    actual, distinct, snapshots = _counted(ep)
+    out = _summary("workers", reports, workers, ops, actual, distinct)
+    out.retries = after[1] - before[1]
+    out.retries_note = ("rolled-back catalog transactions during the run (pg_stat_database.xact_rollback), read 1.5 s "
+                        "after it: the workers' catalog connections stay open, so this may under-count")
+    out.reruns = sum(r.get("reruns", 0) for r in reports)
+    out.reruns_note = "inserts run again by the writer after DuckLake gave up its retries (nothing had been committed)"
+    out.catalog_commits = after[0] - before[0]
+    out.snapshots = snapshots
+    ok = out.succeeded or 1
+    out.client_cpu_ms_per_insert = round(sum(r.get("cpu_s", 0.0) for r in reports) / ok * 1000, 2)
+    out.catalog_cpu_ms_per_insert = (round((cpu_end - cpu_start) / ok * 1000, 2)
+                                     if cpu_start is not None and cpu_end is not None else None)
+    out.data_inlining = inlining
+    out.synchronous_commit = _catalog_setting(ep, "synchronous_commit")
+    out.retry_settings = RETRY_SETTINGS
+    out.settings = WORKER_SETTINGS
+    out.catalog_settings = {}
     return out
 
 
@@ -497,7 +625,8 @@ def bench_concurrency(platform: Platform, state: State, *, workers: int = 3, ops
                       on_step: Callable[[str], None] = lambda _m: None, modes: tuple[str, ...] = MODES,
                       inlining: bool = True, settings: dict[str, Any] | None = None,
                       catalog_settings: dict[str, str] | None = None, calibrate_ops: int = CALIBRATE_OPS,
-                      json_path: Path | None = None, png_path: Path | None = None) -> ConcurrencyRun:
+                      json_path: Path | None = None, png_path: Path | None = None,
+                      scheduler: str | None = None) -> ConcurrencyRun:
     """`settings`/`catalog_settings`: see run_ducklake. `calibrate_ops`: inserts of one writer alone, measured
     first, from which the lower bounds of `floor` are computed (0: skip)."""
     if workers < 1 or ops < 1:
@@ -516,12 +645,17 @@ def bench_concurrency(platform: Platform, state: State, *, workers: int = 3, ops
         on_step(f"(b) DuckLake, PostgreSQL catalog, one connection per worker: {workers} workers x {ops} inserts")
         results["ducklake"] = run_ducklake(ep, workers, ops, inlining, settings, catalog_settings,
                                            catalog_cpu_reader(state), calibrate_ops=min(calibrate_ops, max(ops, 20)))
+    if "workers" in modes:
+        on_step(f"(c) DuckLake from the worker plane (Dask), one task per writer: {workers} workers x {ops} inserts")
+        results["workers"] = run_plane(state, ep, workers, ops, inlining, catalog_cpu_reader(state), scheduler)
     out = ConcurrencyRun(workers, ops, Machine.since(load_before), results)
     d = out.ducklake
     if d is not None:
         if d.single_writer is not None:
             out.floor = floor(d.single_writer, workers, ops, os.cpu_count() or 1)
         out.goals = goals(d, out.floor)
+    if out.floor is not None and out.floor.total_s_at_least:
+        out.vs_floor = {m: round(r.total_s / out.floor.total_s_at_least, 2) for m, r in results.items() if m != "file"}
     write_outputs(out, json_path, png_path, chart_concurrency)
     return out
 
@@ -537,7 +671,7 @@ def chart_concurrency(result: ConcurrencyRun, path: Path) -> None:
     names = list(res)
     labels = [f"{m}\n{res[m].errors} errors, {res[m].rows_lost} lost" for m in names]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
-    left.bar(labels, [res[m].total_s for m in names], color=["tab:red", "tab:blue"][: len(names)])
+    left.bar(labels, [res[m].total_s for m in names], color=["tab:red", "tab:blue", "tab:green"][: len(names)])
     left.set_ylabel("total seconds (concurrent part)")
     left.set_yscale("log")
     x = range(len(names))

@@ -159,9 +159,11 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     out.print("[bold]DBeaver:[/]")
     for kind, settings in info["dbeaver"].items():
         out.print(f"  {kind}: " + ", ".join(f"{k}={v}" for k, v in settings.items()), markup=False)
-    out.print("[bold]S3:[/] " + ", ".join(f"{k}={v}" for k, v in info["s3"].items()), markup=False)
+    out.print("[bold]S3:[/]")  # the values may hold brackets: printed without markup
+    out.print("  " + ", ".join(f"{k}={v}" for k, v in info["s3"].items()), markup=False)
     plane = info["worker_plane"]
-    out.print(f"[bold]Worker plane:[/] Dask scheduler {plane['scheduler']}", highlight=False)
+    out.print("[bold]Worker plane:[/]")
+    out.print(f"  Dask scheduler {plane['scheduler']}", markup=False)
     if plane["dashboard"]:
         out.print(f"  dashboard (open in a browser): {plane['dashboard']}", markup=False)
 

@@ -188,7 +188,8 @@ def all_(
 
     c: Ctx = ctx.obj
     run = CheckRun()
-    result = flow.run_all(c.platform(), c.state, run, source=source, mode=mode, bench=bench, on_step=step_printer(as_json))
+    result = flow.run_all(c.platform(), c.state, run, source=source, mode=mode, bench=bench, scheduler=c.scheduler,
+                          on_step=step_printer(as_json))
     info = result.pop("catalog_info")
     if as_json:
         print_json("ok" if run.ok else "error", {**result, **run.as_dict()}, info)

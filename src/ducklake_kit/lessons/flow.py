@@ -5,7 +5,9 @@ load        the NYC Taxi load through PySpark, checked against the raw files; th
 queries     every SQL lesson in queries/, each answer checked against an independent computation
 timetravel  the change-feed lesson in its own schema, every figure checked
 maintain    flush, merge, expire the lesson's first snapshot, clean up, CHECKPOINT: answers unchanged
-bench       a short concurrency benchmark (3 writers x 100 inserts), its counts checked
+workers     the worker plane: every worker attached, per-month counts from tasks sum to the lake's, a
+            worker-local table on its worker only
+bench       a short concurrency benchmark (3 writers x 100 inserts: processes, and worker plane tasks), counts checked
 
 Exit 0 only if every check of every stage holds.
 """
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ducklake_kit.bench import concurrency as bench_concurrency
-from ducklake_kit.lessons import foundation, maintain, queries, timetravel
+from ducklake_kit.lessons import foundation, maintain, queries, timetravel, workers
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.base import Platform
@@ -36,7 +38,8 @@ def all_rows_per_month() -> int:
 
 
 def run_all(platform: Platform, state: State, checks: CheckRun, *, source: str = "synthetic", mode: str = "skip",
-            bench: bool = True, on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+            bench: bool = True, scheduler: str | None = None,
+            on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     with checks.stage("foundation"):
         on_step("foundation: services, buckets, a table, two inserts, time travel")
         result = foundation.run(platform, checks)
@@ -68,13 +71,18 @@ def run_all(platform: Platform, state: State, checks: CheckRun, *, source: str =
         done = maintain.run_maintain(platform, checks, versions=[first_snapshot], on_step=on_step)
         result["maintain"] = {"expired": done.get("done", {}).get("expired"), "before": done["before"], "after": done["after"]}
 
+    with checks.stage("workers"):
+        result["workers"] = workers.run_workers(platform, state, checks, scheduler=scheduler, on_step=on_step)
+
     if bench:
         with checks.stage("bench"):
-            on_step("a short benchmark: 3 writers x 100 inserts into DuckLake and into one DuckDB file")
-            figures = bench_concurrency.bench_concurrency(platform, state, workers=3, ops=100, on_step=on_step)
-            lake_side = figures.results["ducklake"]
-            checks.equal("bench: DuckLake lost no rows (3 x 100 inserts)", lake_side.rows_lost, 0)
-            checks.equal("bench: DuckLake reported no errors", lake_side.errors, 0)
+            on_step("a short benchmark: 3 writers x 100 inserts into DuckLake (processes, worker plane tasks) and into one DuckDB file")
+            figures = bench_concurrency.bench_concurrency(platform, state, workers=3, ops=100, on_step=on_step,
+                                                          scheduler=scheduler)
+            for mode, label in (("ducklake", "DuckLake"), ("workers", "DuckLake from the worker plane")):
+                lake_side = figures.results[mode]
+                checks.equal(f"bench: {label} lost no rows (3 x 100 inserts)", lake_side.rows_lost, 0)
+                checks.equal(f"bench: {label} reported no errors", lake_side.errors, 0)
             result["bench"] = figures.as_dict()
 
     with Lake(platform.endpoints()) as lake:

@@ -129,22 +129,35 @@ def start(
 
 def stop(pid_file: Path, *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> str:
     """Stop the process in `pid_file` (only if it is still the one we started); remove the file."""
-    rec = read_pid(pid_file)
-    if rec is None:
-        return "not running"
-    proc = rec.process()
-    msg = "not running (stale pid file removed)"
-    if proc is not None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout)
-            msg = f"stopped (pid {rec.pid})"
-        except psutil.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-            msg = f"killed after {timeout:.0f}s (pid {rec.pid})"
-    pid_file.unlink(missing_ok=True)
-    return msg
+    return stop_all([pid_file], sig=sig, timeout=timeout)[0]
+
+
+def stop_all(pid_files: list[Path], *, sig: int = signal.SIGTERM, timeout: float = 20.0) -> list[str]:
+    """`stop` for several processes at once: signal all of them, then wait for each (they shut down in parallel)."""
+    signalled: list[tuple[Path, PidRecord | None, psutil.Process | None]] = []
+    for pid_file in pid_files:
+        rec = read_pid(pid_file)
+        proc = rec.process() if rec else None
+        if proc is not None:
+            proc.send_signal(sig)
+        signalled.append((pid_file, rec, proc))
+    msgs = []
+    for pid_file, rec, proc in signalled:
+        if rec is None:
+            msgs.append("not running")
+            continue
+        msg = "not running (stale pid file removed)"
+        if proc is not None:
+            try:
+                proc.wait(timeout)
+                msg = f"stopped (pid {rec.pid})"
+            except psutil.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+                msg = f"killed after {timeout:.0f}s (pid {rec.pid})"
+        pid_file.unlink(missing_ok=True)
+        msgs.append(msg)
+    return msgs
 
 
 class GiveUp(Exception):

@@ -125,7 +125,7 @@ class WorkerPlane:
                 lake, tasks, uptime, tables = f"unknown ({first_line(st) if isinstance(st, BaseException) else st})", 0, None, []
             out.append(WorkerInfo(str(w["name"]), addr, pid, status + (f", {busy} task(s)" if busy else ", idle"),
                                   lake, tasks, uptime, tables))
-        return sorted(out, key=lambda x: _name_key(x.name))
+        return sorted(out, key=lambda x: name_order(x.name))
 
     def address_of(self, name: str) -> str:
         names = self.names()
@@ -133,7 +133,7 @@ class WorkerPlane:
             return names[name]
         if name in names.values():  # an address given instead of a name
             return name
-        running = ", ".join(sorted(names, key=_name_key)) or "none"
+        running = ", ".join(sorted(names, key=name_order)) or "none"
         raise KitError(f"no running worker is named '{name}' (running: {running})",
                        "run `workers` to list them, or `up --workers N` to start more")
 
@@ -174,7 +174,7 @@ class WorkerPlane:
         return [self.result(f) for f in futures]
 
 
-def _name_key(name: str) -> tuple[int, str]:
+def name_order(name: str) -> tuple[int, str]:
     """w2 before w10."""
     digits = name.lstrip("w")
     return (int(digits), name) if name.startswith("w") and digits.isdigit() else (10**9, name)

@@ -18,7 +18,7 @@ from ducklake_kit.errors import KitError
 from ducklake_kit.platforms import procs
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.platforms.state import DEFAULT_DASHBOARD_PORT, DEFAULT_SCHEDULER_PORT, State
-from ducklake_kit.workers.client import NO_RETRIES_ENV, SchedulerUnreachable, WorkerInfo, WorkerPlane, _name_key
+from ducklake_kit.workers.client import NO_RETRIES_ENV, SchedulerUnreachable, WorkerInfo, WorkerPlane, name_order
 from ducklake_kit.workers.plugin import WorkerState
 
 DEFAULT_WORKERS = 2
@@ -97,9 +97,11 @@ def _saved_workers(state: State) -> int:
     return int(state.settings().get("workers", DEFAULT_WORKERS))
 
 
-def up(state: State, endpoints: Endpoints, workers: int | None = None, scheduler: str | None = None) -> PlaneStatus:
+def up(state: State, endpoints: Endpoints, workers: int | None = None, scheduler: str | None = None, *,
+       remember: bool = True) -> PlaneStatus:
     """Start what is missing: the scheduler, then workers w1..wN (replacing dead ones, stopping any beyond N), and
-    wait until each has the lake attached. Idempotent: what runs and answers is reused."""
+    wait until each has the lake attached. Idempotent: what runs and answers is reused. `remember=False`: N is
+    not saved as the plane's size (a benchmark that borrows extra workers)."""
     cfg = PlaneConfig.of(state, scheduler)
     n = _saved_workers(state) if workers is None else workers
     if n < 0:
@@ -119,11 +121,11 @@ def up(state: State, endpoints: Endpoints, workers: int | None = None, scheduler
         scheduler_pid = _ensure_scheduler(state, cfg)
         with WorkerPlane(cfg.address, endpoints) as plane:
             wanted = [worker_name(i) for i in range(1, n + 1)]
-            for extra in sorted(set(_kit_workers(state)) - set(wanted), key=_name_key):
-                procs.stop(state.pid_file(_worker_service(extra)))
+            _stop_workers(state, sorted(set(_kit_workers(state)) - set(wanted), key=name_order))
             started = [name for name in wanted if _start_worker_if_needed(state, cfg, plane, name)]
             _wait_attached(plane, wanted, started, state)
-            state.save_settings(scheduler_port=cfg.scheduler_port, dashboard_port=cfg.dashboard_port, workers=n)
+            sizes = {"workers": n} if remember else {}
+            state.save_settings(scheduler_port=cfg.scheduler_port, dashboard_port=cfg.dashboard_port, **sizes)
             out = _status_of(plane, cfg, managed=True, scheduler_pid=scheduler_pid)
             out.detail = (f"started {', '.join(started)}" if started else "already running, reused")
             return out
@@ -223,10 +225,30 @@ def down(state: State) -> list[str]:
 
 
 def _down(state: State) -> list[str]:
-    msgs = [f"worker {name}: {procs.stop(state.pid_file(_worker_service(name)))}"
-            for name in sorted(_kit_workers(state), key=_name_key)]
+    names = sorted(_kit_workers(state), key=name_order)
+    msgs = _stop_workers(state, names)
     msgs.append(f"scheduler: {procs.stop(state.pid_file(SCHEDULER))}")
     return msgs
+
+
+def stop_workers(state: State, names: list[str]) -> list[str]:
+    """Stop some of the kit's workers (e.g. the ones a benchmark started), leaving the rest running."""
+    with state.lock():
+        return _stop_workers(state, names)
+
+
+def _stop_workers(state: State, names: list[str]) -> list[str]:
+    stopped = procs.stop_all([state.pid_file(_worker_service(name)) for name in names])
+    return [f"worker {name}: {msg}" for name, msg in zip(names, stopped)]
+
+
+def running_workers(state: State) -> list[str]:
+    """The kit's workers whose process is alive, w1 first."""
+    return sorted((n for n in _kit_workers(state) if procs.live_pid(state.pid_file(_worker_service(n)))), key=name_order)
+
+
+def scheduler_running(state: State) -> bool:
+    return procs.live_pid(state.pid_file(SCHEDULER)) is not None
 
 
 def status(state: State, endpoints: Endpoints, scheduler: str | None = None) -> PlaneStatus:
@@ -254,7 +276,7 @@ def _status_of(plane: WorkerPlane, cfg: PlaneConfig, managed: bool, scheduler_pi
     missing = []
     if managed and state is not None:
         joined = {w.name for w in workers}
-        missing = [n for n in sorted(_kit_workers(state), key=_name_key)
+        missing = [n for n in sorted(_kit_workers(state), key=name_order)
                    if n not in joined or procs.live_pid(state.pid_file(_worker_service(n))) is None]
     unattached = [w.name for w in workers if w.lake != "attached"]
     healthy = not missing and not unattached and bool(workers)

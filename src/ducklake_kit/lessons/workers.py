@@ -1,0 +1,62 @@
+"""The worker plane's stage of `all`: the workers share one lake, each keeps its own worker-local tables.
+
+1. `up` of the plane (the kit's own, or --scheduler): every worker has the lake attached.
+2. The trips counted per month, one task per month, all submitted at once so they spread over the workers; their
+   sum equals the count one connection of this process reads (an independent reader of the same snapshot), and
+   every task names the worker that ran it.
+3. A worker-local table made on the first worker is there for the next task on that worker and on no other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ducklake_kit.checks import CheckRun
+from ducklake_kit.lake import Lake
+from ducklake_kit.platforms.base import Platform
+from ducklake_kit.platforms.state import State
+from ducklake_kit.workers import WorkerPlane
+from ducklake_kit.workers import plane as plane_mod
+from ducklake_kit.workers.client import name_order
+
+LOCAL_TABLE = "local.kit_check"
+
+
+def run_workers(platform: Platform, state: State, checks: CheckRun, *, scheduler: str | None = None,
+                on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+    ep = platform.endpoints()
+    on_step("worker plane: the scheduler and the workers, each with the lake attached")
+    status = plane_mod.up(state, ep, None, scheduler)
+    names = sorted((w.name for w in status.workers), key=name_order)
+    checks.true("workers: at least one worker, each with the lake attached", status.healthy and bool(names),
+                expected="healthy, >= 1 worker", actual=status.detail)
+    if not names:
+        return {"workers": []}
+    with Lake(ep) as lake:
+        snapshot = lake.current_snapshot()
+        months = [m for (m,) in lake.con.execute(
+            f"SELECT DISTINCT pickup_month FROM trips AT (VERSION => {snapshot}) ORDER BY 1").fetchall()]
+        total = lake.scalar(f"SELECT count(*) FROM trips AT (VERSION => {snapshot})")
+    with WorkerPlane(status.address, ep) as wp:
+        on_step(f"worker plane: the trips counted per month, {len(months)} tasks on {len(names)} workers")
+        futures = [wp.submit(f"SELECT count(*) FROM trips AT (VERSION => {snapshot}) WHERE pickup_month = {m}")
+                   for m in months]
+        results = [wp.result(f) for f in futures]
+        failed = [r.error.line() for r in results if not r.ok]
+        checks.equal("workers: every per-month task succeeded", failed, [])
+        counted = sum(r.rows[0][0] for r in results if r.ok)
+        checks.equal("workers: the per-month counts sum to the lake's count", counted, total)
+        ran_on = sorted({r.worker for r in results}, key=name_order)
+        checks.true("workers: every task names a worker of the plane", set(ran_on) <= set(names),
+                    expected=names, actual=ran_on)
+        on_step(f"worker plane: a worker-local table on {names[0]}, looked for on every worker")
+        made = wp.run([f"CREATE OR REPLACE TABLE {LOCAL_TABLE} AS SELECT {total} AS trips",
+                       f"SELECT trips FROM {LOCAL_TABLE}"], worker=names[0])
+        checks.equal(f"workers: {LOCAL_TABLE} made on {names[0]} is there for its next task",
+                     wp.run(f"SELECT trips FROM {LOCAL_TABLE}", worker=names[0]).rows if made.ok else made.error.line(),
+                     [(total,)])
+        seen_on = [n for n in names[1:] if wp.run(f"SELECT 1 FROM {LOCAL_TABLE}", worker=n).ok]
+        checks.equal(f"workers: {LOCAL_TABLE} is on no other worker", seen_on, [])
+        wp.run(f"DROP TABLE {LOCAL_TABLE}", worker=names[0])
+    return {"workers": names, "tasks": len(results), "ran_on": ran_on}
