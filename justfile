@@ -37,17 +37,22 @@ setup:
 doctor platform="local": setup
     {{kit}} --platform {{platform}} doctor
 
-# start PostgreSQL (catalog) and the S3 store (idempotent)
+# start PostgreSQL (catalog), the S3 store and the worker plane (idempotent), e.g. just up local 3
 [group('lake')]
-up platform="local": setup
-    {{kit}} --platform {{platform}} up
+up platform="local" workers="": setup
+    {{kit}} --platform {{platform}} up {{ if workers != "" { "--workers " + workers } else { "" } }}
 
-# show the services' health, ports and data sizes
+# show the services' health, ports and data sizes, and the workers
 [group('lake')]
 status platform="local": setup
     {{kit}} --platform {{platform}} status
 
-# stop the services (data stays)
+# list the worker plane's workers: name, pid, state, tasks run, memory, worker-local tables
+[group('lake')]
+workers platform="local": setup
+    {{kit}} --platform {{platform}} workers
+
+# stop the worker plane and the services (data stays)
 [group('lake')]
 down platform="local": setup
     {{kit}} --platform {{platform}} down

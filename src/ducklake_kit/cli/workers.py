@@ -16,11 +16,12 @@ if TYPE_CHECKING:
 
 def workers_table(plane: "PlaneStatus") -> Any:
     rows = [[w.name, w.address, w.pid or "", w.state, w.lake, w.tasks_run,
-             "" if w.uptime_s is None else f"{w.uptime_s:.0f} s", ", ".join(w.local_tables) or "-"] for w in plane.workers]
-    rows += [[name, "", "", "GONE: run `up`", "", "", "", ""] for name in plane.missing]
+             "" if w.uptime_s is None else f"{w.uptime_s:.0f} s", "" if w.memory_mib is None else f"{w.memory_mib:.0f}",
+             ", ".join(w.local_tables) or "-"] for w in plane.workers]
+    rows += [[name, "", "", "GONE: run `up`", "", "", "", "", ""] for name in plane.missing]
     where = "the kit's" if plane.managed else "a user's"
     return table(f"Workers ({where} Dask scheduler {plane.address})",
-                 ["worker", "address", "pid", "state", "lake", "tasks run", "uptime", "worker-local tables"], rows)
+                 ["worker", "address", "pid", "state", "lake", "tasks run", "uptime", "memory MiB", "worker-local tables"], rows)
 
 
 def print_plane(plane: "PlaneStatus") -> None:
@@ -35,8 +36,8 @@ def print_plane(plane: "PlaneStatus") -> None:
 @app.command()
 @command
 def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """List the worker plane's workers: name, address, pid, state, tasks run, uptime, worker-local tables. Exit 1
-    when one is gone or has no lake attached."""
+    """List the worker plane's workers: name, address, pid, state, tasks run, uptime, memory, worker-local tables.
+    Exit 1 when one is gone or has no lake attached."""
     from ducklake_kit.workers import plane as plane_mod
 
     c: Ctx = ctx.obj

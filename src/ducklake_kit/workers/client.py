@@ -35,6 +35,7 @@ class WorkerInfo:
     tasks_run: int
     uptime_s: float | None
     local_tables: list[str]
+    memory_mib: float | None = None  # resident memory of the worker process
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,15 +117,15 @@ class WorkerPlane:
             st = states.get(addr)
             busy = len(processing.get(addr, ()))
             status = str(w.get("status", "running")).replace("Status.", "")
-            pid = w.get("pid")
+            pid, memory = w.get("pid"), None
             if isinstance(st, WorkerState):
                 lake = "attached" if st.attached else f"NOT attached: {st.error or 'still attaching'}"
                 tasks, uptime, tables = st.tasks_run, (round(now - st.started, 1) if st.started else None), st.local_tables
-                pid = st.pid
+                pid, memory = st.pid, st.memory_mib
             else:  # the worker did not answer (it is closing, or the call failed)
                 lake, tasks, uptime, tables = f"unknown ({first_line(st) if isinstance(st, BaseException) else st})", 0, None, []
             out.append(WorkerInfo(str(w["name"]), addr, pid, status + (f", {busy} task(s)" if busy else ", idle"),
-                                  lake, tasks, uptime, tables))
+                                  lake, tasks, uptime, tables, memory))
         return sorted(out, key=lambda x: name_order(x.name))
 
     def address_of(self, name: str) -> str:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 from distributed import WorkerPlugin, get_worker
 
 from ducklake_kit.errors import KitError, first_line
@@ -48,6 +49,7 @@ class WorkerState:
     tasks_run: int
     started: float  # time.time() when the plugin attached
     local_tables: list[str] = field(default_factory=list)
+    memory_mib: float | None = None  # the worker process's resident memory
 
 
 class LakePlugin(WorkerPlugin):
@@ -116,4 +118,5 @@ def worker_state(name: str, dask_worker=None) -> WorkerState:
         tables = plugin.local_tables()
     except Exception as exc:  # noqa: BLE001 - listing must not break `workers`
         error = error or f"could not list worker-local tables ({first_line(exc)})"
-    return WorkerState(str(worker.name), os.getpid(), plugin.lake is not None, error, plugin.tasks_run, plugin.started, tables)
+    return WorkerState(str(worker.name), os.getpid(), plugin.lake is not None, error, plugin.tasks_run, plugin.started, tables,
+                       round(psutil.Process().memory_info().rss / 2**20, 1))
