@@ -220,6 +220,15 @@ def _dask(args: list[str], env: dict[str, str], log) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 def test_a_users_dask_cluster_through_scheduler(stack, cli, tmp_path):
     port = procs.free_port()
     address = f"tcp://127.0.0.1:{port}"
@@ -238,10 +247,8 @@ def test_a_users_dask_cluster_through_scheduler(stack, cli, tmp_path):
             r = wp.run("SELECT count(*) FROM range(7)", worker="their-worker")
             assert (r.worker, r.rows) == ("their-worker", [(7,)])
     finally:
-        for p in started:
-            p.terminate()
-        for p in started:
-            p.wait(20)
+        for p in reversed(started):  # the worker first, while its scheduler is still there to say goodbye to
+            _stop(p)
         log.close()
 
 
@@ -258,6 +265,5 @@ def test_a_scheduler_that_would_rerun_tasks_is_refused(stack, cli, tmp_path):
             "which could run a committed statement twice. "
             "Try: start it with DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=0 in its environment.")
     finally:
-        proc.terminate()
-        proc.wait(20)
+        _stop(proc)
         log.close()

@@ -436,6 +436,30 @@ def _counted(ep: Endpoints) -> tuple[int, int, int]:
     return int(actual), int(distinct), int(snapshots)
 
 
+def _lake_figures(mode: str, ep: Endpoints, reports: list[dict[str, Any]], workers: int, ops: int,
+                  before: tuple[int, int], after: tuple[int, int], catalog_cpu_s: tuple[float | None, float | None],
+                  inlining: bool, retries_note: str) -> WriterFigures:
+    """A DuckLake side's figures: the writers' reports, the rows counted in the table, the catalog's transaction
+    counters and CPU (before, after) around the concurrent part."""
+    actual, distinct, snapshots = _counted(ep)
+    out = _summary(mode, reports, workers, ops, actual, distinct)
+    out.retries = after[1] - before[1]
+    out.retries_note = retries_note
+    out.reruns = sum(r.get("reruns", 0) for r in reports)
+    out.reruns_note = (f"inserts run again by the writer after DuckLake gave up its {RETRY_SETTINGS['ducklake_max_retry_count']} "
+                       "retries (lake.execute_retrying: nothing had been committed; capped, jittered waits)")
+    out.catalog_commits = after[0] - before[0]
+    out.snapshots = snapshots  # one per INSERT: fewer would mean two INSERTs shared a snapshot id
+    ok = out.succeeded or 1
+    out.client_cpu_ms_per_insert = round(sum(r.get("cpu_s", 0.0) for r in reports) / ok * 1000, 2)
+    start, end = catalog_cpu_s
+    out.catalog_cpu_ms_per_insert = round((end - start) / ok * 1000, 2) if start is not None and end is not None else None
+    out.data_inlining = inlining
+    out.synchronous_commit = _catalog_setting(ep, "synchronous_commit")
+    out.retry_settings = RETRY_SETTINGS
+    return out
+
+
 def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
                  settings: dict[str, Any] | None = None, catalog_settings: dict[str, str] | None = None,
                  catalog_cpu: Callable[[], float | None] = lambda: None, profile: bool = True,
@@ -452,24 +476,12 @@ def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
                            on_release=lambda: cpu.update(start=catalog_cpu()))
     cpu["end"] = catalog_cpu()
     after = _catalog_counters(ep)  # the workers have exited, so their statistics are flushed
-    actual, distinct, snapshots = _counted(ep)
-    out = _summary("ducklake", reports, workers, ops, actual, distinct)
-    out.retries = after[1] - before[1]
-    out.retries_note = ("rolled-back catalog transactions during the run (pg_stat_database.xact_rollback): each is a "
-                           "commit attempt that lost the race and was retried by DuckLake (exact if nothing else used the catalog)")
-    out.reruns = sum(r.get("reruns", 0) for r in reports)
-    out.reruns_note = (f"inserts run again by the writer after DuckLake gave up its {RETRY_SETTINGS['ducklake_max_retry_count']} "
-                          "retries (lake.execute_retrying: nothing had been committed; capped, jittered waits)")
-    out.catalog_commits = after[0] - before[0]
-    out.snapshots = int(snapshots)  # one per INSERT: fewer would mean two INSERTs shared a snapshot id
-    ok = out.succeeded or 1
-    out.client_cpu_ms_per_insert = round(sum(r.get("cpu_s", 0.0) for r in reports) / ok * 1000, 2)
-    out.catalog_cpu_ms_per_insert = (round((cpu["end"] - cpu["start"]) / ok * 1000, 2)
-                                     if cpu.get("start") is not None and cpu.get("end") is not None else None)
-    out.data_inlining = inlining
+    out = _lake_figures("ducklake", ep, reports, workers, ops, before, after, (cpu.get("start"), cpu.get("end")), inlining,
+                        "rolled-back catalog transactions during the run (pg_stat_database.xact_rollback): each is a "
+                        "commit attempt that lost the race and was retried by DuckLake (exact if nothing else used the catalog)")
     out.insert_profile = insert_profile
-    out.synchronous_commit = (catalog_settings or {}).get("synchronous_commit") or _catalog_setting(ep, "synchronous_commit")
-    out.retry_settings = RETRY_SETTINGS
+    if catalog_settings and catalog_settings.get("synchronous_commit"):
+        out.synchronous_commit = catalog_settings["synchronous_commit"]  # this run's, not the server's default
     out.settings = worker_settings  # DuckDB settings of the workers (on top of RETRY_SETTINGS)
     out.catalog_settings = catalog_settings or {}
     out.single_writer = single
@@ -553,23 +565,9 @@ def run_plane(state: State, ep: Endpoints, workers: int, ops: int, inlining: boo
         first = failed[0]
         why = first.get("setup_error") if isinstance(first, dict) else first.error.line()
         raise KitError(f"a writer on the worker plane could not run ({why})", "run `workers` to see the workers' state")
-    reports = results
-    actual, distinct, snapshots = _counted(ep)
-    out = _summary("workers", reports, workers, ops, actual, distinct)
-    out.retries = after[1] - before[1]
-    out.retries_note = ("rolled-back catalog transactions during the run (pg_stat_database.xact_rollback), read 1.5 s "
+    out = _lake_figures("workers", ep, results, workers, ops, before, after, (cpu_start, cpu_end), inlining,
+                        "rolled-back catalog transactions during the run (pg_stat_database.xact_rollback), read 1.5 s "
                         "after it: the workers' catalog connections stay open, so this may under-count")
-    out.reruns = sum(r.get("reruns", 0) for r in reports)
-    out.reruns_note = "inserts run again by the writer after DuckLake gave up its retries (nothing had been committed)"
-    out.catalog_commits = after[0] - before[0]
-    out.snapshots = snapshots
-    ok = out.succeeded or 1
-    out.client_cpu_ms_per_insert = round(sum(r.get("cpu_s", 0.0) for r in reports) / ok * 1000, 2)
-    out.catalog_cpu_ms_per_insert = (round((cpu_end - cpu_start) / ok * 1000, 2)
-                                     if cpu_start is not None and cpu_end is not None else None)
-    out.data_inlining = inlining
-    out.synchronous_commit = _catalog_setting(ep, "synchronous_commit")
-    out.retry_settings = RETRY_SETTINGS
     out.settings = WORKER_SETTINGS
     out.catalog_settings = {}
     return out

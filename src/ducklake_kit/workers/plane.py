@@ -9,7 +9,6 @@ starts nothing, registers the lake plugin there and uses its workers (the kit mu
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from dataclasses import dataclass, field
 from typing import Any
