@@ -236,7 +236,7 @@ def test_a_users_dask_cluster_through_scheduler(stack, cli, tmp_path):
     started = [_dask(["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], NO_RETRIES_ENV, log)]
     try:
         started.append(_dask(["worker", address, "--name", "their-worker", "--nthreads", "1", "--no-nanny",
-                              "--no-dashboard", "--host", "127.0.0.1"], {}, log))
+                              "--no-dashboard", "--host", "127.0.0.1", "--death-timeout", "30"], {}, log))
         env = {**stack.env, "DUCKLAKE_SCHEDULER": address}
         result = cli(env, "up", "--json")
         assert result.exit_code == 0, result.output
