@@ -95,6 +95,17 @@ def test_a_failed_statement_keeps_the_ones_before_and_duckdbs_own_error(workers,
     assert workers.run(f"SELECT count(*) FROM {t}", worker="w1").rows == [(1,)]
 
 
+def test_a_transaction_left_open_is_rolled_back_and_reported(workers, lake):
+    t = f"{SCHEMA}.left_open"
+    workers.run(f"CREATE TABLE {t} (id INTEGER)", worker="w1")
+    r = workers.run(["BEGIN", f"INSERT INTO {t} VALUES (1)"], worker="w1")
+    assert (r.ok, r.rolled_back) == (False, True) and "left a transaction open" in r.error.error
+    # the worker's next task runs on its own: its insert commits, and it is the only row
+    after = workers.run(f"INSERT INTO {t} VALUES (2)", worker="w1")
+    assert after.ok and after.snapshot_id is not None
+    assert lake.scalar(f"SELECT list(id) FROM {t}") == [2]
+
+
 def test_a_transaction_task_makes_one_snapshot_with_its_message(workers, lake):
     t = f"{SCHEMA}.txn"
     workers.run(f"CREATE TABLE {t} (id INTEGER)")
@@ -186,6 +197,35 @@ def test_a_worker_killed_mid_task_fails_the_task_and_it_is_never_run_again(priva
     assert again.detail == "started w2" and again.healthy and [w.name for w in again.workers] == ["w1", "w2", "w3"]
 
 
+def test_a_finished_task_whose_result_is_lost_is_not_run_again(private_plane, lake):
+    """Dask recomputes a finished task elsewhere when the worker holding its result dies (allowed-failures does
+    not cover that); the task's claim at the scheduler makes the second run refuse."""
+    state, ep = private_plane
+    status = plane.up(state, ep, 2)
+    t = f"{SCHEMA}.lost_result"
+    lake.run(f"CREATE OR REPLACE TABLE {t} (n INTEGER)")
+    with WorkerPlane(status.address, ep) as wp:
+        future = wp.submit(f"INSERT INTO {t} VALUES (1)")
+        first = future.result(timeout=60)  # Dask's own result: the future (and its result on the worker) stay held
+        assert first.ok
+        os.kill(_pids(state)[f"worker-{first.worker}"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while future.status == "finished" and time.monotonic() < deadline:  # until Dask notices the lost result
+            time.sleep(0.1)
+        again = wp.result(future, timeout_s=60)
+        assert again.worker != first.worker and not again.ok and "was not run again" in again.error.error
+    assert lake.scalar(f"SELECT count(*) FROM {t}") == 1
+
+
+def test_the_plane_listens_on_loopback_only(private_plane):
+    state, ep = private_plane
+    plane.up(state, ep, 1)
+    listening = [c.laddr for pid in _pids(state).values() for c in psutil.Process(pid).net_connections("inet")
+                 if c.status == psutil.CONN_LISTEN]
+    assert len(listening) >= 4  # scheduler, dashboard, the worker and its HTTP server
+    assert {a.ip for a in listening} == {"127.0.0.1"}, listening
+
+
 def test_down_leaves_no_process(private_plane):
     state, ep = private_plane
     plane.up(state, ep, 2)
@@ -250,6 +290,13 @@ def test_a_users_dask_cluster_through_scheduler(stack, cli, tmp_path):
         for p in reversed(started):  # the worker first, while its scheduler is still there to say goodbye to
             _stop(p)
         log.close()
+
+
+def test_a_scheduler_address_without_a_port_is_one_line(stack, cli):
+    result = cli({**stack.env, "DUCKLAKE_SCHEDULER": "tcp://127.0.0.1"}, "workers")
+    assert result.exit_code == 3, result.output
+    assert result.stderr.startswith("Error: cannot use the Dask scheduler address tcp://127.0.0.1 (")
+    assert result.stderr.strip().endswith("Try: give it as tcp://host:port.") and len(result.stderr.splitlines()) == 1
 
 
 def test_a_scheduler_that_would_rerun_tasks_is_refused(stack, cli, tmp_path):

@@ -491,15 +491,20 @@ def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
 # -- (c) the same inserts as tasks of the worker plane ---------------------------------------------------------
 
 
-def _plane_writer(plugin: str, writer: int, ops: int, ready: str, go: str) -> dict[str, Any]:
+def _plane_writer(plugin: str, writer: int, ops: int, ready: str, go: str, token: str) -> dict[str, Any]:
     """A worker plane task (runs on a Dask worker): warm up on the worker's pooled connection, say so on the `ready`
     queue, wait for the `go` event, then do `ops` INSERTs. Returns the same report as a writer process."""
     from distributed import Event, Queue, get_worker
 
     from ducklake_kit.workers.plugin import plugin_on
+    from ducklake_kit.workers.tasks import ALREADY_RAN, claim_once
 
     lake_plugin = plugin_on(get_worker(), plugin)
     report: dict[str, Any] = {"worker": writer, "latencies_s": [], "errors": {}, "setup_error": None}
+    if not claim_once(token):  # Dask runs it again when the worker holding its result is lost: never insert twice
+        report["setup_error"] = ALREADY_RAN
+        Queue(ready).put(writer)
+        return report
     if lake_plugin is None or lake_plugin.lake is None:
         report["setup_error"] = f"no lake attached on this worker ({lake_plugin.error if lake_plugin else 'no plugin'})"
         Queue(ready).put(writer)
@@ -513,8 +518,30 @@ def _plane_writer(plugin: str, writer: int, ops: int, ready: str, go: str) -> di
     if not Event(go).wait(BARRIER_TIMEOUT_S):
         report["setup_error"] = "never released (another writer failed to start)"
         return report
-    report.update(_timed_inserts(lambda op: execute_retrying(con, sql, [writer, op]), ops))
+    with lake_plugin.task_lock:
+        report.update(_timed_inserts(lambda op: execute_retrying(con, sql, [writer, op]), ops))
     return report
+
+
+def _wait_ready(wp, ready, futures) -> None:
+    """Until every writer task said it is ready; a task that ended before (it failed, or its worker died) stops
+    the wait at once with its own error instead of the barrier's timeout."""
+    deadline, waiting = time.monotonic() + BARRIER_TIMEOUT_S, len(futures)
+    while waiting:
+        try:
+            ready.get(timeout=1)
+            waiting -= 1
+            continue
+        except TimeoutError:
+            pass
+        ended = [f for f in futures if f.done() and f.status != "finished"]  # erred, or its worker died
+        if ended:
+            r = wp.result(ended[0])  # a TaskResult naming a dead worker, or the task's own exception raised here
+            raise KitError(f"a writer on the worker plane could not start ({r.error.line()})",
+                           "run `workers` to see their state")
+        if time.monotonic() > deadline:
+            raise KitError(f"{waiting} writer task(s) did not start within {BARRIER_TIMEOUT_S} s",
+                           "run `workers`: the plane may have fewer free workers than writers")
 
 
 def run_plane(state: State, ep: Endpoints, workers: int, ops: int, inlining: bool = True,
@@ -532,7 +559,9 @@ def run_plane(state: State, ep: Endpoints, workers: int, ops: int, inlining: boo
 
     _prepare_table(ep, inlining)
     had_scheduler, had = plane_mod.scheduler_running(state), plane_mod.running_workers(state)
-    status = plane_mod.up(state, ep, max(workers, len(had)), scheduler, remember=False)
+    # as many as the run needs, and never fewer than the highest-numbered worker running (w4 with w3 gone: 4)
+    highest = max((name_order(n)[0] for n in had if name_order(n)[0] < 10**9), default=0)
+    status = plane_mod.up(state, ep, max(workers, highest), scheduler, remember=False)
     try:
         with WorkerPlane(status.address, ep) as wp:
             names = sorted(wp.names(), key=name_order)[:workers]
@@ -541,11 +570,10 @@ def run_plane(state: State, ep: Endpoints, workers: int, ops: int, inlining: boo
                                f"start more workers there, or run with --workers {len(names)}")
             token = uuid.uuid4().hex[:12]
             ready, go = Queue(f"bench-ready-{token}", client=wp.client), Event(f"bench-go-{token}", client=wp.client)
-            futures = [wp.client.submit(_plane_writer, wp.plugin, i, ops, ready.name, go.name, pure=False, retries=0,
-                                        workers=[wp.address_of(n)], allow_other_workers=False)
+            futures = [wp.client.submit(_plane_writer, wp.plugin, i, ops, ready.name, go.name, uuid.uuid4().hex,
+                                        pure=False, retries=0, workers=[wp.address_of(n)], allow_other_workers=False)
                        for i, n in enumerate(names)]
-            for _ in names:
-                ready.get(timeout=BARRIER_TIMEOUT_S)
+            _wait_ready(wp, ready, futures)
             before, cpu_start = _catalog_counters(ep), catalog_cpu()
             go.set()
             results = [wp.result(f) for f in futures]

@@ -213,9 +213,10 @@ class Lake:
         the results of those that ran before it; the later ones are not run.
 
         `track_snapshots`: each result's `snapshot_id` is the snapshot that statement committed (an autocommit
-        write, or a COMMIT), else None. Read from DuckLake's per-instance `last_committed_snapshot()` before and
-        after each statement that is not a plain SELECT, so it is exact only while no other cursor of this DuckDB
-        instance commits at the same time (a worker runs one task at a time)."""
+        write, a COMMIT, or a SELECT that calls a committing function such as ducklake_merge_adjacent_files), else
+        None. Read from DuckLake's per-instance `last_committed_snapshot()` before and after each statement, so it
+        is exact only while no other cursor of this DuckDB instance commits at the same time (a worker runs one task
+        at a time)."""
         try:
             statements = self.con.extract_statements(sql)
         except duckdb.Error as exc:
@@ -239,7 +240,7 @@ class Lake:
                 result = StatementResult(kind, [], [], int(rows[0][0]), seconds, statement=text)
             else:
                 result = StatementResult(kind, columns, rows, None, seconds, statement=text)
-            if track_snapshots and kind != "SELECT":
+            if track_snapshots:
                 now = self.last_committed_snapshot()
                 if now != last:
                     result.snapshot_id, last = now, now

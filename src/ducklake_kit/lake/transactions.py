@@ -76,7 +76,10 @@ def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTH
             try:
                 results.extend(lake.run(text))
             except StatementFailed as exc:  # index, total and results over all the texts, not just the failing one
-                later = sum(len(lake.con.extract_statements(t)) for t in texts[i + 1:])
+                try:
+                    later = sum(len(lake.con.extract_statements(t)) for t in texts[i + 1:])
+                except duckdb.Error:  # a later text that does not parse: the first failure is the one to report
+                    later = 0
                 raise StatementFailed(len(results) + exc.index, len(results) + exc.total + later, exc.statement,
                                       exc.error, results + exc.results) from None
         con.execute("CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)",

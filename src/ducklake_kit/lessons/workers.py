@@ -1,9 +1,9 @@
 """The worker plane's stage of `all`: the workers share one lake, each keeps its own worker-local tables.
 
-1. `up` of the plane (the kit's own, or --scheduler): every worker has the lake attached.
+1. `up` of the plane (the kit's own, or --scheduler): at least two workers, each with the lake attached (after
+   `up --workers 0` the stage is skipped and says so).
 2. The trips counted per month, one task per month, all submitted at once so they spread over the workers; their
-   sum equals the count one connection of this process reads (an independent reader of the same snapshot), and
-   every task names the worker that ran it.
+   sum equals the count one connection of this process reads (an independent reader of the same snapshot).
 3. A worker-local table made on the first worker is there for the next task on that worker and on no other.
 """
 
@@ -28,11 +28,14 @@ def run_workers(platform: Platform, state: State, checks: CheckRun, *, scheduler
     ep = platform.endpoints()
     on_step("worker plane: the scheduler and the workers, each with the lake attached")
     status = plane_mod.up(state, ep, None, scheduler)
+    if status.managed and not status.workers and status.detail.startswith("not started"):
+        on_step(f"worker plane: {status.detail}; its checks are skipped")  # the user's choice, not a failure
+        return {"workers": [], "skipped": status.detail}
     names = sorted((w.name for w in status.workers), key=name_order)
-    checks.true("workers: at least one worker, each with the lake attached", status.healthy and bool(names),
-                expected="healthy, >= 1 worker", actual=status.detail)
-    if not names:
-        return {"workers": []}
+    checks.true("workers: at least two workers, each with the lake attached", status.healthy and len(names) >= 2,
+                expected="healthy, >= 2 workers", actual=status.detail)
+    if len(names) < 2:
+        return {"workers": names}
     with Lake(ep) as lake:
         snapshot = lake.current_snapshot()
         months = [m for (m,) in lake.con.execute(
@@ -48,15 +51,17 @@ def run_workers(platform: Platform, state: State, checks: CheckRun, *, scheduler
         counted = sum(r.rows[0][0] for r in results if r.ok)
         checks.equal("workers: the per-month counts sum to the lake's count", counted, total)
         ran_on = sorted({r.worker for r in results}, key=name_order)
-        checks.true("workers: every task names a worker of the plane", set(ran_on) <= set(names),
-                    expected=names, actual=ran_on)
         on_step(f"worker plane: a worker-local table on {names[0]}, looked for on every worker")
         made = wp.run([f"CREATE OR REPLACE TABLE {LOCAL_TABLE} AS SELECT {total} AS trips",
                        f"SELECT trips FROM {LOCAL_TABLE}"], worker=names[0])
         checks.equal(f"workers: {LOCAL_TABLE} made on {names[0]} is there for its next task",
                      wp.run(f"SELECT trips FROM {LOCAL_TABLE}", worker=names[0]).rows if made.ok else made.error.line(),
                      [(total,)])
-        seen_on = [n for n in names[1:] if wp.run(f"SELECT 1 FROM {LOCAL_TABLE}", worker=n).ok]
-        checks.equal(f"workers: {LOCAL_TABLE} is on no other worker", seen_on, [])
+        # on every other worker the same query must fail because the table does not exist there (not for any reason)
+        elsewhere = {n: wp.run(f"SELECT 1 FROM {LOCAL_TABLE}", worker=n) for n in names[1:]}
+        answers = {n: "does not exist" if not r.ok and "does not exist" in r.error.error else (r.error.line() if r.error else r.rows)
+                   for n, r in elsewhere.items()}
+        checks.equal(f"workers: {LOCAL_TABLE} does not exist on the other workers", answers,
+                     {n: "does not exist" for n in names[1:]})
         wp.run(f"DROP TABLE {LOCAL_TABLE}", worker=names[0])
     return {"workers": names, "tasks": len(results), "ran_on": ran_on}

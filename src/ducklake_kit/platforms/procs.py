@@ -139,7 +139,10 @@ def stop_all(pid_files: list[Path], *, sig: int = signal.SIGTERM, timeout: float
         rec = read_pid(pid_file)
         proc = rec.process() if rec else None
         if proc is not None:
-            proc.send_signal(sig)
+            try:
+                proc.send_signal(sig)
+            except psutil.NoSuchProcess:  # it exited in the meantime
+                proc = None
         signalled.append((pid_file, rec, proc))
     msgs = []
     for pid_file, rec, proc in signalled:

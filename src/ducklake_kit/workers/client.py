@@ -9,6 +9,7 @@ user's scheduler that would re-run tasks is refused with the setting to change.
 from __future__ import annotations
 
 import time
+import uuid
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -59,7 +60,10 @@ class WorkerPlane:
             self.client = Client(address, timeout=timeout_s, set_as_default=False)
         except (OSError, TimeoutError) as exc:
             raise SchedulerUnreachable(f"no Dask scheduler answers at {address} ({first_line(exc)})",
-                           "run `up` (it starts the worker plane), or check --scheduler / DUCKLAKE_SCHEDULER") from None
+                                       "run `up` (it starts the worker plane), or check --scheduler / DUCKLAKE_SCHEDULER") from None
+        except (ValueError, TypeError) as exc:  # no port, a port that is not a number, tls:// without TLS settings
+            raise KitError(f"cannot use the Dask scheduler address {address} ({first_line(exc)})",
+                           "give it as tcp://host:port") from None
         try:
             self._refuse_task_retries()
             if register:
@@ -79,7 +83,8 @@ class WorkerPlane:
 
     # -- set-up --------------------------------------------------------------------------------------------------
     def _refuse_task_retries(self) -> None:
-        allowed = self.client.run_on_scheduler(_allowed_failures)
+        # lambdas travel by value: the scheduler needs Dask, not this package
+        allowed = self.client.run_on_scheduler(lambda dask_scheduler=None: int(dask_scheduler.allowed_failures))
         if allowed != 0:
             raise KitError(
                 f"the Dask scheduler at {self.address} re-runs a task whose worker died (allowed-failures = {allowed}), "
@@ -89,12 +94,14 @@ class WorkerPlane:
     def ensure_plugin(self) -> None:
         """Register the lake plugin at the scheduler unless it already is: every worker, present or future, attaches
         the lake once. Registering it again would make every worker attach again."""
-        if self.plugin in self.client.run_on_scheduler(_worker_plugin_names):
+        if self.plugin in self.client.run_on_scheduler(lambda dask_scheduler=None: list(dask_scheduler.worker_plugins)):
             return
         # attach once from here first: on a new catalog, the first ATTACH creates DuckLake's tables, and several
         # workers doing that at once collide in PostgreSQL (duplicate key in pg_type)
         Lake(self.endpoints).close()
-        self.client.register_plugin(LakePlugin(self.endpoints), name=self.plugin)
+        # idempotent at the scheduler: when two clients register at once, the second does not make every worker
+        # tear the plugin down and attach again under a running task (the public register_plugin has no such flag)
+        self.client.sync(self.client._register_worker_plugin, LakePlugin(self.endpoints), self.plugin, True)
 
     # -- the workers ---------------------------------------------------------------------------------------------
     def _scheduler_workers(self) -> dict[str, dict[str, Any]]:
@@ -145,15 +152,18 @@ class WorkerPlane:
         texts = [texts] if isinstance(texts, str) else list(texts)
         pin = {"workers": [self.address_of(worker)], "allow_other_workers": False} if worker else {}
         # pure=False: two identical statements are two tasks (Dask would otherwise run one and share its result);
-        # retries=0: a failed task is reported, never repeated
-        return self.client.submit(run_statements, self.plugin, texts, message, pure=False, retries=0, **pin)
+        # retries=0: a failed task is reported, never repeated; the token makes a second run by Dask refuse
+        return self.client.submit(run_statements, self.plugin, texts, message, uuid.uuid4().hex, pure=False, retries=0,
+                                  **pin)
 
     def result(self, future, timeout_s: float | None = None) -> TaskResult:
         """The task's result; a task whose worker died becomes a failed TaskResult naming the worker."""
         from distributed import KilledWorker
 
         try:
-            return future.result(timeout=timeout_s)
+            result = future.result(timeout=timeout_s)
+            future.release()  # the worker holding it may now go without Dask computing it again
+            return result
         except KilledWorker as exc:
             last = getattr(exc, "last_worker", None)
             name = str(getattr(last, "name", None) or "?")
@@ -171,19 +181,17 @@ class WorkerPlane:
 
     def run_each(self, texts: list[str], *, message: str | None = None) -> list[TaskResult]:
         """One task per text, all submitted at once (they run in parallel on the free workers), in order."""
+        from distributed import as_completed
+
         futures = [self.submit(t, message=message) for t in texts]
-        return [self.result(f) for f in futures]
+        order = {f.key: i for i, f in enumerate(futures)}
+        results: list[TaskResult | None] = [None] * len(futures)
+        for done in as_completed(futures):  # each result read (and released) as soon as it is there
+            results[order[done.key]] = self.result(done)
+        return results  # type: ignore[return-value]
 
 
 def name_order(name: str) -> tuple[int, str]:
     """w2 before w10."""
     digits = name.lstrip("w")
     return (int(digits), name) if name.startswith("w") and digits.isdigit() else (10**9, name)
-
-
-def _allowed_failures(dask_scheduler=None) -> int:
-    return int(dask_scheduler.allowed_failures)
-
-
-def _worker_plugin_names(dask_scheduler=None) -> list[str]:
-    return list(dask_scheduler.worker_plugins)

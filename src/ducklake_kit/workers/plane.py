@@ -82,7 +82,9 @@ def _scheduler_argv(cfg: PlaneConfig) -> list[str]:
 
 def _worker_argv(state: State, cfg: PlaneConfig, name: str) -> list[str]:
     return [sys.executable, "-m", "dask", "worker", cfg.address, "--name", name, "--nthreads", "1", "--no-nanny",
-            "--no-dashboard", "--host", "127.0.0.1", "--local-directory", str(state.home / "dask" / name),
+            # --no-dashboard still serves /health and /metrics, on every interface unless told otherwise
+            "--no-dashboard", "--dashboard-address", "127.0.0.1:0",
+            "--host", "127.0.0.1", "--local-directory", str(state.home / "dask" / name),
             # a worker whose scheduler is gone for 60 s stops by itself, so no worker outlives its plane for long
             "--death-timeout", "60"]
 
@@ -176,9 +178,13 @@ def _kit_workers(state: State) -> list[str]:
 def _start_worker_if_needed(state: State, cfg: PlaneConfig, plane: WorkerPlane, name: str) -> bool:
     pid_file = state.pid_file(_worker_service(name))
     rec = procs.live_pid(pid_file)
-    if rec and name in plane.names():
-        return False  # alive and joined: reused
-    if rec:
+    joined = plane.names()
+    if rec and name in joined:
+        st = plane.states([joined[name]]).get(joined[name])
+        if not (isinstance(st, WorkerState) and st.error):
+            return False  # alive and joined: reused
+        procs.stop(pid_file)  # its lake failed to attach (the catalog was down?): a new process attaches again
+    elif rec:
         procs.stop(pid_file)  # alive but not joined to this scheduler: replace it
     pid_file.unlink(missing_ok=True)
     procs.start(_worker_service(name), _worker_argv(state, cfg, name), pid_file=pid_file,

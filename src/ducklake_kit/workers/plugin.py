@@ -65,6 +65,8 @@ class LakePlugin(WorkerPlugin):
         self.started = 0.0
         self._inspect = None  # a second cursor, for listing from the worker's event loop while a task runs
         self._lock = threading.Lock()
+        # tasks share one DuckDB connection: a worker with several threads (a user's cluster) runs them one by one
+        self.task_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         # only the configuration travels; the connection is made on the worker

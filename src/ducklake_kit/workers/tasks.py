@@ -60,7 +60,7 @@ class TaskResult:
     seconds: float = 0.0
     message: str | None = None  # the commit message, when the task ran as one transaction
     snapshot_id: int | None = None  # the snapshot the task's transaction made (message=...), or the last one committed
-    rolled_back: bool = False  # a transaction that failed: the statements before the failure were undone
+    rolled_back: bool = False  # a transaction that was rolled back: what ran in it before the failure was undone
 
     @property
     def ok(self) -> bool:
@@ -84,27 +84,46 @@ def _outcomes(results: list[StatementResult], offset: int = 0) -> list[Statement
     return [StatementOutcome.of(offset + i, r) for i, r in enumerate(results)]
 
 
-def run_statements(plugin: str, texts: list[str], message: str | None = None) -> TaskResult:
+ALREADY_RAN = ("this task had already started once, on a worker that is gone with its result; it was not run "
+               "again, because its statements may have committed: check the lake before re-running it")
+
+
+def claim_once(token: str) -> bool:
+    """True the first time a task with this token starts, False ever after. Dask runs a task again when the worker
+    that held its RESULT is lost (allowed-failures only covers running tasks), and a user's cluster may send a
+    running task elsewhere when it retires a worker; the claim, an atomic non-blocking lock at the scheduler that
+    is never released, makes that second run refuse."""
+    from distributed import Lock
+
+    return bool(Lock(f"ducklake-kit-task-{token}").acquire(blocking=False))
+
+
+def run_statements(plugin: str, texts: list[str], message: str | None = None, token: str | None = None) -> TaskResult:
     """Run on a worker: each text (one or more statements) in order on the worker's pooled connection.
 
     Without `message` every statement autocommits (a write is its own snapshot, reported per statement). With
-    `message` all of them run in ONE transaction with that commit message: one snapshot, or nothing."""
+    `message` all of them run in ONE transaction with that commit message: one snapshot, or nothing. `token`: the
+    submission's own, so that a second run of the same task refuses (`claim_once`)."""
     worker = get_worker()
     name = str(worker.name)
     lake_plugin = plugin_on(worker, plugin)
     start = time.perf_counter()
     result = TaskResult(name, worker.address, message=message)
+    if token is not None and not claim_once(token):
+        result.error = TaskError(ALREADY_RAN)
+        return result
     if lake_plugin is None or lake_plugin.lake is None:
         why = lake_plugin.error if lake_plugin else "the lake plugin is not installed"
         result.error = TaskError(f"worker {name} has no lake attached ({why})")
         return result
     lake_plugin.count_task()
     lake: Lake = lake_plugin.lake
-    lake.con.execute(f"USE {lake.alias}")  # a task that ran `USE local` must not change the next task's default
-    if message is not None:
-        _run_transaction(lake, texts, message, result)
-    else:
-        _run_autocommit(lake, texts, result)
+    with lake_plugin.task_lock:  # one task at a time on the shared connection, whatever the worker's thread count
+        lake.con.execute(f"USE {lake.alias}")  # a task that ran `USE local` must not change the next task's default
+        if message is not None:
+            _run_transaction(lake, texts, message, result)
+        else:
+            _run_autocommit(lake, texts, result)
     result.seconds = round(time.perf_counter() - start, 6)
     return result
 
@@ -117,11 +136,16 @@ def _run_autocommit(lake: Lake, texts: list[str], result: TaskResult) -> None:
         except StatementFailed as exc:
             result.statements.extend(_outcomes(exc.results, offset))
             result.error = TaskError(exc.error, offset + exc.index, exc.statement)
-            _end_open_transaction(lake)
             break
         except Exception as exc:  # noqa: BLE001 - text that does not parse, a lost connection: still a result
             result.error = TaskError(getattr(exc, "what", None) or first_line(exc), offset, text.strip())
             break
+    if _end_open_transaction(lake):
+        # a BEGIN without COMMIT: what ran after it never committed, and must not leak into the next task
+        result.rolled_back = True
+        if result.error is None:
+            result.error = TaskError("the task left a transaction open (BEGIN without COMMIT or ROLLBACK); it was "
+                                     "rolled back, so nothing after the BEGIN committed")
     committed = [s.snapshot_id for s in result.statements if s.snapshot_id is not None]
     result.snapshot_id = committed[-1] if committed else None
 
@@ -136,16 +160,18 @@ def _run_transaction(lake: Lake, texts: list[str], message: str, result: TaskRes
         done = exc.results
         result.error = TaskError(exc.error, exc.index, exc.statement)
         result.rolled_back = True
-    except Exception as exc:  # noqa: BLE001 - a failed COMMIT: rolled back by `commit`, reported here
-        result.error = TaskError(getattr(exc, "what", None) or first_line(exc))
-        result.rolled_back = True
+    except Exception as exc:  # noqa: BLE001 - the commit message or the COMMIT itself failed
+        # a COMMIT that failed may still have reached the catalog: say so instead of claiming a rollback
+        result.error = TaskError(f"the transaction's commit failed, so it may or may not have committed "
+                                 f"({getattr(exc, 'what', None) or first_line(exc)}): check the lake before re-running it")
     result.statements = _outcomes(done)
 
 
-def _end_open_transaction(lake: Lake) -> None:
-    """A text that opened a transaction (BEGIN) and failed inside it: roll it back, so the worker's next task does
-    not run inside an aborted transaction."""
+def _end_open_transaction(lake: Lake) -> bool:
+    """Roll back a transaction the task opened (BEGIN) and did not end, so the worker's next task does not run
+    inside it. True when there was one."""
     try:
         lake.con.execute("ROLLBACK")
     except Exception:  # noqa: BLE001 - no transaction was open: nothing to end
-        pass
+        return False
+    return True
