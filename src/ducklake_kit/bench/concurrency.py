@@ -494,22 +494,16 @@ def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
 def _plane_writer(plugin: str, writer: int, ops: int, ready: str, go: str, token: str) -> dict[str, Any]:
     """A worker plane task (runs on a Dask worker): warm up on the worker's pooled connection, say so on the `ready`
     queue, wait for the `go` event, then do `ops` INSERTs. Returns the same report as a writer process."""
-    from distributed import Event, Queue, get_worker
+    from distributed import Event, Queue
 
-    from ducklake_kit.workers.plugin import plugin_on
-    from ducklake_kit.workers.tasks import ALREADY_RAN, claim_once
+    from ducklake_kit.workers.tasks import task_lake
 
-    lake_plugin = plugin_on(get_worker(), plugin)
     report: dict[str, Any] = {"worker": writer, "latencies_s": [], "errors": {}, "setup_error": None}
-    if not claim_once(token):  # Dask runs it again when the worker holding its result is lost: never insert twice
-        report["setup_error"] = ALREADY_RAN
+    lake_plugin, refused = task_lake(plugin, token)  # a second run by Dask (a lost result) refuses: never insert twice
+    if lake_plugin is None:
+        report["setup_error"] = refused
         Queue(ready).put(writer)
         return report
-    if lake_plugin is None or lake_plugin.lake is None:
-        report["setup_error"] = f"no lake attached on this worker ({lake_plugin.error if lake_plugin else 'no plugin'})"
-        Queue(ready).put(writer)
-        return report
-    lake_plugin.count_task()
     con = lake_plugin.lake.con
     table = f"{BENCH_SCHEMA}.{TABLE}"
     con.execute(f"SELECT count(*) FROM {table}").fetchall()  # the table's catalog entry read before the clock starts
@@ -554,13 +548,13 @@ def run_plane(state: State, ep: Endpoints, workers: int, ops: int, inlining: boo
 
     from ducklake_kit.workers import WorkerPlane
     from ducklake_kit.workers import plane as plane_mod
-    from ducklake_kit.workers.client import name_order
+    from ducklake_kit.workers.client import name_order, worker_number
     from ducklake_kit.workers.plugin import WORKER_SETTINGS
 
     _prepare_table(ep, inlining)
     had_scheduler, had = plane_mod.scheduler_running(state), plane_mod.running_workers(state)
     # as many as the run needs, and never fewer than the highest-numbered worker running (w4 with w3 gone: 4)
-    highest = max((name_order(n)[0] for n in had if name_order(n)[0] < 10**9), default=0)
+    highest = max((worker_number(n) or 0 for n in had), default=0)
     status = plane_mod.up(state, ep, max(workers, highest), scheduler, remember=False)
     try:
         with WorkerPlane(status.address, ep) as wp:

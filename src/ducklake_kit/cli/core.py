@@ -97,9 +97,10 @@ def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     from ducklake_kit.workers import plane as plane_mod
 
     c: Ctx = ctx.obj
-    statuses = c.platform().status()
+    platform = c.platform()
+    statuses = platform.status()
     healthy = all(s.healthy for s in statuses)
-    plane = plane_mod.status(c.state, c.platform().endpoints(), c.scheduler) if healthy else None
+    plane = plane_mod.status(c.state, platform.endpoints(), c.scheduler) if healthy else None
     healthy = healthy and (plane is None or plane.healthy)
     if as_json:
         print_json("ok" if healthy else "error", {"services": [vars(s) for s in statuses],
@@ -169,7 +170,7 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 
 def _plane_address(c: Ctx) -> dict[str, Any]:
-    from ducklake_kit.workers.plane import PlaneConfig
+    from ducklake_kit.workers.config import PlaneConfig  # no Dask import for printing an address
 
     cfg = PlaneConfig.of(c.state, c.scheduler)
     return {"scheduler": cfg.address, "dashboard": cfg.dashboard}

@@ -191,7 +191,13 @@ class WorkerPlane:
         return results  # type: ignore[return-value]
 
 
+def worker_number(name: str) -> int | None:
+    """2 for the kit's worker w2; None for a name of another kind (a user's cluster names its workers freely)."""
+    digits = name[1:]
+    return int(digits) if name.startswith("w") and digits.isdigit() else None
+
+
 def name_order(name: str) -> tuple[int, str]:
-    """w2 before w10."""
-    digits = name.lstrip("w")
-    return (int(digits), name) if name.startswith("w") and digits.isdigit() else (10**9, name)
+    """w2 before w10, other names after them."""
+    number = worker_number(name)
+    return (number if number is not None else 10**9, name)

@@ -16,8 +16,9 @@ from typing import Any
 from ducklake_kit.errors import KitError
 from ducklake_kit.platforms import procs
 from ducklake_kit.platforms.base import Endpoints
-from ducklake_kit.platforms.state import DEFAULT_DASHBOARD_PORT, DEFAULT_SCHEDULER_PORT, State
+from ducklake_kit.platforms.state import State
 from ducklake_kit.workers.client import NO_RETRIES_ENV, SchedulerUnreachable, WorkerInfo, WorkerPlane, name_order
+from ducklake_kit.workers.config import PlaneConfig
 from ducklake_kit.workers.plugin import WorkerState
 
 DEFAULT_WORKERS = 2
@@ -34,31 +35,6 @@ def _worker_service(name: str) -> str:
 
 
 @dataclass
-class PlaneConfig:
-    """Where the plane is: the kit's own scheduler on loopback ports, or a user's (`external_address`)."""
-
-    scheduler_port: int
-    dashboard_port: int
-    external_address: str | None = None
-
-    @classmethod
-    def of(cls, state: State, scheduler: str | None = None) -> "PlaneConfig":
-        saved = state.settings()
-        address = scheduler or os.environ.get("DUCKLAKE_SCHEDULER") or None
-        return cls(int(os.environ.get("DUCKLAKE_SCHEDULER_PORT") or saved.get("scheduler_port") or DEFAULT_SCHEDULER_PORT),
-                   int(os.environ.get("DUCKLAKE_DASHBOARD_PORT") or saved.get("dashboard_port") or DEFAULT_DASHBOARD_PORT),
-                   address)
-
-    @property
-    def address(self) -> str:
-        return self.external_address or f"tcp://127.0.0.1:{self.scheduler_port}"
-
-    @property
-    def dashboard(self) -> str | None:
-        return None if self.external_address else f"http://127.0.0.1:{self.dashboard_port}/status"
-
-
-@dataclass
 class PlaneStatus:
     address: str
     dashboard: str | None
@@ -68,6 +44,11 @@ class PlaneStatus:
     detail: str
     workers: list[WorkerInfo] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # workers the kit started whose process is gone
+
+    @property
+    def off(self) -> bool:
+        """The kit's plane is not running by the user's choice (`up --workers 0`) or was never started."""
+        return self.managed and self.healthy and not self.workers
 
     def as_dict(self) -> dict[str, Any]:
         return {"address": self.address, "dashboard": self.dashboard, "managed": self.managed,
@@ -90,7 +71,7 @@ def _worker_argv(state: State, cfg: PlaneConfig, name: str) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    # every process imports from .pyc files (see the justfile's --compile-bytecode); no task is ever re-run
+    # the scheduler never re-runs a task whose worker died; logs are written as they happen
     return {**NO_RETRIES_ENV, "PYTHONUNBUFFERED": "1"}
 
 
@@ -114,10 +95,9 @@ def up(state: State, endpoints: Endpoints, workers: int | None = None, scheduler
     state.ensure_dirs()
     if n == 0:  # no worker plane: stop one that runs
         with state.lock():
-            stopped = _down(state)
+            stopped = [m for m in _down(state) if "stopped" in m]
         state.save_settings(workers=0)
-        return PlaneStatus(cfg.address, None, True, None, True, "not started (--workers 0)" +
-                           (f"; {'; '.join(m for m in stopped if 'stopped' in m)}" if any("stopped" in m for m in stopped) else ""))
+        return PlaneStatus(cfg.address, None, True, None, True, "; ".join(["not started (--workers 0)", *stopped]))
     with state.lock():
         scheduler_pid = _ensure_scheduler(state, cfg)
         with WorkerPlane(cfg.address, endpoints) as plane:

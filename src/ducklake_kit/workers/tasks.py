@@ -16,7 +16,7 @@ from distributed import get_worker
 from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake, StatementFailed, StatementResult
 from ducklake_kit.lake.transactions import commit
-from ducklake_kit.workers.plugin import plugin_on
+from ducklake_kit.workers.plugin import LakePlugin, plugin_on
 
 
 @dataclass
@@ -98,6 +98,20 @@ def claim_once(token: str) -> bool:
     return bool(Lock(f"ducklake-kit-task-{token}").acquire(blocking=False))
 
 
+def task_lake(plugin: str, token: str | None) -> tuple[LakePlugin | None, str | None]:
+    """How every task of the plane starts on its worker: claim its token, find the worker's lake, count the task.
+    (the plugin, None), or (None, why the task must not run)."""
+    worker = get_worker()
+    if token is not None and not claim_once(token):
+        return None, ALREADY_RAN
+    lake_plugin = plugin_on(worker, plugin)
+    if lake_plugin is None or lake_plugin.lake is None:
+        why = lake_plugin.error if lake_plugin else "the lake plugin is not installed"
+        return None, f"worker {worker.name} has no lake attached ({why})"
+    lake_plugin.count_task()
+    return lake_plugin, None
+
+
 def run_statements(plugin: str, texts: list[str], message: str | None = None, token: str | None = None) -> TaskResult:
     """Run on a worker: each text (one or more statements) in order on the worker's pooled connection.
 
@@ -105,18 +119,12 @@ def run_statements(plugin: str, texts: list[str], message: str | None = None, to
     `message` all of them run in ONE transaction with that commit message: one snapshot, or nothing. `token`: the
     submission's own, so that a second run of the same task refuses (`claim_once`)."""
     worker = get_worker()
-    name = str(worker.name)
-    lake_plugin = plugin_on(worker, plugin)
     start = time.perf_counter()
-    result = TaskResult(name, worker.address, message=message)
-    if token is not None and not claim_once(token):
-        result.error = TaskError(ALREADY_RAN)
+    result = TaskResult(str(worker.name), worker.address, message=message)
+    lake_plugin, refused = task_lake(plugin, token)
+    if lake_plugin is None:
+        result.error = TaskError(refused or "")
         return result
-    if lake_plugin is None or lake_plugin.lake is None:
-        why = lake_plugin.error if lake_plugin else "the lake plugin is not installed"
-        result.error = TaskError(f"worker {name} has no lake attached ({why})")
-        return result
-    lake_plugin.count_task()
     lake: Lake = lake_plugin.lake
     with lake_plugin.task_lock:  # one task at a time on the shared connection, whatever the worker's thread count
         lake.con.execute(f"USE {lake.alias}")  # a task that ran `USE local` must not change the next task's default
