@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import duckdb
@@ -66,12 +67,10 @@ def rollback_quietly(con: duckdb.DuckDBPyConnection) -> None:
 def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTHOR) -> Commit:
     """Run `sql` (one text of one or more statements, or a list of texts) in ONE transaction with `message`
     as its commit message: one snapshot, or nothing when anything fails."""
-    token = uuid.uuid4().hex
-    con = lake.con
-    con.execute("BEGIN TRANSACTION")
-    try:
-        results: list[StatementResult] = []
-        texts = [sql] if isinstance(sql, str) else sql
+    results: list[StatementResult] = []
+    texts = [sql] if isinstance(sql, str) else sql
+
+    def run_texts(_con: duckdb.DuckDBPyConnection) -> None:
         for i, text in enumerate(texts):
             try:
                 results.extend(lake.run(text))
@@ -82,10 +81,25 @@ def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTH
                     later = 0
                 raise StatementFailed(len(results) + exc.index, len(results) + exc.total + later, exc.statement,
                                       exc.error, results + exc.results) from None
+
+    made = commit_with(lake, run_texts, message, author=author)
+    made.results = results
+    return made
+
+
+def commit_with(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], message: str, *,
+                author: str = AUTHOR) -> Commit:
+    """`work(con)` in ONE transaction with `message` as its commit message (for statements with parameters,
+    `executemany`): one snapshot, or nothing when it raises."""
+    token = uuid.uuid4().hex
+    con = lake.con
+    con.execute("BEGIN TRANSACTION")
+    try:
+        work(con)
         con.execute("CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)",
                     [lake.alias, author, message, json.dumps({"commit": token})])
         con.execute("COMMIT")
     except BaseException:
         rollback_quietly(con)
         raise
-    return Commit(snapshot_with_token(lake, token, last_committed_snapshot(lake)), message, results)
+    return Commit(snapshot_with_token(lake, token, last_committed_snapshot(lake)), message)

@@ -14,7 +14,7 @@ import importlib
 from typing import Any
 
 # loaded on first use, so that `workers.config` (what `connect` needs) does not import Dask
-_EXPORTS = {"WorkerInfo": "client", "WorkerPlane": "client", "LOCAL_DB": "plugin", "StatementOutcome": "tasks",
+_EXPORTS = {"WorkerInfo": "client", "WorkerPlane": "client", "LOCAL_DB": "config", "StatementOutcome": "tasks",
             "TaskError": "tasks", "TaskResult": "tasks"}
 __all__ = sorted(_EXPORTS)
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from ducklake_kit.platforms.state import DEFAULT_DASHBOARD_PORT, DEFAULT_SCHEDULER_PORT, State
 
+LOCAL_DB = "local"  # the worker-local in-memory database, attached beside the lake on every worker
+
 
 @dataclass
 class PlaneConfig:

@@ -25,8 +25,8 @@ from distributed import WorkerPlugin, get_worker
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.workers.config import LOCAL_DB
 
-LOCAL_DB = "local"  # the worker-local in-memory database, attached beside the lake on every worker
 # One DuckDB thread per worker: the plane's parallelism is its workers (one Dask thread each), and a commit with a
 # second DuckDB thread costs twice the CPU (see lake.SMALL_WRITER_SETTINGS).
 WORKER_SETTINGS: dict[str, Any] = {"threads": 1}

@@ -7,6 +7,7 @@ keeps the results of the statements before it, so the caller sees what did run.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -61,6 +62,9 @@ class TaskResult:
     message: str | None = None  # the commit message, when the task ran as one transaction
     snapshot_id: int | None = None  # the snapshot the task's transaction made (message=...), or the last one committed
     rolled_back: bool = False  # a transaction that was rolled back: what ran in it before the failure was undone
+    started_at: float | None = None  # when the task started and finished on its worker (seconds since the epoch)
+    finished_at: float | None = None
+    timed_out: bool = False  # interrupted on its worker after `timeout_s`
 
     @property
     def ok(self) -> bool:
@@ -112,28 +116,53 @@ def task_lake(plugin: str, token: str | None) -> tuple[LakePlugin | None, str | 
     return lake_plugin, None
 
 
-def run_statements(plugin: str, texts: list[str], message: str | None = None, token: str | None = None) -> TaskResult:
+def run_statements(plugin: str, texts: list[str], message: str | None = None, token: str | None = None,
+                   timeout_s: float | None = None) -> TaskResult:
     """Run on a worker: each text (one or more statements) in order on the worker's pooled connection.
 
     Without `message` every statement autocommits (a write is its own snapshot, reported per statement). With
     `message` all of them run in ONE transaction with that commit message: one snapshot, or nothing. `token`: the
-    submission's own, so that a second run of the same task refuses (`claim_once`)."""
+    submission's own, so that a second run of the same task refuses (`claim_once`). `timeout_s`: the running
+    statement is interrupted after that long (DuckDB's own interrupt: it fails, and its transaction rolls back)."""
     worker = get_worker()
     start = time.perf_counter()
-    result = TaskResult(str(worker.name), worker.address, message=message)
+    result = TaskResult(str(worker.name), worker.address, message=message, started_at=time.time())
     lake_plugin, refused = task_lake(plugin, token)
     if lake_plugin is None:
         result.error = TaskError(refused or "")
+        result.finished_at = time.time()
         return result
     lake: Lake = lake_plugin.lake
     with lake_plugin.task_lock:  # one task at a time on the shared connection, whatever the worker's thread count
-        lake.con.execute(f"USE {lake.alias}")  # a task that ran `USE local` must not change the next task's default
-        if message is not None:
-            _run_transaction(lake, texts, message, result)
-        else:
-            _run_autocommit(lake, texts, result)
+        timer = _interrupt_after(lake, timeout_s, result)
+        try:
+            lake.con.execute(f"USE {lake.alias}")  # a task that ran `USE local` must not change the next task's default
+            if message is not None:
+                _run_transaction(lake, texts, message, result)
+            else:
+                _run_autocommit(lake, texts, result)
+        finally:
+            if timer is not None:
+                timer.cancel()
+    if result.timed_out and result.error is not None:
+        result.error.error = f"interrupted after the task's timeout of {timeout_s:g}s ({result.error.error})"
     result.seconds = round(time.perf_counter() - start, 6)
+    result.finished_at = time.time()
     return result
+
+
+def _interrupt_after(lake: Lake, timeout_s: float | None, result: TaskResult) -> threading.Timer | None:
+    if not timeout_s:
+        return None
+
+    def interrupt() -> None:
+        result.timed_out = True
+        lake.con.interrupt()
+
+    timer = threading.Timer(timeout_s, interrupt)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def _run_autocommit(lake: Lake, texts: list[str], result: TaskResult) -> None:

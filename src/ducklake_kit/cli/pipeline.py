@@ -1,0 +1,221 @@
+"""SQL pipelines: `pipeline plan FILE`, `pipeline run FILE`, `pipeline lineage TABLE`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+from rich.text import Text
+from rich.tree import Tree
+
+from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
+from ducklake_kit.cli.output import console, print_json, table
+from ducklake_kit.errors import EXIT_CHECK_FAILED
+from ducklake_kit.workers.config import PlaneConfig
+
+if TYPE_CHECKING:
+    from ducklake_kit.pipelines.flow import LineageView, Plan, RunOutcome
+
+pipeline_app = typer.Typer(
+    help="SQL pipelines: a .sql file whose statements carry `-- id:`, `-- depends_on:`, `-- node:` headers, run as a "
+    "DAG on the worker plane, with lineage recorded in the lake.", no_args_is_help=True)
+app.add_typer(pipeline_app, name="pipeline")
+
+FileArg = Annotated[Path, typer.Argument(help="The pipeline file, e.g. pipelines/taxi_marts.sql.")]
+SelectOpt = Annotated[Optional[str], typer.Option(
+    "--select", help="Only these nodes, dbt's forms: name, +name (with its ancestors), name+ (with its descendants).")]
+StrictOpt = Annotated[bool, typer.Option("--strict", help="An inferred dependency the headers do not declare is an error.")]
+
+
+def _warn(lines: list[str], as_json: bool) -> None:
+    out = console(stderr=as_json)
+    for line in lines:
+        out.print(f"warning: {line}", markup=False)
+
+
+@pipeline_app.command("plan")
+@command
+def plan_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None, strict: StrictOpt = False,
+             png: Annotated[Optional[Path], typer.Option("--png", help="Also draw the DAG to this PNG file.")] = None,
+             as_json: JsonOpt = False) -> None:
+    """The DAG: its waves, every edge (declared or inferred), where each node runs. Runs nothing."""
+    from ducklake_kit.pipelines import flow
+
+    c: Ctx = ctx.obj
+    plan = flow.plan(file, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(), strict=strict,
+                     select=select)
+    if png is not None:
+        _draw_plan(plan, png)
+    if as_json:
+        print_json("ok", plan.as_dict() | ({"png": str(png)} if png else {}))
+        _warn(plan.warnings, True)
+        return
+    _print_plan(plan)
+    _warn(plan.warnings, False)
+    if png is not None:
+        typer.echo(f"DAG drawn to {png}")
+
+
+def _print_plan(plan: "Plan") -> None:
+    p = plan.pipeline
+    out = console()
+    wave_of = {n: i + 1 for i, wave in enumerate(plan.waves) for n in wave}
+    rows = [[n.id, wave_of.get(n.id, "-"), ", ".join(sorted(p.parents(n.id), key=list(p.nodes).index)) or "-",
+             n.pin or "any", ", ".join(sorted(map(str, n.use.writes))) or "-",
+             ", ".join(sorted(map(str, n.use.reads))) or "-", n.description or ""]
+            for n in p.nodes.values() if n.id in plan.selected]
+    out.print(table(f"Pipeline {p.name} ({p.file}): {len(plan.selected)} node(s) in {len(plan.waves)} wave(s)",
+                    ["node", "wave", "after", "worker", "writes", "reads", "description"], rows))
+    edges = [[e.parent, e.child, e.kind, e.why or "-"] for e in p.edges]
+    if edges:
+        out.print(table("Edges", ["parent", "child", "kind", "inferred from"], edges))
+    for n in p.nodes.values():
+        if n.pin_reason and n.pin_reason != "-- node":
+            out.print(f"node {n.id} runs on {n.pin}: it {n.pin_reason}", markup=False)
+    if plan.workers is not None:
+        out.print(f"workers running: {', '.join(plan.workers) or 'none'}", markup=False)
+
+
+def _draw_plan(plan: "Plan", png: Path) -> None:
+    from ducklake_kit.pipelines.draw import Arrow, draw
+
+    p = plan.pipeline
+    nodes = [n for n in p.nodes if n in plan.selected]
+    arrows = [Arrow(e.parent, e.child, dashed=not e.declared) for e in p.edges
+              if e.parent in plan.selected and e.child in plan.selected]
+    labels = {n: f"{n}\n{p.nodes[n].pin or 'any worker'}" for n in nodes}
+    draw(nodes, arrows, png, title=f"pipeline {p.name} (dashed: inferred edge)", labels=labels)
+
+
+@pipeline_app.command("run")
+@command
+def run_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None,
+            from_failed: Annotated[bool, typer.Option("--from-failed", help="Re-run only the nodes that failed or were skipped in the last run of this pipeline.")] = False,
+            strict: StrictOpt = False,
+            timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds a node may run; its worker interrupts it after that.")] = None,
+            as_json: JsonOpt = False) -> None:
+    """Run the pipeline on the worker plane: each node as soon as its dependencies are done; a failed node's descendants are skipped. Exit 1 if a node failed."""
+    from ducklake_kit.pipelines import flow
+
+    c: Ctx = ctx.obj
+    if select and from_failed:
+        raise typer.BadParameter("give --select or --from-failed, not both", param_hint="--from-failed")
+    step = step_printer(as_json)
+
+    def on_event(kind: str, node) -> None:
+        if kind == "start":
+            step(f"node {node.id}: started" + (f" on {node.pin}" if node.pin else ""))
+        elif node.status == "ok":
+            step(f"node {node.id}: ok on {node.worker} in {node.duration_ms:.0f} ms")
+        else:
+            step(f"node {node.id}: {node.status.upper()}: {node.error or node.reason}")
+
+    outcome = flow.run(file, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(),
+                       select=select, from_failed=from_failed, strict=strict, timeout_s=timeout,
+                       platform_name=c.platform_name, on_event=on_event)
+    if outcome is None:
+        if as_json:
+            print_json("ok", {"run_id": None, "nodes": [], "note": "the last run had no failed or skipped node"})
+        else:
+            typer.echo("nothing to re-run: the last run of this pipeline had no failed or skipped node")
+        return
+    if as_json:
+        print_json(outcome.run.status, outcome.run.as_dict() | {"history_snapshot": outcome.history_snapshot,
+                                                                "warnings": outcome.warnings}, outcome.catalog_info)
+        _warn(outcome.warnings, True)
+    else:
+        _print_run(outcome)
+        _warn(outcome.warnings, False)
+    if not outcome.run.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _print_run(outcome: "RunOutcome") -> None:
+    r = outcome.run
+    rows = [[n.id, n.status.upper() if n.status != "ok" else "ok", n.worker or "-",
+             n.started_at.strftime("%H:%M:%S.%f")[:-3] if n.started_at else "-",
+             f"{n.duration_ms:.0f}" if n.duration_ms is not None else "-",
+             n.snapshot_id if n.snapshot_id is not None else "-", n.error or n.reason or ""] for n in r.nodes]
+    out = console()
+    out.print(table(f"Pipeline {r.pipeline}, run {r.run_id}", ["node", "status", "worker", "started", "ms", "snapshot",
+                                                               "error / reason"], rows))
+    verdict = ("PASS" if r.ok else "FAIL") + f": {r.count('ok')} ok, {r.count('failed')} failed, {r.count('skipped')} skipped"
+    out.print(f"{verdict}; run and lineage recorded in snapshot {outcome.history_snapshot} "
+              f"(SELECT * FROM pipeline_nodes WHERE run_id = '{r.run_id}')", markup=False)
+
+
+@pipeline_app.command("lineage")
+@command
+def lineage_cmd(ctx: typer.Context,
+                table_name: Annotated[str, typer.Argument(metavar="TABLE", help="A table a pipeline built: name, schema.name or local.name.")],
+                columns: Annotated[bool, typer.Option("--columns", help="Also each column's upstream columns.")] = False,
+                png: Annotated[Optional[Path], typer.Option("--png", help="Also draw the upstream tree to this PNG file.")] = None,
+                as_json: JsonOpt = False) -> None:
+    """The tables (and with --columns the columns) a table was built from, recursively, as pipelines recorded them."""
+    from ducklake_kit.pipelines import flow
+
+    c: Ctx = ctx.obj
+    view = flow.lineage(c.platform().endpoints(), table_name, columns=columns)
+    if png is not None:
+        _draw_lineage(view, png)
+    if as_json:
+        print_json("ok", view.as_dict() | ({"png": str(png)} if png else {}))
+        return
+    out = console()
+    out.print(_upstream_tree(view))
+    if columns:
+        out.print(_column_tree(view))
+    if png is not None:
+        typer.echo(f"lineage drawn to {png}")
+
+
+def _upstream_tree(view: "LineageView") -> Tree:
+    parents: dict[str, list] = {}
+    for e in view.edges:
+        parents.setdefault(e.child, []).append(e)
+
+    def label(name: str, location: str) -> Text:
+        where = "" if location == "lake" else f" (worker-local, on {location})"
+        built = sorted({f"pipeline {e.pipeline}, node {e.node_id}" for e in parents.get(name, [])})
+        return Text(name + where + (f"  <- built by {'; '.join(built)}" if built else ""))
+
+    def grow(tree: Tree, name: str, seen: frozenset[str]) -> None:
+        for e in sorted(parents.get(name, []), key=lambda x: x.parent):
+            branch = tree.add(label(e.parent, e.parent_location))
+            if e.parent not in seen:
+                grow(branch, e.parent, seen | {e.parent})
+
+    top = parents[view.table][0].location if view.table in parents else "lake"
+    root = Tree(label(view.table, top))
+    grow(root, view.table, frozenset({view.table}))
+    return root
+
+
+def _column_tree(view: "LineageView") -> Tree:
+    ups: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for child, child_col, parent, parent_col in view.columns:
+        ups.setdefault((child, child_col), []).append((parent, parent_col))
+
+    def grow(tree: Tree, key: tuple[str, str], depth: int) -> None:
+        for parent in sorted(ups.get(key, [])):
+            branch = tree.add(Text(f"{parent[0]}.{parent[1]}"))
+            if depth < 20:
+                grow(branch, parent, depth + 1)
+
+    root = Tree(Text(f"columns of {view.table}"))
+    for key in sorted(k for k in ups if k[0] == view.table):
+        grow(root.add(Text(key[1])), key, 0)
+    return root
+
+
+def _draw_lineage(view: "LineageView", png: Path) -> None:
+    from ducklake_kit.pipelines.draw import Arrow, draw
+
+    names = sorted({e.child for e in view.edges} | {e.parent for e in view.edges})
+    arrows = sorted({Arrow(e.parent, e.child) for e in view.edges}, key=lambda a: (a.parent, a.child))
+    local = {e.parent: e.parent_location for e in view.edges if e.parent_location != "lake"}
+    local |= {e.child: e.location for e in view.edges if e.location != "lake"}
+    labels = {n: f"{n}\n(on {local[n]})" if n in local else n for n in names}
+    colors = {n: "#fde2c8" for n in local} | {view.table: "#c8f0d0"}
+    draw(names, arrows, png, title=f"upstream of {view.table} (orange: worker-local)", labels=labels, colors=colors)

@@ -1,0 +1,259 @@
+"""A pipeline file -> its DAG: nodes, declared and inferred edges, where each node runs, and the checks that make a
+bad file one clear line (unknown or duplicate id, a dependency on an unknown id, a cycle, worker-local tables
+used where they cannot be).
+
+Inference reads the file in order, as a script would run: a statement that reads or changes a table depends on
+every earlier statement that wrote it, and one that writes a table also on every earlier one that read it (so a
+`CREATE OR REPLACE` does not overtake its readers). An inferred edge the headers do not declare is added and
+reported (`--strict` makes it an error): a header cannot lie about what a statement reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from graphlib import CycleError, TopologicalSorter
+from pathlib import Path
+
+from ducklake_kit.pipelines.sqlfile import PipelineError, Statement, read_file, split_statements
+from ducklake_kit.pipelines.tables import TableRef, TableUse, table_use
+
+
+@dataclass
+class Node:
+    id: str
+    sql: str
+    line: int
+    position: int
+    use: TableUse
+    description: str | None = None
+    pin: str | None = None  # the worker it must run on
+    pin_reason: str | None = None  # "-- node" or why it was inherited (the worker-local table it reads)
+
+    @property
+    def writes_lake(self) -> bool:
+        return any(not t.local for t in self.use.writes)
+
+
+@dataclass(frozen=True)
+class Edge:
+    parent: str
+    child: str
+    declared: bool
+    inferred: bool
+    why: str  # for inferred edges: the tables that make the child depend on the parent
+
+    @property
+    def kind(self) -> str:
+        return "declared+inferred" if self.declared and self.inferred else ("declared" if self.declared else "inferred")
+
+
+@dataclass
+class Pipeline:
+    name: str
+    file: str
+    nodes: dict[str, Node]  # in file order
+    edges: list[Edge]
+    warnings: list[str] = field(default_factory=list)
+
+    def parents(self, node: str) -> set[str]:
+        return {e.parent for e in self.edges if e.child == node}
+
+    def children(self, node: str) -> set[str]:
+        return {e.child for e in self.edges if e.parent == node}
+
+    def graph(self, only: set[str] | None = None) -> dict[str, set[str]]:
+        """node -> its parents (graphlib's shape), restricted to `only` when given."""
+        keep = set(self.nodes) if only is None else only
+        return {n: self.parents(n) & keep for n in self.nodes if n in keep}
+
+    def waves(self, only: set[str] | None = None) -> list[list[str]]:
+        """The nodes by depth: a wave's nodes depend only on earlier waves (the order the run may take, at most)."""
+        sorter = TopologicalSorter(self.graph(only))
+        sorter.prepare()
+        order = list(self.nodes)
+        out = []
+        while sorter.is_active():
+            ready = sorted(sorter.get_ready(), key=order.index)
+            out.append(ready)
+            sorter.done(*ready)
+        return out
+
+    def _closure(self, start: str, step) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for n in step(todo.pop()):
+                if n not in seen:
+                    seen.add(n)
+                    todo.append(n)
+        return seen
+
+    def ancestors(self, node: str) -> set[str]:
+        return self._closure(node, self.parents)
+
+    def descendants(self, node: str) -> set[str]:
+        return self._closure(node, self.children)
+
+    def select(self, selector: str) -> set[str]:
+        """dbt's forms, separated by spaces or commas: `name`, `+name` (with its ancestors), `name+` (with its
+        descendants), `+name+`."""
+        chosen: set[str] = set()
+        for term in selector.replace(",", " ").split():
+            up, down = term.startswith("+"), term.endswith("+") and len(term) > 1
+            name = term.strip("+")
+            if name not in self.nodes:
+                raise PipelineError(self.file, None, f"--select names '{name}', which is no node of the pipeline",
+                                    f"use one of {', '.join(self.nodes)} (`pipeline plan` lists them)")
+            chosen.add(name)
+            if up:
+                chosen |= self.ancestors(name)
+            if down:
+                chosen |= self.descendants(name)
+        if not chosen:
+            raise PipelineError(self.file, None, "--select is empty", "give node ids, e.g. --select +daily_revenue")
+        return chosen
+
+    def check_pins(self, running: list[str]) -> None:
+        """Every pinned node names a running worker."""
+        for node in self.nodes.values():
+            if node.pin and node.pin not in running:
+                where = node.line if node.pin_reason == "-- node" else None
+                raise PipelineError(self.file, where, f"node {node.id} must run on worker '{node.pin}', which is not "
+                                    f"running (running: {', '.join(running) or 'none'})",
+                                    "run `up --workers N` to start enough workers, or change its `-- node:`")
+
+
+def _id_of(stmt: Statement, file: str) -> str:
+    value = stmt.header("id")
+    if value is None:
+        return str(stmt.position)
+    if not (value.isdigit() or value.isidentifier()):
+        raise PipelineError(file, stmt.headers["id"].line, f"id '{value}' is neither a number nor a name",
+                            "use letters, digits and _ (e.g. daily_revenue, or 3)")
+    return value
+
+
+def _nodes(statements: list[Statement], file: str) -> dict[str, Node]:
+    nodes: dict[str, Node] = {}
+    for stmt in statements:
+        node_id = _id_of(stmt, file)
+        if node_id in nodes:
+            first = nodes[node_id]
+            line = stmt.headers["id"].line if "id" in stmt.headers else stmt.line
+            raise PipelineError(file, line, f"id '{node_id}' is used twice (first on line {first.line})",
+                                "give every statement its own id (a statement without `-- id:` gets its position)")
+        pin = stmt.header("node")
+        nodes[node_id] = Node(node_id, stmt.sql, stmt.line, stmt.position, table_use(stmt.sql),
+                              stmt.header("description"), pin or None, "-- node" if pin else None)
+    return nodes
+
+
+def _declared(statements: list[Statement], nodes: dict[str, Node], file: str) -> dict[tuple[str, str], str]:
+    edges: dict[tuple[str, str], str] = {}
+    for stmt, node in zip(statements, nodes.values()):
+        header = stmt.headers.get("depends_on")
+        if header is None:
+            continue
+        for dep in (d.strip() for d in header.value.split(",")):
+            if not dep:
+                continue
+            if dep not in nodes:
+                raise PipelineError(file, header.line, f"node {node.id} depends on '{dep}', which is no id of this file",
+                                    f"use one of {', '.join(nodes)}")
+            if dep == node.id:
+                raise PipelineError(file, header.line, f"node {node.id} depends on itself", "remove it from depends_on")
+            edges[(dep, node.id)] = ""
+    return edges
+
+
+def _inferred(nodes: dict[str, Node]) -> dict[tuple[str, str], set[str]]:
+    writers: dict[TableRef, list[str]] = {}
+    readers: dict[TableRef, list[str]] = {}
+    edges: dict[tuple[str, str], set[str]] = {}
+
+    def add(parent: str, child: str, why: str) -> None:
+        if parent != child:
+            edges.setdefault((parent, child), set()).add(why)
+
+    for node in nodes.values():
+        for t in node.use.reads | node.use.writes:
+            for w in writers.get(t, []):
+                add(w, node.id, f"{t} (written by {w})")
+        for t in node.use.writes:
+            for r in readers.get(t, []):
+                add(r, node.id, f"{t} (read by {r} before this changes it)")
+        for t in node.use.reads:
+            readers.setdefault(t, []).append(node.id)
+        for t in node.use.writes:
+            writers.setdefault(t, []).append(node.id)
+    return edges
+
+
+def _place_local(nodes: dict[str, Node], order: list[str], file: str) -> None:
+    """Worker-local tables live on one worker: their writers must be pinned, and their readers run there too.
+    `order`: the nodes in an order the DAG allows (makers before readers)."""
+    made_on: dict[TableRef, tuple[str, str]] = {}
+    for node in (nodes[n] for n in order):
+        local_writes = sorted(t for t in node.use.writes if t.local)
+        if local_writes and node.writes_lake:
+            raise PipelineError(file, node.line, f"node {node.id} writes both the lake and the worker-local "
+                                f"{local_writes[0]}; one transaction can write only one database",
+                                "split it into two statements")
+        for t in sorted(t for t in node.use.reads if t.local and t not in node.use.writes):
+            if t not in made_on:
+                if not node.pin:
+                    raise PipelineError(file, node.line, f"node {node.id} reads the worker-local table {t}, which no "
+                                        "earlier node of this file makes", "pin it to the worker that holds the table "
+                                        "with `-- node: wN`")
+                continue
+            worker, maker = made_on[t]
+            if node.pin and node.pin != worker:
+                raise PipelineError(file, node.line, f"node {node.id} runs on {node.pin} but reads the worker-local "
+                                    f"table {t}, which node {maker} makes on {worker}",
+                                    f"pin both to one worker (`-- node: {worker}`)")
+            if not node.pin:
+                node.pin, node.pin_reason = worker, f"reads {t}, made on {worker} by node {maker}"
+        for t in local_writes:
+            if not node.pin:
+                raise PipelineError(file, node.line, f"node {node.id} writes the worker-local table {t} but names no "
+                                    "worker, so later nodes could not find it", "add `-- node: w1` above it")
+            made_on[t] = (node.pin, node.id)
+
+
+def build(source: str, file: str = "<sql>", *, name: str | None = None, strict: bool = False) -> Pipeline:
+    statements = split_statements(source, file)
+    if not statements:
+        raise PipelineError(file, None, "the file has no SQL statement", "write at least one statement")
+    nodes = _nodes(statements, file)
+    declared = _declared(statements, nodes, file)
+    inferred = _inferred(nodes)
+    edges, warnings = [], []
+    for parent, child in sorted(set(declared) | set(inferred), key=lambda e: (nodes[e[1]].position, nodes[e[0]].position)):
+        why = "; ".join(sorted(inferred.get((parent, child), ())))
+        edge = Edge(parent, child, (parent, child) in declared, (parent, child) in inferred, why)
+        edges.append(edge)
+        if not edge.declared:
+            msg = (f"{file}:{nodes[child].line}: node {child} reads or changes {why}, but does not declare "
+                   f"depends_on: {parent}; the edge was added")
+            if strict:
+                raise PipelineError(file, nodes[child].line, f"node {child} depends on {parent} ({why}) without "
+                                    "declaring it (--strict)", f"add `-- depends_on: {parent}`")
+            warnings.append(msg)
+    for node in nodes.values():
+        if node.use.opaque:
+            warnings.append(f"{file}:{node.line}: node {node.id}: {node.use.opaque}, so its tables are not inferred; "
+                            "declare its dependencies with -- depends_on")
+    pipeline = Pipeline(name or Path(file).stem, file, nodes, edges, warnings)
+    try:
+        TopologicalSorter(pipeline.graph()).prepare()
+    except CycleError as exc:
+        cycle = list(exc.args[1])  # [a, b, ..., a]: each depends on the next
+        path = " -> ".join(reversed(cycle))
+        raise PipelineError(file, nodes[cycle[0]].line, f"the dependencies form a cycle: {path}",
+                            "remove one of these depends_on (or reorder the statements an inferred edge comes from)") from None
+    _place_local(nodes, [n for wave in pipeline.waves() for n in wave], file)
+    return pipeline
+
+
+def load(path: Path, *, strict: bool = False) -> Pipeline:
+    source, shown = read_file(path)
+    return build(source, shown, name=path.stem, strict=strict)

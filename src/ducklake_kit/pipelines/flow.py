@@ -1,0 +1,142 @@
+"""What `pipeline plan` and `pipeline run` do, end to end: read the file, build the DAG, check the pins against the
+running workers, choose the nodes (`--select`, `--from-failed`), run them on the worker plane, then record the run
+and its lineage in the lake."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ducklake_kit.errors import KitError
+from ducklake_kit.lake import Lake
+from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.pipelines import dag, history, runner
+from ducklake_kit.pipelines.dag import Node, Pipeline
+from ducklake_kit.pipelines.runner import FAILED, SKIPPED, NodeRun, PipelineRun
+from ducklake_kit.workers.client import SchedulerUnreachable, WorkerPlane, name_order
+
+
+@dataclass
+class Plan:
+    pipeline: Pipeline
+    waves: list[list[str]]
+    selected: set[str]
+    workers: list[str] | None  # the running workers; None when the plane did not answer (pins unchecked)
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        p = self.pipeline
+        return {
+            "pipeline": p.name, "file": p.file, "waves": self.waves,
+            "nodes": [{"id": n.id, "line": n.line, "description": n.description, "runs_on": n.pin or "any worker",
+                       "pin_reason": n.pin_reason, "parents": sorted(p.parents(n.id), key=list(p.nodes).index),
+                       "writes": sorted(map(str, n.use.writes)), "reads": sorted(map(str, n.use.reads)),
+                       "commits_snapshot": n.writes_lake, "selected": n.id in self.selected, "sql": n.sql}
+                      for n in p.nodes.values()],
+            "edges": [{"parent": e.parent, "child": e.child, "kind": e.kind, "why": e.why} for e in p.edges],
+            "workers": self.workers, "warnings": self.warnings,
+        }
+
+
+def _running_workers(plane: WorkerPlane) -> list[str]:
+    return sorted(plane.names(), key=name_order)
+
+
+def plan(path: Path, scheduler: str, endpoints: Endpoints, *, strict: bool = False, select: str | None = None) -> Plan:
+    """The DAG and where each node runs; runs nothing. The pins are checked when the worker plane answers."""
+    pipeline = dag.load(path, strict=strict)
+    selected = pipeline.select(select) if select else set(pipeline.nodes)
+    warnings = list(pipeline.warnings)
+    try:
+        with WorkerPlane(scheduler, endpoints, register=False) as plane:
+            workers: list[str] | None = _running_workers(plane)
+    except SchedulerUnreachable as exc:
+        workers = None
+        warnings.append(f"the worker plane does not answer, so `-- node:` pins were not checked ({exc.what})")
+    if workers is not None:
+        pipeline.check_pins(workers)
+    return Plan(pipeline, pipeline.waves(selected), selected, workers, warnings)
+
+
+@dataclass
+class RunOutcome:
+    run: PipelineRun
+    lineage: history.Lineage
+    warnings: list[str]
+    history_snapshot: int | None  # the snapshot that recorded the run and its lineage
+    catalog_info: dict[str, Any] = field(default_factory=dict)
+
+
+def _from_failed(lake: Lake, pipeline: Pipeline) -> tuple[set[str], str]:
+    last = history.last_run(lake, pipeline.name)
+    if last is None:
+        raise KitError(f"pipeline {pipeline.name} has never run, so there is nothing to re-run",
+                       f"run it first: `pipeline run {pipeline.file}`")
+    run_id, statuses = last
+    again = {n for n, s in statuses.items() if s in (FAILED, SKIPPED)}
+    gone = sorted(again - set(pipeline.nodes))
+    if gone:
+        raise KitError(f"the last run ({run_id}) failed at nodes the file no longer has: {', '.join(gone)}",
+                       "run the whole pipeline again without --from-failed")
+    return again, run_id
+
+
+def run(path: Path, scheduler: str, endpoints: Endpoints, *, select: str | None = None, from_failed: bool = False,
+        strict: bool = False, timeout_s: float | None = None, platform_name: str = "local",
+        on_event: Callable[[str, NodeRun | Node], None] = lambda _k, _n: None) -> RunOutcome | None:
+    """Run the pipeline (or the chosen nodes) and record it. None when --from-failed finds nothing to re-run."""
+    pipeline = dag.load(path, strict=strict)
+    with Lake(endpoints) as lake, WorkerPlane(scheduler, endpoints) as plane:
+        workers = _running_workers(plane)
+        pipeline.check_pins(workers)
+        selector = select
+        if from_failed:
+            only, last_id = _from_failed(lake, pipeline)
+            if not only:
+                return None
+            selector = f"from-failed {last_id}"
+        else:
+            only = pipeline.select(select) if select else set(pipeline.nodes)
+        done = runner.run(pipeline, plane, only=only, timeout_s=timeout_s, selector=selector, on_event=on_event)
+        local = {w: plane.run(history.LOCAL_COLUMNS_SQL, worker=w).rows
+                 for w in sorted({n.worker for n in done.nodes if n.worker and n.status != SKIPPED})}
+        schema = history.current_schema(lake, local)
+        lineage = history.run_lineage(pipeline, done, schema, history.local_tables_on(lake))
+        snapshot = history.record(lake, pipeline, done, lineage)
+        info = lake.catalog_info(platform_name)
+    return RunOutcome(done, lineage, list(pipeline.warnings) + lineage.warnings, snapshot, info)
+
+
+@dataclass
+class LineageView:
+    table: str
+    edges: list[history.UpstreamEdge]
+    columns: list[tuple[str, str, str, str]]  # (child, child column, parent, parent column), above `table`
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"table": self.table,
+                "edges": [{"child": e.child, "parent": e.parent, "pipeline": e.pipeline, "node": e.node_id,
+                           "location": e.location, "parent_location": e.parent_location} for e in self.edges],
+                "columns": [{"child": c, "child_column": cc, "parent": p, "parent_column": pc}
+                            for c, cc, p, pc in self.columns]}
+
+
+def lineage(endpoints: Endpoints, table: str, *, columns: bool = False) -> LineageView:
+    """The recorded upstream of `table` (as pipelines built it): every table above it, and with `columns` every
+    column above each of its columns."""
+    from ducklake_kit.pipelines.tables import parse_table_name
+
+    try:
+        name = str(parse_table_name(table))
+    except ValueError as exc:
+        raise KitError(str(exc), "name it as table, schema.table or local.table") from None
+    with Lake(endpoints) as lake:
+        edges = history.upstream(lake, name)
+        cols = history.upstream_columns(lake, name) if columns else []
+    if not edges:
+        raise KitError(f"no pipeline has recorded lineage for {name}",
+                       "run a pipeline that builds it (`pipeline run FILE`), or check the name with `sql \"SELECT DISTINCT "
+                       "child FROM lineage_tables\"`")
+    return LineageView(name, edges, cols)

@@ -1,0 +1,189 @@
+"""What a pipeline run leaves in the lake, so a user can query it with SQL: `pipeline_runs`, `pipeline_nodes`,
+`lineage_tables` and `lineage_columns` (in the lake's `main` schema), written in ONE transaction after the run.
+
+Lineage rows are replaced per (pipeline, node): re-running a pipeline updates them instead of adding copies.
+Times are UTC (TIMESTAMPTZ).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ducklake_kit.lake import Lake
+from ducklake_kit.lake.sql import table_exists
+from ducklake_kit.lake.transactions import commit_with
+from ducklake_kit.pipelines.dag import Pipeline
+from ducklake_kit.pipelines.lineage import ColumnEdge, Schema, TableEdge, column_edges, table_edges
+from ducklake_kit.pipelines.runner import FAILED, OK, SKIPPED, PipelineRun
+from ducklake_kit.pipelines.tables import TableRef
+from ducklake_kit.workers.config import LOCAL_DB
+
+TABLES = {
+    "pipeline_runs": "run_id VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, file VARCHAR, status VARCHAR, "
+                     "started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, nodes_ok INTEGER, nodes_failed INTEGER, "
+                     "nodes_skipped INTEGER, selector VARCHAR",
+    "pipeline_nodes": "run_id VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, node_id VARCHAR NOT NULL, status VARCHAR, "
+                      "worker VARCHAR, started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, duration_ms DOUBLE, "
+                      "error VARCHAR, reason VARCHAR, snapshot_id BIGINT, sql VARCHAR",
+    "lineage_tables": "child VARCHAR NOT NULL, parent VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, "
+                      "node_id VARCHAR NOT NULL, run_id VARCHAR, snapshot_id BIGINT, location VARCHAR, "
+                      "parent_location VARCHAR",
+    "lineage_columns": "child VARCHAR NOT NULL, child_column VARCHAR NOT NULL, parent VARCHAR NOT NULL, "
+                       "parent_column VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, node_id VARCHAR NOT NULL, "
+                       "run_id VARCHAR",
+}
+
+
+@dataclass
+class Lineage:
+    """The lineage of a run's successful nodes, with the worker each local table lives on."""
+
+    tables: list[tuple[str, TableEdge, str, str]] = field(default_factory=list)  # node, edge, location, parent's
+    columns: list[tuple[str, ColumnEdge]] = field(default_factory=list)  # node, edge
+    warnings: list[str] = field(default_factory=list)
+
+
+def _location(table: TableRef, worker: str | None) -> str:
+    return (worker or "?") if table.local else "lake"
+
+
+def run_lineage(pipeline: Pipeline, run: PipelineRun, schema: Schema, workers_of_local: dict[TableRef, str]) -> Lineage:
+    """Table and column lineage of the nodes that succeeded. `schema`: the columns of every table involved (see
+    `current_schema`); `workers_of_local`: which worker holds a worker-local table read from earlier runs."""
+    out = Lineage()
+    where = dict(workers_of_local)
+    for node_run in run.nodes:
+        if node_run.status != OK:
+            continue
+        node = pipeline.nodes[node_run.id]
+        for t in node.use.writes:
+            if t.local:
+                where[t] = node_run.worker or "?"
+        for edge in table_edges(node.use):
+            out.tables.append((node.id, edge, _location(edge.child, where.get(edge.child, node_run.worker)),
+                               _location(edge.parent, where.get(edge.parent, node_run.worker))))
+        if not table_edges(node.use):
+            continue
+        child = table_edges(node.use)[0].child
+        columns = list(schema.get(child.catalog, {}).get(child.schema, {}).get(child.name, {}))
+        try:
+            out.columns += [(node.id, e) for e in column_edges(node.use, schema, columns)]
+        except ValueError as exc:
+            out.warnings.append(f"node {node.id}: no column lineage ({exc})")
+    return out
+
+
+def current_schema(lake: Lake, local: dict[str, list[tuple]] | None = None) -> Schema:
+    """The lake's tables and columns now, plus worker-local ones: `local` maps a worker to rows of (schema, table,
+    column, type) that its `information_schema` gave."""
+    schema: Schema = {}
+    rows = lake.con.execute("SELECT table_catalog, table_schema, table_name, column_name, data_type "
+                            "FROM information_schema.columns WHERE table_catalog = ?", [lake.alias]).fetchall()
+    for worker_rows in (local or {}).values():
+        rows += [(LOCAL_DB, *r) for r in worker_rows]
+    for catalog, schema_name, table, column, dtype in rows:
+        schema.setdefault(catalog.lower(), {}).setdefault(schema_name.lower(), {}).setdefault(
+            table.lower(), {})[column.lower()] = dtype
+    return schema
+
+
+LOCAL_COLUMNS_SQL = (f"SELECT table_schema, table_name, column_name, data_type FROM information_schema.columns "
+                     f"WHERE table_catalog = '{LOCAL_DB}' ORDER BY table_name, ordinal_position")
+
+
+def _iso(t) -> Any:
+    return t.isoformat() if t else None
+
+
+def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -> int | None:
+    """Write the run, its nodes and its lineage in one transaction; the snapshot it made."""
+    run_row = [run.run_id, run.pipeline, run.file, run.status, _iso(run.started_at), _iso(run.finished_at),
+               run.count(OK), run.count(FAILED), run.count(SKIPPED), run.selector]
+    node_rows = [[run.run_id, run.pipeline, n.id, n.status, n.worker, _iso(n.started_at), _iso(n.finished_at),
+                  n.duration_ms, n.error, n.reason, n.snapshot_id, n.sql] for n in run.nodes]
+    snapshots = {n.id: n.snapshot_id for n in run.nodes}
+    table_rows = [[str(e.child), str(e.parent), run.pipeline, node, run.run_id, snapshots.get(node), loc, parent_loc]
+                  for node, e, loc, parent_loc in lineage.tables]
+    column_rows = [[str(e.child), e.child_column, str(e.parent), e.parent_column, run.pipeline, node, run.run_id]
+                   for node, e in lineage.columns]
+    rebuilt = sorted({n.id for n in run.nodes if n.status == OK})
+
+    def write(con) -> None:
+        for name, columns in TABLES.items():
+            con.execute(f"CREATE TABLE IF NOT EXISTS {lake.alias}.main.{name} ({columns})")
+        con.execute(f"INSERT INTO {lake.alias}.main.pipeline_runs VALUES ({', '.join('?' * len(run_row))})", run_row)
+        _insert(con, f"{lake.alias}.main.pipeline_nodes", node_rows)
+        for node in rebuilt:  # the node's lineage as of this run replaces what an earlier run recorded
+            for name in ("lineage_tables", "lineage_columns"):
+                con.execute(f"DELETE FROM {lake.alias}.main.{name} WHERE pipeline = ? AND node_id = ?",
+                            [run.pipeline, node])
+        _insert(con, f"{lake.alias}.main.lineage_tables", table_rows)
+        _insert(con, f"{lake.alias}.main.lineage_columns", column_rows)
+
+    return commit_with(lake, write, f"pipeline {run.pipeline}: history of run {run.run_id}").snapshot_id
+
+
+def _insert(con, table: str, rows: list[list[Any]]) -> None:
+    if rows:
+        con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+
+
+def last_run(lake: Lake, pipeline: str) -> tuple[str, dict[str, str]] | None:
+    """(run id, node -> status) of the pipeline's latest run, or None when it never ran."""
+    if not table_exists(lake.con, lake.alias, "main", "pipeline_runs"):
+        return None
+    row = lake.con.execute(f"SELECT run_id FROM {lake.alias}.main.pipeline_runs WHERE pipeline = ? "
+                           "ORDER BY started_at DESC, run_id DESC LIMIT 1", [pipeline]).fetchone()
+    if row is None:
+        return None
+    nodes = lake.con.execute(f"SELECT node_id, status FROM {lake.alias}.main.pipeline_nodes WHERE run_id = ?",
+                             [row[0]]).fetchall()
+    return row[0], dict(nodes)
+
+
+def local_tables_on(lake: Lake) -> dict[TableRef, str]:
+    """Where earlier runs left worker-local tables (their latest lineage rows say which worker)."""
+    if not table_exists(lake.con, lake.alias, "main", "lineage_tables"):
+        return {}
+    rows = lake.con.execute(f"SELECT child, location FROM {lake.alias}.main.lineage_tables "
+                            f"WHERE child LIKE '{LOCAL_DB}.%' AND location <> 'lake'").fetchall()
+    return {TableRef(LOCAL_DB, "main", child.split(".", 1)[1]): loc for child, loc in rows}
+
+
+@dataclass
+class UpstreamEdge:
+    child: str
+    parent: str
+    pipeline: str
+    node_id: str
+    location: str
+    parent_location: str
+
+
+def upstream(lake: Lake, table: str) -> list[UpstreamEdge]:
+    """Every lineage edge above `table` (its parents, theirs, ...), each once."""
+    if not table_exists(lake.con, lake.alias, "main", "lineage_tables"):
+        return []
+    rows = lake.con.execute(f"""
+        WITH RECURSIVE up(child, parent, pipeline, node_id, location, parent_location) AS (
+            SELECT child, parent, pipeline, node_id, location, parent_location
+            FROM {lake.alias}.main.lineage_tables WHERE child = ?
+            UNION
+            SELECT l.child, l.parent, l.pipeline, l.node_id, l.location, l.parent_location
+            FROM {lake.alias}.main.lineage_tables l JOIN up ON l.child = up.parent)
+        SELECT DISTINCT * FROM up ORDER BY child, parent""", [table]).fetchall()
+    return [UpstreamEdge(*r) for r in rows]
+
+
+def upstream_columns(lake: Lake, table: str) -> list[tuple[str, str, str, str]]:
+    """(child, child column, parent, parent column) for every column lineage edge above `table`."""
+    if not table_exists(lake.con, lake.alias, "main", "lineage_columns"):
+        return []
+    return lake.con.execute(f"""
+        WITH RECURSIVE up(child, child_column, parent, parent_column) AS (
+            SELECT child, child_column, parent, parent_column FROM {lake.alias}.main.lineage_columns WHERE child = ?
+            UNION
+            SELECT l.child, l.child_column, l.parent, l.parent_column
+            FROM {lake.alias}.main.lineage_columns l JOIN up ON l.child = up.parent AND l.child_column = up.parent_column)
+        SELECT DISTINCT * FROM up ORDER BY 1, 2, 3, 4""", [table]).fetchall()

@@ -1,0 +1,162 @@
+"""Run a pipeline's DAG on the worker plane: graphlib's TopologicalSorter decides what is ready, every ready node is
+submitted at once (a pinned one to its worker), and a node's dependents become ready the moment it finishes (no
+barrier per wave).
+
+dbt's failure semantics: a failed node's descendants are skipped with the reason, independent nodes go on. A node
+that writes lake tables runs as one transaction whose commit message names the pipeline, the node and the run, so
+each such node is one snapshot (or nothing). A node is never submitted twice (see workers.tasks.claim_once).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from graphlib import TopologicalSorter
+from typing import Any
+
+from ducklake_kit.pipelines.dag import Node, Pipeline
+from ducklake_kit.workers.client import WorkerPlane
+from ducklake_kit.workers.tasks import TaskResult
+
+OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+ROWS_SHOWN = 100  # rows of a node's SELECT kept in its result (row_count says how many there were)
+
+
+def new_run_id() -> str:
+    """Sortable by time, unique: 20261123T231500-1a2b3c."""
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+
+
+def _when(epoch: float | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, timezone.utc) if epoch is not None else None
+
+
+def commit_message(pipeline: str, node: str, run_id: str) -> str:
+    return f"pipeline {pipeline}: node {node} (run {run_id})"
+
+
+@dataclass
+class NodeRun:
+    id: str
+    status: str  # ok, failed, skipped
+    worker: str | None = None
+    started_at: datetime | None = None  # on the worker, UTC
+    finished_at: datetime | None = None
+    error: str | None = None  # DuckDB's own message (with the statement) for a failed node
+    reason: str | None = None  # why a node was skipped
+    statements: list[dict[str, Any]] = field(default_factory=list)
+    snapshot_id: int | None = None  # the snapshot the node committed
+    sql: str = ""
+
+    @property
+    def duration_ms(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return round((self.finished_at - self.started_at).total_seconds() * 1000, 3)
+
+    def as_dict(self) -> dict[str, Any]:
+        iso = lambda t: t.isoformat(timespec="microseconds") if t else None  # noqa: E731
+        return {"id": self.id, "status": self.status, "worker": self.worker, "started_at": iso(self.started_at),
+                "finished_at": iso(self.finished_at), "duration_ms": self.duration_ms, "error": self.error,
+                "reason": self.reason, "snapshot_id": self.snapshot_id, "statements": self.statements}
+
+
+@dataclass
+class PipelineRun:
+    run_id: str
+    pipeline: str
+    file: str
+    started_at: datetime
+    finished_at: datetime | None = None
+    nodes: list[NodeRun] = field(default_factory=list)
+    selector: str | None = None  # --select as given, or "from-failed <run>"
+
+    @property
+    def ok(self) -> bool:
+        return all(n.status == OK for n in self.nodes)
+
+    def count(self, status: str) -> int:
+        return sum(1 for n in self.nodes if n.status == status)
+
+    @property
+    def status(self) -> str:
+        return OK if self.ok else FAILED
+
+    def node(self, node_id: str) -> NodeRun:
+        return next(n for n in self.nodes if n.id == node_id)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "pipeline": self.pipeline, "file": self.file, "status": self.status,
+                "started_at": self.started_at.isoformat(timespec="microseconds"),
+                "finished_at": self.finished_at.isoformat(timespec="microseconds") if self.finished_at else None,
+                "ok": self.count(OK), "failed": self.count(FAILED), "skipped": self.count(SKIPPED),
+                "selector": self.selector, "nodes": [n.as_dict() for n in self.nodes]}
+
+
+def _statement_dict(s) -> dict[str, Any]:
+    return {"statement": s.statement, "statement_type": s.statement_type, "columns": s.columns,
+            "rows": [list(r) for r in s.rows[:ROWS_SHOWN]], "row_count": len(s.rows), "affected_rows": s.affected_rows,
+            "seconds": s.seconds, "snapshot_id": s.snapshot_id}
+
+
+def _node_run(node: Node, result: TaskResult) -> NodeRun:
+    run = NodeRun(node.id, OK if result.ok else FAILED, result.worker, _when(result.started_at),
+                  _when(result.finished_at), statements=[_statement_dict(s) for s in result.statements],
+                  snapshot_id=result.snapshot_id, sql=node.sql)
+    if result.error is not None:
+        run.error = result.error.error + (" (rolled back)" if result.rolled_back else "")
+    return run
+
+
+def _skip_reason(node: str, parents: set[str], done: dict[str, NodeRun]) -> str | None:
+    """Why `node` must not run: the first of its dependencies that failed or was skipped."""
+    for parent in sorted(parents):
+        if done[parent].status == FAILED:
+            return f"not run: its dependency {parent} failed"
+        if done[parent].status == SKIPPED:
+            root = done[parent].reason or ""
+            return f"not run: its dependency {parent} was skipped ({root.removeprefix('not run: ')})"
+    return None
+
+
+def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None, run_id: str | None = None,
+        timeout_s: float | None = None, selector: str | None = None,
+        on_event: Callable[[str, NodeRun | Node], None] = lambda _kind, _node: None) -> PipelineRun:
+    """Run the nodes of `only` (default: all) in dependency order. `timeout_s`: per node, enforced on its worker.
+    `on_event("start", Node)` when a node is submitted, `on_event("end", NodeRun)` when it is done."""
+    from distributed import as_completed
+
+    run_id = run_id or new_run_id()
+    record = PipelineRun(run_id, pipeline.name, pipeline.file, datetime.now(timezone.utc), selector=selector)
+    graph = pipeline.graph(only)
+    sorter = TopologicalSorter(graph)
+    sorter.prepare()
+    done: dict[str, NodeRun] = {}
+    running: dict[str, str] = {}  # future key -> node id
+    pending = as_completed(loop=plane.client.loop)
+    while sorter.is_active():
+        for node_id in sorter.get_ready():
+            node = pipeline.nodes[node_id]
+            reason = _skip_reason(node_id, graph[node_id], done)
+            if reason is not None:
+                done[node_id] = NodeRun(node_id, SKIPPED, reason=reason, sql=node.sql)
+                on_event("end", done[node_id])
+                sorter.done(node_id)
+                continue
+            message = commit_message(pipeline.name, node_id, run_id) if node.writes_lake else None
+            future = plane.submit([node.sql], worker=node.pin, message=message, timeout_s=timeout_s)
+            running[future.key] = node_id
+            pending.add(future)
+            on_event("start", node)
+        if not running:
+            continue  # only skips were decided: their dependents may be ready now
+        future = next(pending)
+        node_id = running.pop(future.key)
+        done[node_id] = _node_run(pipeline.nodes[node_id], plane.result(future))
+        on_event("end", done[node_id])
+        sorter.done(node_id)
+    record.finished_at = datetime.now(timezone.utc)
+    record.nodes = [done[n] for n in pipeline.nodes if n in done]
+    return record

@@ -1,0 +1,151 @@
+"""A pipeline file -> its statements, each with its headers and line numbers.
+
+Statements are split by sqlglot's tokenizer (a `;` inside a string or a comment is not a separator). The text
+between two statements holds nothing but whitespace and comments (anything else would be a token), so the headers
+are read from the comment lines there, in any order:
+
+    -- id: daily_revenue          an int or a name; default: the statement's position in the file (1, 2, ...)
+    -- depends_on: a, b           ids of other statements of the file
+    -- node: w2                   run it on that worker (its worker-local tables live there)
+    -- description: one line      shown by `pipeline plan`
+
+A comment of the form `-- word: ...` is a header: an unknown word is an error (leave out the colon for prose).
+Every error names the file and line: `PipelineError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlglot
+from sqlglot.errors import TokenError
+from sqlglot.tokens import TokenType
+
+from ducklake_kit.errors import KitError
+
+HEADERS = ("id", "depends_on", "node", "description")
+DIALECT = "duckdb"
+
+
+class PipelineError(KitError):
+    """Bad pipeline input: one line naming the file and line."""
+
+    def __init__(self, file: str, line: int | None, what: str, fix: str):
+        where = f"{file}:{line}" if line else file
+        super().__init__(f"{where}: {what}", fix)
+
+
+@dataclass
+class Header:
+    key: str
+    value: str
+    line: int
+
+
+@dataclass
+class Statement:
+    """One statement of the file with the headers written above it."""
+
+    sql: str
+    line: int  # where the statement starts (1-based)
+    position: int  # 1-based position among the file's statements
+    headers: dict[str, Header] = field(default_factory=dict)
+
+    def header(self, key: str) -> str | None:
+        h = self.headers.get(key)
+        return h.value if h else None
+
+
+def _comments(text: str, offset: int, source: str, file: str) -> list[tuple[int, str, bool]]:
+    """The comments in `text` (known to hold only whitespace and comments): (absolute offset, body, is a line
+    comment)."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+        elif text.startswith("--", i):
+            end = text.find("\n", i)
+            end = len(text) if end < 0 else end
+            out.append((offset + i, text[i + 2:end], True))
+            i = end
+        elif text.startswith("/*", i):
+            end = text.find("*/", i + 2)
+            end = len(text) if end < 0 else end + 2
+            out.append((offset + i, text[i + 2:end - 2], False))
+            i = end
+        else:  # cannot happen: the tokenizer found no token here
+            raise PipelineError(file, _line(source, offset + i), "unexpected text between statements",
+                                "check the file's syntax")
+    return out
+
+
+def _line(source: str, offset: int) -> int:
+    return source.count("\n", 0, offset) + 1
+
+
+def _header(body: str) -> tuple[str, str] | None:
+    key, sep, value = body.partition(":")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        return None
+    return key.lower(), value.strip()
+
+
+def split_statements(source: str, file: str = "<sql>") -> list[Statement]:
+    """The statements of a pipeline file, with their headers. Raises PipelineError for an unknown or repeated
+    header, or headers with no statement after them."""
+    try:
+        tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(source)
+    except TokenError as exc:
+        raise PipelineError(file, None, f"the SQL does not tokenize ({exc})", "check quotes and comments") from None
+    chunks: list[list] = [[]]  # the tokens of each statement, its `;` last when it has one
+    for tok in tokens:
+        chunks[-1].append(tok)
+        if tok.token_type == TokenType.SEMICOLON:
+            chunks.append([])
+    statements: list[Statement] = []
+    gap_start = 0  # where the text before the next statement starts
+    prev_line = 0  # the line the previous statement ended on: a comment there trails it, it is no header
+    for chunk in chunks:
+        body = [t for t in chunk if t.token_type != TokenType.SEMICOLON]
+        if not body:  # an empty statement (`;;`)
+            if chunk:
+                gap_start = chunk[-1].end + 1
+            continue
+        first, last = body[0], body[-1]
+        headers: dict[str, Header] = {}
+        for at, body, is_line in _comments(source[gap_start:first.start], gap_start, source, file):
+            line = _line(source, at)
+            parsed = _header(body) if is_line and line != prev_line else None
+            if parsed is None:
+                continue
+            key, value = parsed
+            if key not in HEADERS:
+                raise PipelineError(file, line, f"unknown header '{key}'",
+                                    f"use one of {', '.join(HEADERS)}; for a plain comment, leave out the colon")
+            if key in headers:
+                raise PipelineError(file, line, f"header '{key}' given twice for one statement (first on line "
+                                    f"{headers[key].line})", "keep one")
+            headers[key] = Header(key, value, line)
+        statements.append(Statement(source[first.start:last.end + 1].strip(), _line(source, first.start),
+                                    len(statements) + 1, headers))
+        gap_start = chunk[-1].end + 1  # after the `;`
+        prev_line = _line(source, chunk[-1].end)
+    trailing = [(at, body) for at, body, is_line in _comments(source[gap_start:], gap_start, source, file)
+                if is_line and _header(body) and _line(source, at) != prev_line]
+    if trailing:
+        raise PipelineError(file, _line(source, trailing[0][0]), "headers with no statement after them",
+                            "put the statement under its headers, or remove them")
+    return statements
+
+
+def read_file(path: Path) -> tuple[str, str]:
+    """(text, display name) of a pipeline file; one clear line when it cannot be read."""
+    try:
+        return path.read_text(encoding="utf-8"), str(path)
+    except FileNotFoundError:
+        raise KitError(f"no pipeline file at {path}",
+                       "give the path of a .sql file, e.g. pipelines/taxi_marts.sql") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KitError(f"cannot read the pipeline file {path} ({exc})", "check the file") from None
