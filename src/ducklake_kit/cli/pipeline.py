@@ -121,7 +121,7 @@ def run_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None,
             typer.echo("nothing to re-run: the last run of this pipeline had no failed or skipped node")
         return
     if as_json:
-        print_json(outcome.run.status, outcome.run.as_dict() | {"history_snapshot": outcome.history_snapshot,
+        print_json("ok" if outcome.run.ok else "error", outcome.run.as_dict() | {"history_snapshot": outcome.history_snapshot,
                                                                 "warnings": outcome.warnings}, outcome.catalog_info)
         _warn(outcome.warnings, True)
     else:

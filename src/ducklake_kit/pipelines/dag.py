@@ -2,10 +2,10 @@
 bad file one clear line (unknown or duplicate id, a dependency on an unknown id, a cycle, worker-local tables
 used where they cannot be).
 
-Inference reads the file in order, as a script would run: a statement that reads or changes a table depends on
-every earlier statement that wrote it, and one that writes a table also on every earlier one that read it (so a
-`CREATE OR REPLACE` does not overtake its readers). An inferred edge the headers do not declare is added and
-reported (`--strict` makes it an error): a header cannot lie about what a statement reads.
+Inference follows each table's life, whatever the file order: it is made (CREATE), then changed (INSERT, UPDATE,
+DELETE, ...), then read, then dropped; a statement depends on those that come before it there (two that make or
+change the same table keep their file order). An inferred edge the headers do not declare is added and reported
+(`--strict` makes it an error): a header cannot lie about what a statement reads.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 from ducklake_kit.pipelines.sqlfile import PipelineError, Statement, read_file, split_statements
-from ducklake_kit.pipelines.tables import TableRef, TableUse, table_use
+from ducklake_kit.pipelines.tables import CHANGE, DROP, MAKE, READ, TableRef, TableUse, table_use
 
 
 @dataclass
@@ -28,6 +28,7 @@ class Node:
     description: str | None = None
     pin: str | None = None  # the worker it must run on
     pin_reason: str | None = None  # "-- node" or why it was inherited (the worker-local table it reads)
+    pin_line: int | None = None  # the line of its `-- node:` header
 
     @property
     def writes_lake(self) -> bool:
@@ -116,7 +117,7 @@ class Pipeline:
         """Every pinned node names a running worker."""
         for node in self.nodes.values():
             if node.pin and node.pin not in running:
-                where = node.line if node.pin_reason == "-- node" else None
+                where = node.pin_line if node.pin_reason == "-- node" else node.line
                 raise PipelineError(self.file, where, f"node {node.id} must run on worker '{node.pin}', which is not "
                                     f"running (running: {', '.join(running) or 'none'})",
                                     "run `up --workers N` to start enough workers, or change its `-- node:`")
@@ -143,7 +144,8 @@ def _nodes(statements: list[Statement], file: str) -> dict[str, Node]:
                                 "give every statement its own id (a statement without `-- id:` gets its position)")
         pin = stmt.header("node")
         nodes[node_id] = Node(node_id, stmt.sql, stmt.line, stmt.position, table_use(stmt.sql),
-                              stmt.header("description"), pin or None, "-- node" if pin else None)
+                              stmt.header("description"), pin or None, "-- node" if pin else None,
+                              stmt.headers["node"].line if pin else None)
     return nodes
 
 
@@ -165,26 +167,27 @@ def _declared(statements: list[Statement], nodes: dict[str, Node], file: str) ->
     return edges
 
 
+_BEFORE = {CHANGE: (MAKE, CHANGE), READ: (MAKE, CHANGE), DROP: (MAKE, CHANGE, READ), MAKE: (MAKE,)}
+_VERB = {MAKE: "made", CHANGE: "changed", READ: "read"}
+
+
 def _inferred(nodes: dict[str, Node]) -> dict[tuple[str, str], set[str]]:
-    writers: dict[TableRef, list[str]] = {}
-    readers: dict[TableRef, list[str]] = {}
-    edges: dict[tuple[str, str], set[str]] = {}
-
-    def add(parent: str, child: str, why: str) -> None:
-        if parent != child:
-            edges.setdefault((parent, child), set()).add(why)
-
+    """Edges from what the statements do to each table, in the order a table lives: made, then changed, then read,
+    then dropped. A statement depends on the others that come before it in that order (and, within making or
+    changing, on the earlier ones of the file), whatever the file order of the two."""
+    uses: dict[TableRef, list[tuple[str, str]]] = {}  # table -> (node, role), in file order
     for node in nodes.values():
-        for t in node.use.reads | node.use.writes:
-            for w in writers.get(t, []):
-                add(w, node.id, f"{t} (written by {w})")
-        for t in node.use.writes:
-            for r in readers.get(t, []):
-                add(r, node.id, f"{t} (read by {r} before this changes it)")
-        for t in node.use.reads:
-            readers.setdefault(t, []).append(node.id)
-        for t in node.use.writes:
-            writers.setdefault(t, []).append(node.id)
+        for t, role in node.use.roles().items():
+            uses.setdefault(t, []).append((node.id, role))
+    edges: dict[tuple[str, str], set[str]] = {}
+    for t, users in uses.items():
+        for i, (child, role) in enumerate(users):
+            for j, (parent, parent_role) in enumerate(users):
+                if parent == child or parent_role not in _BEFORE[role]:
+                    continue
+                if parent_role == role and j > i:  # two that make (or change) it: in file order
+                    continue
+                edges.setdefault((parent, child), set()).add(f"{t} ({_VERB[parent_role]} by {parent})")
     return edges
 
 
@@ -232,7 +235,7 @@ def build(source: str, file: str = "<sql>", *, name: str | None = None, strict: 
         edge = Edge(parent, child, (parent, child) in declared, (parent, child) in inferred, why)
         edges.append(edge)
         if not edge.declared:
-            msg = (f"{file}:{nodes[child].line}: node {child} reads or changes {why}, but does not declare "
+            msg = (f"{file}:{nodes[child].line}: node {child} uses {why}, but does not declare "
                    f"depends_on: {parent}; the edge was added")
             if strict:
                 raise PipelineError(file, nodes[child].line, f"node {child} depends on {parent} ({why}) without "

@@ -69,8 +69,8 @@ def run_lineage(pipeline: Pipeline, run: PipelineRun, schema: Schema, workers_of
         columns = list(schema.get(child.catalog, {}).get(child.schema, {}).get(child.name, {}))
         try:
             out.columns += [(node.id, e) for e in column_edges(node.use, schema, columns)]
-        except ValueError as exc:
-            out.warnings.append(f"node {node.id}: no column lineage ({exc})")
+        except Exception as exc:  # noqa: BLE001 - the node ran; lineage sqlglot cannot trace is reported, not fatal
+            out.warnings.append(f"node {node.id}: no column lineage ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
     return out
 
 

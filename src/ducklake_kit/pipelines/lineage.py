@@ -98,6 +98,8 @@ def column_edges(use: TableUse, schema: Schema, child_columns: list[str] | None 
             for node in sqlglot_lineage(out, query, schema=schema, dialect=DIALECT).walk():
                 if node.downstream or not isinstance(node.source, exp.Table):
                     continue
+                if not isinstance(node.source.this, exp.Identifier):  # range(...), read_parquet(...): no table
+                    continue
                 edges.add(ColumnEdge(child, name.lower(), resolve(node.source), node.name.split(".")[-1].strip('"').lower()))
     except (SqlglotError, KeyError) as exc:
         raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None

@@ -64,6 +64,10 @@ def parse_table_name(name: str) -> TableRef:
     return resolve(table)
 
 
+MAKE, CHANGE, READ, DROP = "make", "change", "read", "drop"  # what a statement does to a table, in the order
+# a pipeline does them: a table is made, then changed, then read, then dropped
+
+
 @dataclass
 class TableUse:
     """What one statement does to tables."""
@@ -71,8 +75,16 @@ class TableUse:
     writes: set[TableRef] = field(default_factory=set)  # creates, inserts into, updates, deletes from, drops
     reads: set[TableRef] = field(default_factory=set)
     creates: bool = False  # CREATE [OR REPLACE] TABLE/VIEW ... (AS SELECT): the write makes the table anew
+    drops: bool = False  # DROP TABLE/VIEW: the write removes it
     opaque: str | None = None  # why nothing could be inferred (sqlglot does not parse it)
     tree: exp.Expression | None = None  # the parsed statement (column lineage reads it)
+
+    def roles(self) -> dict[TableRef, str]:
+        """Each table with what this statement does to it (MAKE, CHANGE, READ or DROP)."""
+        write = DROP if self.drops else (MAKE if self.creates else CHANGE)
+        out = {t: READ for t in self.reads}
+        out.update({t: write for t in self.writes})
+        return out
 
 
 def _is_named(table: exp.Table) -> bool:
@@ -105,7 +117,7 @@ def table_use(sql: str) -> TableUse:
     elif isinstance(stmt, (exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Alter, exp.TruncateTable)):
         target = _target(stmt)
     elif isinstance(stmt, exp.Drop) and str(stmt.args.get("kind") or "").upper() in ("TABLE", "VIEW"):
-        target = _target(stmt)
+        target, use.drops = _target(stmt), True
     elif isinstance(stmt, exp.Copy) and stmt.args.get("kind"):  # COPY t FROM 'file' (kind True) writes t
         target = _target(stmt)
     if target is not None and _is_named(target):
