@@ -7,6 +7,8 @@ timetravel  the change-feed lesson in its own schema, every figure checked
 maintain    flush, merge, expire the lesson's first snapshot, clean up, CHECKPOINT: answers unchanged
 workers     the worker plane: every worker attached, per-month counts from tasks sum to the lake's, a
             worker-local table on its worker only
+pipeline    pipelines/taxi_marts.sql as a DAG on the workers: every mart equals the same figure computed
+            directly from trips, the worker-local step on w1, lineage recorded
 bench       a short concurrency benchmark (3 writers x 100 inserts: processes, and worker plane tasks), counts checked
 
 Exit 0 only if every check of every stage holds.
@@ -19,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ducklake_kit.bench import concurrency as bench_concurrency
-from ducklake_kit.lessons import foundation, maintain, queries, timetravel, workers
+from ducklake_kit.lessons import foundation, maintain, pipeline, queries, timetravel, workers
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.base import Platform
@@ -73,6 +75,9 @@ def run_all(platform: Platform, state: State, checks: CheckRun, *, source: str =
 
     with checks.stage("workers"):
         result["workers"] = workers.run_workers(platform, state, checks, scheduler=scheduler, on_step=on_step)
+
+    with checks.stage("pipeline"):
+        result["pipeline"] = pipeline.run_pipeline(platform, state, checks, scheduler=scheduler, on_step=on_step)
 
     if bench:
         with checks.stage("bench"):
