@@ -548,40 +548,27 @@ def run_plane(state: State, ep: Endpoints, workers: int, ops: int, inlining: boo
 
     from ducklake_kit.workers import WorkerPlane
     from ducklake_kit.workers import plane as plane_mod
-    from ducklake_kit.workers.client import name_order, worker_number
+    from ducklake_kit.workers.client import name_order
     from ducklake_kit.workers.plugin import WORKER_SETTINGS
 
     _prepare_table(ep, inlining)
-    had_scheduler, had = plane_mod.scheduler_running(state), plane_mod.running_workers(state)
-    # as many as the run needs, and never fewer than the highest-numbered worker running (w4 with w3 gone: 4)
-    highest = max((worker_number(n) or 0 for n in had), default=0)
-    status = plane_mod.up(state, ep, max(workers, highest), scheduler, remember=False)
-    try:
-        with WorkerPlane(status.address, ep) as wp:
-            names = sorted(wp.names(), key=name_order)[:workers]
-            if len(names) < workers:
-                raise KitError(f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {workers}",
-                               f"start more workers there, or run with --workers {len(names)}")
-            token = uuid.uuid4().hex[:12]
-            ready, go = Queue(f"bench-ready-{token}", client=wp.client), Event(f"bench-go-{token}", client=wp.client)
-            futures = [wp.client.submit(_plane_writer, wp.plugin, i, ops, ready.name, go.name, uuid.uuid4().hex,
-                                        pure=False, retries=0, workers=[wp.address_of(n)], allow_other_workers=False)
-                       for i, n in enumerate(names)]
-            _wait_ready(wp, ready, futures)
-            before, cpu_start = _catalog_counters(ep), catalog_cpu()
-            go.set()
-            results = [wp.result(f) for f in futures]
-            cpu_end = catalog_cpu()
-            time.sleep(1.5)  # let the workers' catalog connections publish their transaction counters
-            after = _catalog_counters(ep)
-    finally:
-        if not scheduler:
-            if not had_scheduler:
-                plane_mod.down(state)
-            else:
-                extra = [n for n in plane_mod.running_workers(state) if n not in had]
-                if extra:
-                    plane_mod.stop_workers(state, extra)
+    with plane_mod.borrowed(state, ep, workers, scheduler) as status, WorkerPlane(status.address, ep) as wp:
+        names = sorted(wp.names(), key=name_order)[:workers]
+        if len(names) < workers:
+            raise KitError(f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {workers}",
+                           f"start more workers there, or run with --workers {len(names)}")
+        token = uuid.uuid4().hex[:12]
+        ready, go = Queue(f"bench-ready-{token}", client=wp.client), Event(f"bench-go-{token}", client=wp.client)
+        futures = [wp.client.submit(_plane_writer, wp.plugin, i, ops, ready.name, go.name, uuid.uuid4().hex,
+                                    pure=False, retries=0, workers=[wp.address_of(n)], allow_other_workers=False)
+                   for i, n in enumerate(names)]
+        _wait_ready(wp, ready, futures)
+        before, cpu_start = _catalog_counters(ep), catalog_cpu()
+        go.set()
+        results = [wp.result(f) for f in futures]
+        cpu_end = catalog_cpu()
+        time.sleep(1.5)  # let the workers' catalog connections publish their transaction counters
+        after = _catalog_counters(ep)
     failed = [r for r in results if not isinstance(r, dict) or r.get("setup_error")]
     if failed:
         first = failed[0]

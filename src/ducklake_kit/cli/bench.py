@@ -16,17 +16,17 @@ from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 @command
 def bench(
     ctx: typer.Context,
-    suite: Annotated[str, typer.Option(help="load (DuckLake vs plain Parquet writes), queries (DuckLake vs Parquet on S3 vs Spark SQL) or concurrency (many writers).")] = "load",
+    suite: Annotated[str, typer.Option(help="load (DuckLake vs plain Parquet writes), queries (DuckLake vs Parquet on S3 vs Spark SQL), concurrency (many writers) or pipeline (the DAG runner vs its bound).")] = "load",
     rows: Annotated[Optional[list[int]], typer.Option(help="Rows (load: repeat to compare sizes; queries: one size). Default 1,000,000.")] = None,
     runs: Annotated[int, typer.Option(help="queries: timed runs per query and engine, after one warm-up.")] = 5,
-    workers: Annotated[int, typer.Option(help="concurrency: writers (processes, and worker plane workers).")] = 3,
+    workers: Annotated[Optional[int], typer.Option(help="concurrency: writers (processes, and worker plane workers), default 3; pipeline: workers, default 2.")] = None,
     ops: Annotated[int, typer.Option(help="concurrency: inserts per writer.")] = 100,
     out_file: Annotated[Optional[Path], typer.Option("--out", help="Also write the results to this JSON file.")] = None,
     png_file: Annotated[Optional[Path], typer.Option("--png", help="queries/concurrency: also draw a bar chart to this PNG file.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure, in one run, and print the figures (commands, not timed tests): --suite load, queries or concurrency."""
-    suites = ("load", "queries", "concurrency")
+    """Measure, in one run, and print the figures (commands, not timed tests): --suite load, queries, concurrency or pipeline."""
+    suites = ("load", "queries", "concurrency", "pipeline")
     if suite not in suites:
         raise KitError(f"unknown suite '{suite}'", f"choose one of: {', '.join(suites)}")
     c: Ctx = ctx.obj
@@ -60,9 +60,13 @@ def bench(
             raise KitError("the engines returned different answers", "see the JSON results (--out FILE) for the differences",
                            exit_code=EXIT_CHECK_FAILED)
         return
+    if suite == "pipeline":
+        _bench_pipeline(c, workers or 2, step, out, out_file, as_json)
+        return
     if suite == "concurrency":
         from ducklake_kit.bench.concurrency import bench_concurrency  # each suite loads only when asked for
 
+        workers = workers or 3
         r = bench_concurrency(c.platform(), c.state, workers=workers, ops=ops, on_step=step, json_path=out_file, png_path=png_file,
                               scheduler=c.scheduler)
         out.print(table(f"bench --suite concurrency: {workers} writers x {ops} inserts ({r.machine.cores} cores; load average "
@@ -111,3 +115,28 @@ def bench(
         out.print(f"wrote {out_file}", markup=False)
     if as_json:
         print_json("ok", doc)
+
+
+def _bench_pipeline(c: Ctx, workers: int, step, out, out_file: Optional[Path], as_json: bool) -> None:
+    from ducklake_kit.bench.pipeline import GOAL_SCHEDULING_MS, GOAL_VS_BOUND, bench_pipeline
+
+    r = bench_pipeline(c.platform(), c.state, workers=workers, scheduler=c.scheduler, on_step=step, json_path=out_file)
+    p, s = r.parallel, r.serial
+    out.print(table(f"bench --suite pipeline: {r.independent} independent nodes + a chain of {r.chain} "
+                    f"({r.rows_per_node:,} rows of md5 each) on {r.workers} workers ({r.machine.cores} cores; load "
+                    f"average {r.machine.load_average_before[0]})",
+                    ["run", "makespan s", "node time s (total)", "critical path s", "bound s", "makespan / bound"],
+                    [[f"DAG on {r.workers} workers", p.makespan_s, p.total_node_s, p.critical_path_s, p.bound_s, p.vs_bound],
+                     ["serial (one worker)", s.makespan_s, s.total_node_s, s.critical_path_s, s.bound_s, s.vs_bound]]))
+    out.print(f"speed-up over the serial run: {r.speedup_vs_serial}x; makespan / bound {p.vs_bound} (goal <= "
+              f"{GOAL_VS_BOUND}: {'met' if p.vs_bound <= GOAL_VS_BOUND else 'NOT met'})", markup=False)
+    out.print(f"scheduling cost: {r.scheduling_ms_per_node} ms a node over a chain of {r.scheduling_nodes} trivial nodes "
+              f"(goal < {GOAL_SCHEDULING_MS:g} ms: {'met' if r.scheduling_ms_per_node < GOAL_SCHEDULING_MS else 'NOT met'})",
+              markup=False)
+    if out_file:
+        out.print(f"wrote {out_file}", markup=False)
+    if as_json:
+        print_json("ok" if r.overlap_ok else "error", r.as_dict())
+    if not r.overlap_ok:
+        raise KitError("a node started before one of its dependencies finished", "this is a defect of the runner: report it",
+                       exit_code=EXIT_CHECK_FAILED)

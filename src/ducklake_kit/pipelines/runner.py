@@ -2,6 +2,7 @@
 submitted at once (a pinned one to its worker), and a node's dependents become ready the moment it finishes (no
 barrier per wave).
 
+Among queued nodes a free worker takes the one with the longest chain of dependents first (`critical_rank`).
 dbt's failure semantics: a failed node's descendants are skipped with the reason, independent nodes go on. A node
 that writes lake tables runs as one transaction whose commit message names the pipeline, the node and the run, so
 each such node is one snapshot (or nothing). A node is never submitted twice (see workers.tasks.claim_once).
@@ -121,6 +122,19 @@ def _skip_reason(node: str, parents: set[str], done: dict[str, NodeRun]) -> str 
     return None
 
 
+def critical_rank(graph: dict[str, set[str]]) -> dict[str, int]:
+    """Each node's longest chain of descendants (0 for a node nothing depends on): a free worker takes the queued
+    node with the longest chain behind it first, so a long chain is not left waiting behind independent nodes."""
+    children: dict[str, set[str]] = {n: set() for n in graph}
+    for node, parents in graph.items():
+        for p in parents:
+            children[p].add(node)
+    rank: dict[str, int] = {}
+    for node in reversed(list(TopologicalSorter(graph).static_order())):
+        rank[node] = max((rank[c] + 1 for c in children[node]), default=0)
+    return rank
+
+
 def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None, run_id: str | None = None,
         timeout_s: float | None = None, selector: str | None = None,
         on_event: Callable[[str, NodeRun | Node], None] = lambda _kind, _node: None) -> PipelineRun:
@@ -133,11 +147,13 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
     graph = pipeline.graph(only)
     sorter = TopologicalSorter(graph)
     sorter.prepare()
+    rank = critical_rank(graph)
     done: dict[str, NodeRun] = {}
     running: dict[str, str] = {}  # future key -> node id
     pending = as_completed(loop=plane.client.loop)
     while sorter.is_active():
-        for node_id in sorter.get_ready():
+        # the longest chain first: submitted first, it is also the first a free worker gets
+        for node_id in sorted(sorter.get_ready(), key=lambda n: (-rank[n], pipeline.nodes[n].position)):
             node = pipeline.nodes[node_id]
             reason = _skip_reason(node_id, graph[node_id], done)
             if reason is not None:
@@ -146,7 +162,8 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
                 sorter.done(node_id)
                 continue
             message = commit_message(pipeline.name, node_id, run_id) if node.writes_lake else None
-            future = plane.submit([node.sql], worker=node.pin, message=message, timeout_s=timeout_s)
+            future = plane.submit([node.sql], worker=node.pin, message=message, timeout_s=timeout_s,
+                                  priority=rank[node_id])
             running[future.key] = node_id
             pending.add(future)
             on_event("start", node)

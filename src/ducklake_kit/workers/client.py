@@ -147,16 +147,17 @@ class WorkerPlane:
 
     # -- tasks ---------------------------------------------------------------------------------------------------
     def submit(self, texts: list[str] | str, *, worker: str | None = None, message: str | None = None,
-               timeout_s: float | None = None):
+               timeout_s: float | None = None, priority: int = 0):
         """Submit a task (a Dask future). `worker`: a worker's name (or address) it must run on; other workers
         never take it. `message`: run all the statements in one transaction with this commit message. `timeout_s`:
-        the worker interrupts the running statement after that long."""
+        the worker interrupts the running statement after that long. `priority`: queued tasks with a higher one
+        are given to a free worker first."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         pin = {"workers": [self.address_of(worker)], "allow_other_workers": False} if worker else {}
         # pure=False: two identical statements are two tasks (Dask would otherwise run one and share its result);
         # retries=0: a failed task is reported, never repeated; the token makes a second run by Dask refuse
         return self.client.submit(run_statements, self.plugin, texts, message, uuid.uuid4().hex, timeout_s,
-                                  pure=False, retries=0, **pin)
+                                  pure=False, retries=0, priority=priority, **pin)
 
     def result(self, future, timeout_s: float | None = None) -> TaskResult:
         """The task's result; a task whose worker died becomes a failed TaskResult naming the worker."""

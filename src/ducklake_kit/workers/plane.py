@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +19,8 @@ from ducklake_kit.errors import KitError
 from ducklake_kit.platforms import procs
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.platforms.state import State
-from ducklake_kit.workers.client import NO_RETRIES_ENV, SchedulerUnreachable, WorkerInfo, WorkerPlane, name_order
+from ducklake_kit.workers.client import (NO_RETRIES_ENV, SchedulerUnreachable, WorkerInfo, WorkerPlane, name_order,
+                                         worker_number)
 from ducklake_kit.workers.config import PlaneConfig
 from ducklake_kit.workers.plugin import WorkerState
 
@@ -234,6 +237,25 @@ def running_workers(state: State) -> list[str]:
 
 def scheduler_running(state: State) -> bool:
     return procs.live_pid(state.pid_file(SCHEDULER)) is not None
+
+
+@contextmanager
+def borrowed(state: State, endpoints: Endpoints, workers: int, scheduler: str | None = None) -> Iterator[PlaneStatus]:
+    """At least `workers` workers for a benchmark run: the kit's plane is grown as needed (never below its
+    highest-numbered worker, not remembered as its size), and afterwards put back as it was (the workers the run
+    started stopped, the scheduler too when the run started it). A user's cluster (`scheduler`) is used as it is."""
+    had_scheduler, had = scheduler_running(state), running_workers(state)
+    highest = max((worker_number(n) or 0 for n in had), default=0)  # w4 with w3 gone: 4
+    try:
+        yield up(state, endpoints, max(workers, highest), scheduler, remember=False)
+    finally:
+        if not scheduler:
+            if not had_scheduler:
+                down(state)
+            else:
+                extra = [n for n in running_workers(state) if n not in had]
+                if extra:
+                    stop_workers(state, extra)
 
 
 def status(state: State, endpoints: Endpoints, scheduler: str | None = None) -> PlaneStatus:

@@ -1,0 +1,167 @@
+"""`bench --suite pipeline`: how close the pipeline runner comes to what the workers allow.
+
+A generated DAG of K independent CPU-bound nodes plus a chain of C such nodes (the same query each, sized to about
+`node_s` seconds on one DuckDB thread), run on W workers. Its makespan (first node started to last node finished,
+as the workers saw them) is compared with the bound no scheduler can beat, max(critical path, total node time / W),
+both from the node times measured in that run, and with the same DAG run serially (every node pinned to w1).
+
+The scheduling cost per node: a chain of N trivial nodes (`SELECT 1`), where every step is a round trip through
+the runner: (makespan - the nodes' own time) / N.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ducklake_kit.bench.results import Machine, load_average, write_outputs
+from ducklake_kit.errors import KitError
+from ducklake_kit.pipelines.dag import Pipeline, build
+from ducklake_kit.pipelines.runner import PipelineRun, run
+from ducklake_kit.platforms.base import Platform
+from ducklake_kit.platforms.state import State
+
+GOAL_VS_BOUND = 1.15  # makespan / max(critical path, total / workers), on 2 workers
+GOAL_SCHEDULING_MS = 10.0  # per node
+ROWS_PER_S = 4_000_000  # md5 rows one DuckDB thread does in about a second here; calibrated on the workers first
+
+
+def busy_sql(rows: int) -> str:
+    return f"SELECT sum(length(md5(i::VARCHAR))) AS busy FROM range({rows}) t(i)"
+
+
+def dag_source(independent: int, chain: int, rows: int) -> str:
+    """The generated pipeline: nodes i1..iK (independent) and c1 -> c2 -> ... -> cC."""
+    parts = [f"-- id: i{k}\n{busy_sql(rows)};" for k in range(1, independent + 1)]
+    parts += [f"-- id: c{k}\n" + (f"-- depends_on: c{k - 1}\n" if k > 1 else "") + f"{busy_sql(rows)};"
+              for k in range(1, chain + 1)]
+    return "\n".join(parts)
+
+
+def chain_source(n: int) -> str:
+    return "\n".join(f"-- id: s{k}\n" + (f"-- depends_on: s{k - 1}\n" if k > 1 else "") + "SELECT 1;"
+                     for k in range(1, n + 1))
+
+
+def _seconds(node) -> float:
+    return (node.finished_at - node.started_at).total_seconds()
+
+
+def makespan(r: PipelineRun) -> float:
+    return (max(n.finished_at for n in r.nodes) - min(n.started_at for n in r.nodes)).total_seconds()
+
+
+def critical_path(pipeline: Pipeline, r: PipelineRun) -> float:
+    """The longest path through the DAG, each node weighted by its measured time."""
+    took = {n.id: _seconds(n) for n in r.nodes}
+    longest: dict[str, float] = {}
+    for wave in pipeline.waves():
+        for node in wave:
+            longest[node] = took[node] + max((longest[p] for p in pipeline.parents(node)), default=0.0)
+    return max(longest.values())
+
+
+@dataclass
+class DagFigures:
+    nodes: int
+    makespan_s: float
+    total_node_s: float
+    critical_path_s: float
+    bound_s: float  # max(critical path, total / workers)
+    vs_bound: float  # makespan / bound
+    median_node_s: float
+
+
+def figures(pipeline: Pipeline, r: PipelineRun, workers: int) -> DagFigures:
+    total = sum(_seconds(n) for n in r.nodes)
+    cp = critical_path(pipeline, r)
+    bound = max(cp, total / workers)
+    span = makespan(r)
+    return DagFigures(len(r.nodes), round(span, 3), round(total, 3), round(cp, 3), round(bound, 3),
+                      round(span / bound, 3), round(statistics.median(_seconds(n) for n in r.nodes), 3))
+
+
+@dataclass
+class PipelineBench:
+    machine: Machine
+    workers: int
+    independent: int
+    chain: int
+    rows_per_node: int
+    parallel: DagFigures
+    serial: DagFigures
+    speedup_vs_serial: float
+    scheduling_nodes: int
+    scheduling_ms_per_node: float
+    overlap_ok: bool  # the parallel run's order held: every node started after its dependencies finished
+
+    @property
+    def goals(self) -> dict[str, bool]:
+        return {f"makespan <= {GOAL_VS_BOUND} x bound": self.parallel.vs_bound <= GOAL_VS_BOUND,
+                f"scheduling < {GOAL_SCHEDULING_MS:g} ms a node": self.scheduling_ms_per_node < GOAL_SCHEDULING_MS}
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["machine"] = self.machine.as_dict()
+        out["goals"] = self.goals
+        return out
+
+
+def _order_held(pipeline: Pipeline, r: PipelineRun) -> bool:
+    at = {n.id: n for n in r.nodes}
+    return all(at[e.child].started_at >= at[e.parent].finished_at for e in pipeline.edges)
+
+
+def _run_ok(pipeline: Pipeline, wp, **kw) -> PipelineRun:
+    r = run(pipeline, wp, **kw)
+    failed = [f"{n.id}: {n.error or n.reason}" for n in r.nodes if n.status != "ok"]
+    if failed:
+        raise KitError(f"a benchmark node failed ({failed[0]})", "run `workers` to see the workers' state")
+    return r
+
+
+def bench_pipeline(platform: Platform, state: State, *, workers: int = 2, independent: int = 12, chain: int = 4,
+                   node_s: float = 0.4, scheduling_nodes: int = 50, scheduler: str | None = None,
+                   on_step: Callable[[str], None] = lambda _m: None, json_path: Path | None = None) -> PipelineBench:
+    from ducklake_kit.workers import WorkerPlane
+    from ducklake_kit.workers import plane as plane_mod
+    from ducklake_kit.workers.client import name_order
+
+    if workers < 1 or independent < 0 or chain < 1:
+        raise KitError("the pipeline benchmark needs at least one worker and a chain of at least one node",
+                       "use --workers >= 1")
+    load_before = load_average()
+    ep = platform.endpoints()
+    with plane_mod.borrowed(state, ep, workers, scheduler) as status, WorkerPlane(status.address, ep) as wp:
+        names = sorted(wp.names(), key=name_order)[:workers]
+        if len(names) < workers:
+            raise KitError(f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {workers}",
+                           f"start more workers there, or run with --workers {len(names)}")
+        on_step("calibrating one node on w1")
+        probe = wp.run(busy_sql(ROWS_PER_S // 2), worker=names[0])
+        if not probe.ok:
+            raise KitError(f"the calibration query failed ({probe.error.line()})", "run `workers`")
+        rows = max(10_000, int(node_s * (ROWS_PER_S // 2) / max(probe.statements[0].seconds, 1e-3)))
+        dag = build(dag_source(independent, chain, rows), "<bench dag>", name="bench_dag")
+        only = set(dag.nodes)
+        on_step(f"the DAG: {independent} independent nodes + a chain of {chain}, about {node_s}s each, on {workers} workers")
+        parallel = _run_ok(dag, wp, only=only)
+        on_step("the same DAG serially (every node pinned to one worker)")
+        serial_dag = build(dag_source(independent, chain, rows), "<bench dag>", name="bench_dag_serial")
+        for node in serial_dag.nodes.values():
+            node.pin = names[0]
+        serial = _run_ok(serial_dag, wp)
+        on_step(f"scheduling cost: a chain of {scheduling_nodes} trivial nodes")
+        trivial = build(chain_source(scheduling_nodes), "<bench chain>", name="bench_chain")
+        chained = _run_ok(trivial, wp)
+    par, ser = figures(dag, parallel, workers), figures(serial_dag, serial, 1)
+    own = sum(_seconds(n) for n in chained.nodes)
+    per_node_ms = (makespan(chained) - own) / max(scheduling_nodes - 1, 1) * 1000
+    out = PipelineBench(Machine.since(load_before), workers, independent, chain, rows, par, ser,
+                        round(ser.makespan_s / par.makespan_s, 3), scheduling_nodes, round(per_node_ms, 3),
+                        _order_held(dag, parallel) and _order_held(trivial, chained))
+    write_outputs(out, json_path, None)
+    return out

@@ -1,0 +1,32 @@
+"""`bench --suite pipeline` on a tiny DAG, on the real worker plane: the figures are consistent with each other (no
+run beats its bound, the serial run is serial, the order held). Nothing here is timed against a goal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ducklake_kit.bench.pipeline import bench_pipeline, dag_source
+from ducklake_kit.pipelines.dag import build
+
+
+def test_the_generated_dag_is_k_independent_nodes_and_a_chain():
+    dag = build(dag_source(3, 2, 1000), "<bench dag>")
+    assert dag.waves() == [["i1", "i2", "i3", "c1"], ["c2"]]
+
+
+def test_pipeline_bench_figures_hold_together(stack, tmp_path):
+    out = tmp_path / "pipeline.json"
+    r = bench_pipeline(stack.platform, stack.state, workers=2, independent=3, chain=2, node_s=0.1,
+                       scheduling_nodes=6, json_path=out)
+    p, s = r.parallel, r.serial
+    assert (p.nodes, s.nodes) == (5, 5) and r.overlap_ok
+    assert p.bound_s == pytest.approx(max(p.critical_path_s, p.total_node_s / 2), abs=0.002)  # figures rounded to ms
+    assert p.makespan_s >= p.bound_s * 0.99  # no schedule beats max(critical path, total / workers)
+    # one worker runs the serial DAG: its nodes never overlap, so it lasts at least as long as their sum
+    assert s.makespan_s >= s.total_node_s * 0.99 and s.bound_s == pytest.approx(s.total_node_s, abs=0.002)
+    assert r.scheduling_ms_per_node > 0
+    doc = json.loads(out.read_text())
+    assert set(doc["goals"]) == {"makespan <= 1.15 x bound", "scheduling < 10 ms a node"}
+    assert doc["machine"]["cores"] and doc["parallel"]["vs_bound"] == p.vs_bound
