@@ -175,7 +175,10 @@ SELECT 1;
 
 
 def test_each_lake_writing_node_commits_its_own_snapshot_with_a_message(pipes, lake):
+    lake.run(f"DROP SCHEMA IF EXISTS {S}_m")
     run = pipes.run("messages", f"""
+-- id: schema
+CREATE SCHEMA IF NOT EXISTS {S}_m;
 -- id: one
 CREATE OR REPLACE TABLE {S}.m1 AS SELECT 1 AS x;
 -- id: two
@@ -187,9 +190,8 @@ SELECT count(*) FROM {S}.m1;
     snaps = {n.id: n.snapshot_id for n in run.nodes}
     assert snaps["read"] is None and None not in (snaps["one"], snaps["two"]) and snaps["one"] != snaps["two"]
     messages = dict(lake.con.execute("SELECT snapshot_id, commit_message FROM ducklake_snapshots('lake') "
-                                     "WHERE snapshot_id IN (?, ?)", [snaps["one"], snaps["two"]]).fetchall())
-    assert messages == {snaps["one"]: f"pipeline messages: node one (run {run.run_id})",
-                        snaps["two"]: f"pipeline messages: node two (run {run.run_id})"}
+                                     "WHERE snapshot_id IN (?, ?, ?)", [snaps["schema"], snaps["one"], snaps["two"]]).fetchall())
+    assert messages == {snaps[n]: f"pipeline messages: node {n} (run {run.run_id})" for n in ("schema", "one", "two")}
     # each snapshot holds exactly its node's write
     assert [lake.scalar(f"SELECT count(*) FROM {S}.m1 AT (VERSION => {snaps[n]})") for n in ("one", "two")] == [1, 2]
     assert run.node("read").statements[0]["rows"] == [[2]]

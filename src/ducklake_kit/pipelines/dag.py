@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
+from sqlglot import exp
+
 from ducklake_kit.pipelines.sqlfile import PipelineError, Statement, read_file, split_statements
 from ducklake_kit.pipelines.tables import CHANGE, DROP, MAKE, READ, TableRef, TableUse, table_use
 
@@ -33,6 +35,16 @@ class Node:
     @property
     def writes_lake(self) -> bool:
         return any(not t.local for t in self.use.writes)
+
+    @property
+    def commits(self) -> bool:
+        """Runs as one transaction with a commit message: a statement that may change the lake (a table, a schema,
+        a view), not a query, not a write to a worker-local table, not one sqlglot does not know (a CALL of a
+        DuckLake function may not run inside a transaction)."""
+        tree = self.use.tree
+        if tree is None or self.use.opaque or isinstance(tree, exp.Query):
+            return False
+        return not any(t.local for t in self.use.writes)
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ class Plan:
             "nodes": [{"id": n.id, "line": n.line, "description": n.description, "runs_on": n.pin or "any worker",
                        "pin_reason": n.pin_reason, "parents": sorted(p.parents(n.id), key=list(p.nodes).index),
                        "writes": sorted(map(str, n.use.writes)), "reads": sorted(map(str, n.use.reads)),
-                       "commits_snapshot": n.writes_lake, "selected": n.id in self.selected, "sql": n.sql}
+                       "commits_snapshot": n.commits, "selected": n.id in self.selected, "sql": n.sql}
                       for n in p.nodes.values()],
             "edges": [{"parent": e.parent, "child": e.child, "kind": e.kind, "why": e.why} for e in p.edges],
             "workers": self.workers, "warnings": self.warnings,

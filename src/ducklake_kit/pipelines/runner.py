@@ -161,7 +161,7 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
                 on_event("end", done[node_id])
                 sorter.done(node_id)
                 continue
-            message = commit_message(pipeline.name, node_id, run_id) if node.writes_lake else None
+            message = commit_message(pipeline.name, node_id, run_id) if node.commits else None
             future = plane.submit([node.sql], worker=node.pin, message=message, timeout_s=timeout_s,
                                   priority=rank[node_id])
             running[future.key] = node_id
