@@ -34,6 +34,15 @@ def _warn(lines: list[str], as_json: bool) -> None:
         out.print(f"warning: {line}", markup=False)
 
 
+def _read(file: Path, select: str | None, strict: bool):
+    from ducklake_kit.pipelines import dag
+
+    pipeline = dag.load(file, strict=strict)
+    if select:
+        pipeline.select(select)
+    return pipeline
+
+
 @pipeline_app.command("plan")
 @command
 def plan_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None, strict: StrictOpt = False,
@@ -43,8 +52,8 @@ def plan_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None, strict
     from ducklake_kit.pipelines import flow
 
     c: Ctx = ctx.obj
-    plan = flow.plan(file, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(), strict=strict,
-                     select=select)
+    pipeline = _read(file, select, strict)  # bad input is one line before any service is asked
+    plan = flow.plan(pipeline, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(), select=select)
     if png is not None:
         _draw_plan(plan, png)
     if as_json:
@@ -101,6 +110,7 @@ def run_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None,
     c: Ctx = ctx.obj
     if select and from_failed:
         raise typer.BadParameter("give --select or --from-failed, not both", param_hint="--from-failed")
+    pipeline = _read(file, select, strict)  # bad input is one line before any service is asked
     step = step_printer(as_json)
 
     def on_event(kind: str, node) -> None:
@@ -111,8 +121,8 @@ def run_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None,
         else:
             step(f"node {node.id}: {node.status.upper()}: {node.error or node.reason}")
 
-    outcome = flow.run(file, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(),
-                       select=select, from_failed=from_failed, strict=strict, timeout_s=timeout,
+    outcome = flow.run(pipeline, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(),
+                       select=select, from_failed=from_failed, timeout_s=timeout,
                        platform_name=c.platform_name, on_event=on_event)
     if outcome is None:
         if as_json:

@@ -31,6 +31,7 @@ class Node:
     pin: str | None = None  # the worker it must run on
     pin_reason: str | None = None  # "-- node" or why it was inherited (the worker-local table it reads)
     pin_line: int | None = None  # the line of its `-- node:` header
+    depends_line: int | None = None  # the line of its `-- depends_on:` header
 
     @property
     def writes_lake(self) -> bool:
@@ -157,7 +158,8 @@ def _nodes(statements: list[Statement], file: str) -> dict[str, Node]:
         pin = stmt.header("node")
         nodes[node_id] = Node(node_id, stmt.sql, stmt.line, stmt.position, table_use(stmt.sql),
                               stmt.header("description"), pin or None, "-- node" if pin else None,
-                              stmt.headers["node"].line if pin else None)
+                              stmt.headers["node"].line if pin else None,
+                              stmt.headers["depends_on"].line if "depends_on" in stmt.headers else None)
     return nodes
 
 
@@ -263,8 +265,9 @@ def build(source: str, file: str = "<sql>", *, name: str | None = None, strict: 
     except CycleError as exc:
         cycle = list(exc.args[1])  # [a, b, ..., a]: each depends on the next
         path = " -> ".join(reversed(cycle))
-        raise PipelineError(file, nodes[cycle[0]].line, f"the dependencies form a cycle: {path}",
-                            "remove one of these depends_on (or reorder the statements an inferred edge comes from)") from None
+        first = nodes[cycle[0]]
+        raise PipelineError(file, first.depends_line or first.line, f"the dependencies form a cycle: {path}",
+                            "remove one of these depends_on (or the use of a table an inferred one comes from)") from None
     _place_local(nodes, [n for wave in pipeline.waves() for n in wave], file)
     return pipeline
 

@@ -44,9 +44,15 @@ def _running_workers(plane: WorkerPlane) -> list[str]:
     return sorted(plane.names(), key=name_order)
 
 
-def plan(path: Path, scheduler: str, endpoints: Endpoints, *, strict: bool = False, select: str | None = None) -> Plan:
-    """The DAG and where each node runs; runs nothing. The pins are checked when the worker plane answers."""
-    pipeline = dag.load(path, strict=strict)
+def _pipeline(source: Path | Pipeline, strict: bool) -> Pipeline:
+    return source if isinstance(source, Pipeline) else dag.load(source, strict=strict)
+
+
+def plan(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, strict: bool = False,
+         select: str | None = None) -> Plan:
+    """The DAG and where each node runs; runs nothing. The pins are checked when the worker plane answers.
+    `source`: the file, or the pipeline already read from it (`dag.load`)."""
+    pipeline = _pipeline(source, strict)
     selected = pipeline.select(select) if select else set(pipeline.nodes)
     warnings = list(pipeline.warnings)
     try:
@@ -83,11 +89,12 @@ def _from_failed(lake: Lake, pipeline: Pipeline) -> tuple[set[str], str]:
     return again, run_id
 
 
-def run(path: Path, scheduler: str, endpoints: Endpoints, *, select: str | None = None, from_failed: bool = False,
+def run(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, select: str | None = None, from_failed: bool = False,
         strict: bool = False, timeout_s: float | None = None, platform_name: str = "local",
         on_event: Callable[[str, NodeRun | Node], None] = lambda _k, _n: None) -> RunOutcome | None:
-    """Run the pipeline (or the chosen nodes) and record it. None when --from-failed finds nothing to re-run."""
-    pipeline = dag.load(path, strict=strict)
+    """Run the pipeline (or the chosen nodes) and record it. None when --from-failed finds nothing to re-run.
+    `source`: the file, or the pipeline already read from it (`dag.load`)."""
+    pipeline = _pipeline(source, strict)
     with Lake(endpoints) as lake, WorkerPlane(scheduler, endpoints) as plane:
         workers = _running_workers(plane)
         pipeline.check_pins(workers)
