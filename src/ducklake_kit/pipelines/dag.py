@@ -20,6 +20,19 @@ from ducklake_kit.pipelines.sqlfile import PipelineError, Statement, read_file, 
 from ducklake_kit.pipelines.tables import CHANGE, DROP, MAKE, READ, TableRef, TableUse, table_use
 
 
+def generations(graph: dict[str, set[str]], order: list[str]) -> list[list[str]]:
+    """The nodes of `graph` (node -> its parents) by depth, each generation in `order`: the first depends on nothing,
+    each next one only on those before it."""
+    sorter = TopologicalSorter(graph)
+    sorter.prepare()
+    out = []
+    while sorter.is_active():
+        ready = sorted(sorter.get_ready(), key=order.index)
+        out.append(ready)
+        sorter.done(*ready)
+    return out
+
+
 @dataclass
 class Node:
     id: str
@@ -82,15 +95,7 @@ class Pipeline:
 
     def waves(self, only: set[str] | None = None) -> list[list[str]]:
         """The nodes by depth: a wave's nodes depend only on earlier waves (the order the run may take, at most)."""
-        sorter = TopologicalSorter(self.graph(only))
-        sorter.prepare()
-        order = list(self.nodes)
-        out = []
-        while sorter.is_active():
-            ready = sorted(sorter.get_ready(), key=order.index)
-            out.append(ready)
-            sorter.done(*ready)
-        return out
+        return generations(self.graph(only), list(self.nodes))
 
     def _closure(self, start: str, step) -> set[str]:
         seen, todo = set(), [start]

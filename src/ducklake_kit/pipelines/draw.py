@@ -4,8 +4,9 @@ right (a node's layer is its depth, computed by graphlib), edges as arrows, a da
 from __future__ import annotations
 
 from dataclasses import dataclass
-from graphlib import TopologicalSorter
 from pathlib import Path
+
+from ducklake_kit.pipelines.dag import generations
 
 
 @dataclass(frozen=True)
@@ -17,14 +18,7 @@ class Arrow:
 
 def layers(nodes: list[str], arrows: list[Arrow]) -> list[list[str]]:
     """Nodes by depth: each node one layer right of its deepest parent."""
-    sorter = TopologicalSorter({n: {a.parent for a in arrows if a.child == n} for n in nodes})
-    sorter.prepare()
-    out = []
-    while sorter.is_active():
-        ready = sorted(sorter.get_ready(), key=nodes.index)
-        out.append(ready)
-        sorter.done(*ready)
-    return out
+    return generations({n: {a.parent for a in arrows if a.child == n} for n in nodes}, nodes)
 
 
 def draw(nodes: list[str], arrows: list[Arrow], path: Path, *, title: str, labels: dict[str, str] | None = None,
