@@ -23,15 +23,13 @@ def layers(nodes: list[str], arrows: list[Arrow]) -> list[list[str]]:
 
 def draw(nodes: list[str], arrows: list[Arrow], path: Path, *, title: str, labels: dict[str, str] | None = None,
          colors: dict[str, str] | None = None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: the process's backend (a notebook's inline one) is left alone
 
     cols = layers(nodes, arrows)
     height = max(len(c) for c in cols)
     pos = {n: (x, (height - 1) / 2 - y) for x, col in enumerate(cols) for y, n in enumerate(col)}
-    fig, ax = plt.subplots(figsize=(max(4.0, 3.2 * len(cols)), max(2.5, 1.3 * height)))
+    fig = Figure(figsize=(max(4.0, 3.2 * len(cols)), max(2.5, 1.3 * height)))
+    ax = fig.subplots()
     for a in arrows:
         (x0, y0), (x1, y1) = pos[a.parent], pos[a.child]
         ax.annotate("", xy=(x1 - 0.28, y1), xytext=(x0 + 0.28, y0),
@@ -45,5 +43,4 @@ def draw(nodes: list[str], arrows: list[Arrow], path: Path, *, title: str, label
     ax.set_title(title, fontsize=10)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
     return path
