@@ -63,3 +63,9 @@ SELECT r.borough, r.trips, r.revenue, coalesce(a.trips, 0) AS airport_trips,
        round(coalesce(a.trips, 0) / r.trips, 4) AS airport_share
 FROM (SELECT borough, sum(trips) AS trips, sum(revenue) AS revenue FROM marts.daily_revenue GROUP BY borough) r
 LEFT JOIN (SELECT borough, sum(trips) AS trips FROM marts.airport_trips GROUP BY borough) a USING (borough);
+
+-- id: drop_zone_names
+-- depends_on: zone_flows
+-- node: w1
+-- description: the worker-local copy is not needed once the flows are built (it lives in w1's memory)
+DROP TABLE local.zone_names;

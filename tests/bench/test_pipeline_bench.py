@@ -21,7 +21,7 @@ def test_pipeline_bench_figures_hold_together(stack, tmp_path):
     r = bench_pipeline(stack.platform, stack.state, workers=2, independent=3, chain=2, node_s=0.1,
                        scheduling_nodes=6, json_path=out)
     p, s = r.parallel, r.serial
-    assert (p.nodes, s.nodes) == (5, 5) and r.overlap_ok
+    assert (p.nodes, s.nodes) == (5, 5) and r.order_held
     assert p.bound_s == pytest.approx(max(p.critical_path_s, p.total_node_s / 2), abs=0.002)  # figures rounded to ms
     assert p.makespan_s >= p.bound_s * 0.99  # no schedule beats max(critical path, total / workers)
     # one worker runs the serial DAG: its nodes never overlap, so it lasts at least as long as their sum

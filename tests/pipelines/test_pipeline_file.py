@@ -45,6 +45,12 @@ def test_a_comment_between_queries_drops_nothing():
                                                                  ("3", "SELECT 3", 9)]
 
 
+def test_crlf_line_ends_and_nested_block_comments():
+    p = build("-- id: a\r\nSELECT 1;\r\n/* outer /* inner */ still a comment */\r\n-- id: b\r\n-- depends_on: a\r\nSELECT 2", "p.sql")
+    assert [(n.id, n.sql, n.line) for n in p.nodes.values()] == [("a", "SELECT 1", 2), ("b", "SELECT 2", 6)]
+    assert p.parents("b") == {"a"}
+
+
 def test_a_file_without_headers_is_one_independent_node_per_statement():
     p = build("SELECT 1; SELECT 2;\nSELECT 3", "p.sql")
     assert list(p.nodes) == ["1", "2", "3"] and p.edges == [] and p.waves() == [["1", "2", "3"]]
@@ -58,18 +64,25 @@ def test_a_file_without_headers_is_one_independent_node_per_statement():
     ("SELECT 1;\n-- id: 2\n", "Error: p.sql:2: headers with no statement after them."),
     ("-- id: 1\n-- depends_on: 1\nSELECT 1;", "Error: p.sql:2: node 1 depends on itself."),
     ("", "Error: p.sql: the file has no SQL statement."),
+    ("SELECT 1\n-- id: 2", "Error: p.sql:2: headers with no statement after them."),
+    ("-- id: a\n;\nSELECT 1;", "Error: p.sql:1: headers with no statement after them."),
+    # a missing `;`: Sord would have run both as one query
+    ("-- id: a\nCREATE TABLE x AS SELECT 1 AS v\n-- id: b\n-- depends_on: a\nCREATE TABLE y AS SELECT * FROM x;",
+     "Error: p.sql:3: header 'id' inside a statement. Try: end the statement above it with `;`."),
+    ("SELECT 1; -- id: b\nSELECT 2;", "Error: p.sql:1: header 'id' after the end of a statement."),
 ])
 def test_bad_files_are_one_line_with_file_and_line(source, expected):
     assert error_of(source).startswith(expected)
 
 
-def test_a_cycle_is_refused_and_named():
+def test_a_cycle_is_refused_and_named_from_dependency_to_dependent():
     # Sord accepted cycles
     line = error_of("-- id: a\n-- depends_on: c\nSELECT 1;\n-- id: b\n-- depends_on: a\nSELECT 2;\n"
                     "-- id: c\n-- depends_on: b\nSELECT 3;")
-    assert "the dependencies form a cycle" in line
-    cycle = line.split("cycle: ")[1].split(".")[0].split(" -> ")
-    assert set(cycle) == {"a", "b", "c"} and cycle[0] == cycle[-1] and len(cycle) == 4
+    cycle = line.split("cycle: ")[1].split(".")[0]
+    assert cycle in ("a -> b -> c -> a", "b -> c -> a -> b", "c -> a -> b -> c")  # each arrow: needed by the next
+    first = cycle[0]
+    assert line.startswith(f"Error: p.sql:{ {'a': 2, 'b': 5, 'c': 8}[first] }: the dependencies form a cycle")
 
 
 def test_inference_adds_the_edge_a_header_left_out_and_warns():
@@ -84,20 +97,55 @@ def test_inference_adds_the_edge_a_header_left_out_and_warns():
     assert "without declaring it (--strict)" in error_of(source, strict=True)
 
 
+def test_an_inferred_edge_the_headers_already_imply_is_no_warning():
+    p = build("-- id: a\nCREATE TABLE a AS SELECT 1 AS x;\n-- id: b\n-- depends_on: a\nCREATE TABLE b AS SELECT * FROM a;\n"
+              "-- id: c\n-- depends_on: b\nCREATE TABLE c AS SELECT * FROM a JOIN b USING (x)", "p.sql", strict=True)
+    assert ("a", "c") in {(e.parent, e.child) for e in p.edges} and p.warnings == []  # c waits for a through b
+
+
 def test_inference_sees_tables_in_ctes_subqueries_and_joins_but_not_cte_names():
     source = ("CREATE TABLE a AS SELECT 1 AS x;\nCREATE TABLE b AS SELECT 1 AS x;\nCREATE TABLE c AS SELECT 1 AS x;\n"
               "CREATE TABLE d AS WITH a AS (SELECT * FROM b) SELECT * FROM a WHERE x IN (SELECT x FROM c)")
     assert edges(source) == {("2", "4", "inferred"), ("3", "4", "inferred")}  # `a` there is the CTE, not table a
 
 
-def test_a_table_is_made_then_changed_then_read_then_dropped_whatever_the_file_order():
-    p = build("-- id: read\nSELECT * FROM t;\n-- id: drop\nDROP TABLE t;\n-- id: change\nINSERT INTO t SELECT 2;\n"
-              "-- id: make\nCREATE TABLE t AS SELECT 1 AS x", "p.sql")
-    assert p.waves() == [["make"], ["change"], ["read"], ["drop"]]
-    assert {(e.parent, e.child) for e in p.edges} == {("make", "change"), ("make", "read"), ("change", "read"),
-                                                      ("make", "drop"), ("change", "drop"), ("read", "drop")}
-    # two statements that make (or change) one table keep their file order
-    assert edges("CREATE TABLE t AS SELECT 1 AS x;\nCREATE OR REPLACE TABLE t AS SELECT 2 AS x") == {("1", "2", "inferred")}
+@pytest.mark.parametrize("source, expected", [
+    # drop then re-create: the CREATE comes after the DROP, not before it
+    ("DROP TABLE IF EXISTS t;\nCREATE TABLE t AS SELECT 1 AS a", {("1", "2")}),
+    # insert, then de-duplicate what the insert added
+    ("CREATE TABLE IF NOT EXISTS t (a INT);\nINSERT INTO t SELECT 1;\nCREATE OR REPLACE TABLE t AS SELECT DISTINCT * FROM t",
+     {("1", "2"), ("2", "3")}),
+    # keep a copy of the lake's own t, then append to t: the copy reads t before the insert changes it
+    ("CREATE TABLE before AS SELECT * FROM t;\nINSERT INTO t SELECT 1", {("1", "2")}),
+    # move a batch: archive it and delete it from staging, both after the batch was read
+    ("CREATE TABLE batch AS SELECT * FROM staging;\nINSERT INTO archive SELECT * FROM batch;\n"
+     "DELETE FROM staging WHERE id IN (SELECT id FROM batch)", {("1", "2"), ("1", "3")}),
+    # a schema is made before the tables in it, and dropped after every use of them
+    ("CREATE SCHEMA s;\nCREATE TABLE s.x AS SELECT 1 AS a;\nSELECT * FROM s.x;\nDROP SCHEMA s CASCADE",
+     {("1", "2"), ("1", "3"), ("1", "4"), ("2", "3"), ("2", "4"), ("3", "4")}),
+    # a rename drops the old name and makes the new one
+    ("CREATE TABLE t AS SELECT 1 AS a;\nALTER TABLE t RENAME TO u;\nSELECT * FROM u", {("1", "2"), ("2", "3")}),
+    # read before the file makes it: the reader waits for the CREATE further down
+    ("SELECT * FROM later;\nCREATE TABLE later AS SELECT 1 AS a", {("2", "1")}),
+])
+def test_inference_follows_the_file_as_a_script_runs(source, expected):
+    p = build(source, "p.sql")
+    assert {(e.parent, e.child) for e in p.edges} == expected
+    assert all(e.kind == "inferred" for e in p.edges)
+
+
+def test_a_cte_named_like_a_table_reads_that_table_inside_itself():
+    use = table_use("WITH trips AS (SELECT * FROM trips WHERE fare > 0) SELECT count(*) FROM trips")
+    assert use.reads == {TableRef("lake", "main", "trips")}
+    nested = table_use("SELECT * FROM (WITH t AS (SELECT 1 AS x) SELECT * FROM t) s JOIN t ON true")
+    assert nested.reads == {TableRef("lake", "main", "t")}  # the outer t is the table
+
+
+@pytest.mark.parametrize("sql, word", [("BEGIN", "BEGIN"), ("COMMIT", "COMMIT"), ("USE local", "USE"),
+                                       ("SET threads = 4", "SET"), ("CREATE TEMP TABLE tt AS SELECT 1", "TEMP")])
+def test_statements_that_cannot_be_a_node_are_refused_with_their_line(sql, word):
+    line = error_of(f"SELECT 1;\n{sql};\nSELECT 2")
+    assert line.startswith("Error: p.sql:2: statement 2 cannot be a pipeline node: ") and word in line
 
 
 def test_chain_and_diamond_waves():

@@ -6,7 +6,7 @@ as the workers saw them) is compared with the bound no scheduler can beat, max(c
 both from the node times measured in that run, and with the same DAG run serially (every node pinned to w1).
 
 The scheduling cost per node: a chain of N trivial nodes (`SELECT 1`), where every step is a round trip through
-the runner: (makespan - the nodes' own time) / N.
+the runner: (makespan - the nodes' own time) / (N - 1), the N - 1 hand-overs from a node to the next.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ class PipelineBench:
     speedup_vs_serial: float
     scheduling_nodes: int
     scheduling_ms_per_node: float
-    overlap_ok: bool  # the parallel run's order held: every node started after its dependencies finished
+    order_held: bool  # the parallel run's order held: every node started after its dependencies finished
 
     @property
     def goals(self) -> dict[str, bool]:
@@ -148,7 +148,7 @@ def bench_pipeline(platform: Platform, state: State, *, workers: int = 2, indepe
         dag = build(dag_source(independent, chain, rows), "<bench dag>", name="bench_dag")
         only = set(dag.nodes)
         on_step(f"the DAG: {independent} independent nodes + a chain of {chain}, about {node_s}s each, on {workers} workers")
-        parallel = _run_ok(dag, wp, only=only)
+        parallel = _run_ok(dag, wp, only=only, among=names)  # on exactly `workers` workers, whatever else runs
         on_step("the same DAG serially (every node pinned to one worker)")
         serial_dag = build(dag_source(independent, chain, rows), "<bench dag>", name="bench_dag_serial")
         for node in serial_dag.nodes.values():
@@ -156,7 +156,7 @@ def bench_pipeline(platform: Platform, state: State, *, workers: int = 2, indepe
         serial = _run_ok(serial_dag, wp)
         on_step(f"scheduling cost: a chain of {scheduling_nodes} trivial nodes")
         trivial = build(chain_source(scheduling_nodes), "<bench chain>", name="bench_chain")
-        chained = _run_ok(trivial, wp)
+        chained = _run_ok(trivial, wp, among=names)
     par, ser = figures(dag, parallel, workers), figures(serial_dag, serial, 1)
     own = sum(_seconds(n) for n in chained.nodes)
     per_node_ms = (makespan(chained) - own) / max(scheduling_nodes - 1, 1) * 1000

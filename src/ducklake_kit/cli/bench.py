@@ -136,7 +136,7 @@ def _bench_pipeline(c: Ctx, workers: int, step, out, out_file: Optional[Path], a
     if out_file:
         out.print(f"wrote {out_file}", markup=False)
     if as_json:
-        print_json("ok" if r.overlap_ok else "error", r.as_dict())
-    if not r.overlap_ok:
+        print_json("ok" if r.order_held else "error", r.as_dict())
+    if not r.order_held:
         raise KitError("a node started before one of its dependencies finished", "this is a defect of the runner: report it",
                        exit_code=EXIT_CHECK_FAILED)

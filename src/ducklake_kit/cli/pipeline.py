@@ -150,6 +150,8 @@ def _print_run(outcome: "RunOutcome") -> None:
     out = console()
     out.print(table(f"Pipeline {r.pipeline}, run {r.run_id}", ["node", "status", "worker", "started", "ms", "snapshot",
                                                                "error / reason"], rows))
+    if r.aborted:
+        out.print(f"ABORTED: {r.aborted}", markup=False)
     verdict = ("PASS" if r.ok else "FAIL") + f": {r.count('ok')} ok, {r.count('failed')} failed, {r.count('skipped')} skipped"
     out.print(f"{verdict}; run and lineage recorded in snapshot {outcome.history_snapshot} "
               f"(SELECT * FROM pipeline_nodes WHERE run_id = '{r.run_id}')", markup=False)

@@ -64,9 +64,11 @@ def rollback_quietly(con: duckdb.DuckDBPyConnection) -> None:
         pass
 
 
-def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTHOR) -> Commit:
+def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTHOR,
+           before_commit: Callable[[], None] | None = None) -> Commit:
     """Run `sql` (one text of one or more statements, or a list of texts) in ONE transaction with `message`
-    as its commit message: one snapshot, or nothing when anything fails."""
+    as its commit message: one snapshot, or nothing when anything fails. `before_commit`: called once the
+    statements ran, before the COMMIT."""
     results: list[StatementResult] = []
     texts = [sql] if isinstance(sql, str) else sql
 
@@ -82,13 +84,13 @@ def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTH
                 raise StatementFailed(len(results) + exc.index, len(results) + exc.total + later, exc.statement,
                                       exc.error, results + exc.results) from None
 
-    made = commit_with(lake, run_texts, message, author=author)
+    made = commit_with(lake, run_texts, message, author=author, before_commit=before_commit)
     made.results = results
     return made
 
 
 def commit_with(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], message: str, *,
-                author: str = AUTHOR) -> Commit:
+                author: str = AUTHOR, before_commit: Callable[[], None] | None = None) -> Commit:
     """`work(con)` in ONE transaction with `message` as its commit message (for statements with parameters,
     `executemany`): one snapshot, or nothing when it raises."""
     token = uuid.uuid4().hex
@@ -96,6 +98,8 @@ def commit_with(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], m
     con.execute("BEGIN TRANSACTION")
     try:
         work(con)
+        if before_commit is not None:
+            before_commit()
         con.execute("CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)",
                     [lake.alias, author, message, json.dumps({"commit": token})])
         con.execute("COMMIT")

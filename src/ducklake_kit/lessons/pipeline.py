@@ -79,8 +79,9 @@ def run_pipeline(platform: Platform, state: State, checks: CheckRun, *, schedule
     checks.equal("pipeline: every node ran and succeeded", {n.id: n.error or n.status for n in run.nodes},
                  {n: "ok" for n in dag.load(path).nodes})
     nodes = {n.id: n for n in run.nodes}
-    checks.equal("pipeline: the worker-local step and the node that reads it ran on w1",
-                 [nodes[n].worker if n in nodes else None for n in ("zone_names", "zone_flows")], ["w1", "w1"])
+    checks.equal("pipeline: the worker-local steps and the node that reads their table ran on w1",
+                 [nodes[n].worker if n in nodes else None for n in ("zone_names", "zone_flows", "drop_zone_names")],
+                 ["w1", "w1", "w1"])
     figures: dict[str, Any] = {}
     with Lake(ep) as lake:
         snapshot = lake.current_snapshot()

@@ -2,10 +2,11 @@
 bad file one clear line (unknown or duplicate id, a dependency on an unknown id, a cycle, worker-local tables
 used where they cannot be).
 
-Inference follows each table's life, whatever the file order: it is made (CREATE), then changed (INSERT, UPDATE,
-DELETE, ...), then read, then dropped; a statement depends on those that come before it there (two that make or
-change the same table keep their file order). An inferred edge the headers do not declare is added and reported
-(`--strict` makes it an error): a header cannot lie about what a statement reads.
+Inference reads the file in order, as a script would run: a statement that uses a table (or a schema) depends on
+the last earlier statement that wrote it, and a statement that writes it also on those that read the version it
+replaces; a table used before any statement of the file made it waits for the one that makes it later. An inferred
+edge the headers do not imply (directly or through other nodes) is added and reported (`--strict` makes it an
+error), so a header cannot leave out a table sqlglot can see; a statement sqlglot does not know is reported too.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from sqlglot import exp
 
 from ducklake_kit.pipelines.sqlfile import PipelineError, Statement, read_file, split_statements
-from ducklake_kit.pipelines.tables import CHANGE, DROP, MAKE, READ, TableRef, TableUse, table_use
+from ducklake_kit.pipelines.tables import CHANGE, DROP, MAKE, TableRef, TableUse, table_use
 
 
 def generations(graph: dict[str, set[str]], order: list[str]) -> list[list[str]]:
@@ -56,7 +57,7 @@ class Node:
         a view), not a query, not a write to a worker-local table, not one sqlglot does not know (a CALL of a
         DuckLake function may not run inside a transaction)."""
         tree = self.use.tree
-        if tree is None or self.use.opaque or isinstance(tree, exp.Query):
+        if tree is None or self.use.opaque or isinstance(tree, (exp.Query, exp.Describe)):
             return False
         return not any(t.local for t in self.use.writes)
 
@@ -160,8 +161,12 @@ def _nodes(statements: list[Statement], file: str) -> dict[str, Node]:
             line = stmt.headers["id"].line if "id" in stmt.headers else stmt.line
             raise PipelineError(file, line, f"id '{node_id}' is used twice (first on line {first.line})",
                                 "give every statement its own id (a statement without `-- id:` gets its position)")
+        use = table_use(stmt.sql)
+        if use.refused:
+            raise PipelineError(file, stmt.line, f"statement {node_id} cannot be a pipeline node: {use.refused}",
+                                "remove it, or do its work inside the statements that need it")
         pin = stmt.header("node")
-        nodes[node_id] = Node(node_id, stmt.sql, stmt.line, stmt.position, table_use(stmt.sql),
+        nodes[node_id] = Node(node_id, stmt.sql, stmt.line, stmt.position, use,
                               stmt.header("description"), pin or None, "-- node" if pin else None,
                               stmt.headers["node"].line if pin else None,
                               stmt.headers["depends_on"].line if "depends_on" in stmt.headers else None)
@@ -186,27 +191,62 @@ def _declared(statements: list[Statement], nodes: dict[str, Node], file: str) ->
     return edges
 
 
-_BEFORE = {CHANGE: (MAKE, CHANGE), READ: (MAKE, CHANGE), DROP: (MAKE, CHANGE, READ), MAKE: (MAKE,)}
-_VERB = {MAKE: "made", CHANGE: "changed", READ: "read"}
+_VERB = {MAKE: "made", CHANGE: "changed", DROP: "dropped"}
+
+
+def _write_role(roles: set[str]) -> str | None:
+    for role in (DROP, MAKE, CHANGE):
+        if role in roles:
+            return role
+    return None
+
+
+def _declared_ancestors(node: str, declared: dict[tuple[str, str], str]) -> set[str]:
+    """What the headers already make `node` wait for, directly or through other nodes."""
+    seen, todo = set(), [node]
+    while todo:
+        child = todo.pop()
+        for parent, c in declared:
+            if c == child and parent not in seen:
+                seen.add(parent)
+                todo.append(parent)
+    return seen
 
 
 def _inferred(nodes: dict[str, Node]) -> dict[tuple[str, str], set[str]]:
-    """Edges from what the statements do to each table, in the order a table lives: made, then changed, then read,
-    then dropped. A statement depends on the others that come before it in that order (and, within making or
-    changing, on the earlier ones of the file), whatever the file order of the two."""
-    uses: dict[TableRef, list[tuple[str, str]]] = {}  # table -> (node, role), in file order
-    for node in nodes.values():
-        for t, role in node.use.roles().items():
-            uses.setdefault(t, []).append((node.id, role))
+    """Edges from what the statements do to each table (and schema), read in file order as a script runs: a
+    statement that uses a table depends on the last earlier statement that wrote it (made, changed or dropped it),
+    and one that writes it also on the statements that read the version it replaces. A table no earlier statement
+    wrote is the lake's own, unless a later statement makes it (CREATE): then its users wait for that one."""
+    order = list(nodes.values())
+    users: dict[TableRef, list[tuple[int, str, set[str]]]] = {}
+    for i, node in enumerate(order):
+        for t, roles in node.use.uses.items():
+            users.setdefault(t, []).append((i, node.id, roles))
     edges: dict[tuple[str, str], set[str]] = {}
-    for t, users in uses.items():
-        for i, (child, role) in enumerate(users):
-            for j, (parent, parent_role) in enumerate(users):
-                if parent == child or parent_role not in _BEFORE[role]:
+
+    def add(parent: str, child: str, why: str) -> None:
+        if parent != child:
+            edges.setdefault((parent, child), set()).add(why)
+
+    for t, uses in users.items():
+        last: tuple[str, str] | None = None  # (node, role) of the last write so far
+        readers: list[str] = []  # who read the version `last` made (or the lake's own)
+        for k, (_i, node, roles) in enumerate(uses):
+            write = _write_role(roles)
+            if last is None and write not in (MAKE, DROP):  # (DROP ... IF EXISTS first acts on the lake's own)
+                maker = next((n for _j, n, r in uses[k + 1:] if MAKE in r), None)
+                if maker is not None:  # the table does not exist before that statement makes it
+                    add(maker, node, f"{t} (made by {maker}, later in the file)")
                     continue
-                if parent_role == role and j > i:  # two that make (or change) it: in file order
-                    continue
-                edges.setdefault((parent, child), set()).add(f"{t} ({_VERB[parent_role]} by {parent})")
+            if last is not None:
+                add(last[0], node, f"{t} ({_VERB[last[1]]} by {last[0]})")
+            if write is None:
+                readers.append(node)
+                continue
+            for reader in readers:
+                add(reader, node, f"{t} (read by {reader} before this {_VERB[write]} it)")
+            last, readers = (node, write), []
     return edges
 
 
@@ -253,7 +293,7 @@ def build(source: str, file: str = "<sql>", *, name: str | None = None, strict: 
         why = "; ".join(sorted(inferred.get((parent, child), ())))
         edge = Edge(parent, child, (parent, child) in declared, (parent, child) in inferred, why)
         edges.append(edge)
-        if not edge.declared:
+        if not edge.declared and parent not in _declared_ancestors(child, declared):  # not implied by the headers
             msg = (f"{file}:{nodes[child].line}: node {child} uses {why}, but does not declare "
                    f"depends_on: {parent}; the edge was added")
             if strict:
@@ -268,8 +308,8 @@ def build(source: str, file: str = "<sql>", *, name: str | None = None, strict: 
     try:
         TopologicalSorter(pipeline.graph()).prepare()
     except CycleError as exc:
-        cycle = list(exc.args[1])  # [a, b, ..., a]: each depends on the next
-        path = " -> ".join(reversed(cycle))
+        cycle = list(exc.args[1])  # [a, b, ..., a]: graphlib lists each as a dependency (predecessor) of the next
+        path = " -> ".join(cycle)
         first = nodes[cycle[0]]
         raise PipelineError(file, first.depends_line or first.line, f"the dependencies form a cycle: {path}",
                             "remove one of these depends_on (or the use of a table an inferred one comes from)") from None

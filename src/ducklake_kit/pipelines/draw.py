@@ -4,6 +4,7 @@ right (a node's layer is its depth, computed by graphlib), edges as arrows, a da
 from __future__ import annotations
 
 from dataclasses import dataclass
+from graphlib import CycleError
 from pathlib import Path
 
 from ducklake_kit.pipelines.dag import generations
@@ -17,8 +18,23 @@ class Arrow:
 
 
 def layers(nodes: list[str], arrows: list[Arrow]) -> list[list[str]]:
-    """Nodes by depth: each node one layer right of its deepest parent."""
-    return generations({n: {a.parent for a in arrows if a.child == n} for n in nodes}, nodes)
+    """Nodes by depth: each node one layer right of its deepest parent. Recorded lineage may hold a cycle (two
+    pipelines building each other's tables): then each node goes one layer right of the nearest node with no parent."""
+    parents = {n: {a.parent for a in arrows if a.child == n} for n in nodes}
+    try:
+        return generations(parents, nodes)
+    except CycleError:
+        depth = {n: 0 for n in nodes if not parents[n]} or {nodes[0]: 0}
+        todo = list(depth)
+        while todo:
+            n = todo.pop(0)
+            for a in arrows:
+                if a.parent == n and a.child not in depth:
+                    depth[a.child] = depth[n] + 1
+                    todo.append(a.child)
+        for n in nodes:
+            depth.setdefault(n, 0)
+        return [[n for n in nodes if depth[n] == d] for d in range(max(depth.values()) + 1)]
 
 
 def draw(nodes: list[str], arrows: list[Arrow], path: Path, *, title: str, labels: dict[str, str] | None = None,

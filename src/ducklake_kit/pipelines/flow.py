@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ducklake_kit.errors import KitError
+from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.pipelines import dag, history, runner
@@ -107,20 +107,26 @@ def run(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, select
         else:
             only = pipeline.select(select) if select else set(pipeline.nodes)
         done = runner.run(pipeline, plane, only=only, timeout_s=timeout_s, selector=selector, on_event=on_event)
-        local = {w: plane.run(history.LOCAL_COLUMNS_SQL, worker=w).rows
-                 for w in sorted({n.worker for n in done.nodes if n.worker and n.status != SKIPPED})}
+        warnings = list(pipeline.warnings)
+        try:  # the worker-local tables' columns, for column lineage through them
+            local = {w: plane.run(history.LOCAL_COLUMNS_SQL, worker=w).rows
+                     for w in sorted({n.worker for n in done.nodes if n.worker and n.status != SKIPPED})}
+        except Exception as exc:  # noqa: BLE001 - a worker gone since: the run is still recorded
+            local = {}
+            warnings.append(f"the workers' local tables could not be read ({first_line(exc)}): no column lineage "
+                            "through them")
         schema = history.current_schema(lake, local)
         lineage = history.run_lineage(pipeline, done, schema, history.local_tables_on(lake))
         snapshot = history.record(lake, pipeline, done, lineage)
         info = lake.catalog_info(platform_name)
-    return RunOutcome(done, lineage, list(pipeline.warnings) + lineage.warnings, snapshot, info)
+    return RunOutcome(done, lineage, warnings + lineage.warnings, snapshot, info)
 
 
 @dataclass
 class LineageView:
     table: str
     edges: list[history.UpstreamEdge]
-    columns: list[tuple[str, str, str, str]]  # (child, child column, parent, parent column), above `table`
+    columns: list[history.ColumnLink]  # every column lineage edge above `table`
 
     def as_dict(self) -> dict[str, Any]:
         return {"table": self.table,

@@ -8,7 +8,7 @@ Times are UTC (TIMESTAMPTZ).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import table_exists
@@ -16,7 +16,7 @@ from ducklake_kit.lake.transactions import commit_with
 from ducklake_kit.pipelines.dag import Pipeline
 from ducklake_kit.pipelines.lineage import ColumnEdge, Schema, TableEdge, column_edges, table_edges
 from ducklake_kit.pipelines.runner import FAILED, OK, SKIPPED, PipelineRun
-from ducklake_kit.pipelines.tables import TableRef
+from ducklake_kit.pipelines.tables import TableRef, parse_table_name
 from ducklake_kit.workers.config import LOCAL_DB
 
 TABLES = {
@@ -35,12 +35,37 @@ TABLES = {
 }
 
 
+@dataclass(frozen=True)
+class NodeTableEdge:
+    """A table lineage edge as a node recorded it: where the child and the parent live (`lake`, or a worker)."""
+
+    node: str
+    edge: TableEdge
+    location: str
+    parent_location: str
+
+
+@dataclass(frozen=True)
+class NodeColumnEdge:
+    node: str
+    edge: ColumnEdge
+
+
+class ColumnLink(NamedTuple):
+    """One recorded column lineage edge, as `pipeline lineage --columns` reads it back."""
+
+    child: str
+    child_column: str
+    parent: str
+    parent_column: str
+
+
 @dataclass
 class Lineage:
     """The lineage of a run's successful nodes, with the worker each local table lives on."""
 
-    tables: list[tuple[str, TableEdge, str, str]] = field(default_factory=list)  # node, edge, location, parent's
-    columns: list[tuple[str, ColumnEdge]] = field(default_factory=list)  # node, edge
+    tables: list[NodeTableEdge] = field(default_factory=list)
+    columns: list[NodeColumnEdge] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -61,14 +86,14 @@ def run_lineage(pipeline: Pipeline, run: PipelineRun, schema: Schema, workers_of
             if t.local:
                 where[t] = node_run.worker or "?"
         for edge in table_edges(node.use):
-            out.tables.append((node.id, edge, _location(edge.child, where.get(edge.child, node_run.worker)),
-                               _location(edge.parent, where.get(edge.parent, node_run.worker))))
+            out.tables.append(NodeTableEdge(node.id, edge, _location(edge.child, where.get(edge.child, node_run.worker)),
+                                            _location(edge.parent, where.get(edge.parent, node_run.worker))))
         if not table_edges(node.use):
             continue
         child = table_edges(node.use)[0].child
         columns = list(schema.get(child.catalog, {}).get(child.schema, {}).get(child.name, {}))
         try:
-            out.columns += [(node.id, e) for e in column_edges(node.use, schema, columns)]
+            out.columns += [NodeColumnEdge(node.id, e) for e in column_edges(node.use, schema, columns)]
         except Exception as exc:  # noqa: BLE001 - the node ran; lineage sqlglot cannot trace is reported, not fatal
             out.warnings.append(f"node {node.id}: no column lineage ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
     return out
@@ -103,10 +128,10 @@ def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -
     node_rows = [[run.run_id, run.pipeline, n.id, n.status, n.worker, _iso(n.started_at), _iso(n.finished_at),
                   n.duration_ms, n.error, n.reason, n.snapshot_id, n.sql] for n in run.nodes]
     snapshots = {n.id: n.snapshot_id for n in run.nodes}
-    table_rows = [[str(e.child), str(e.parent), run.pipeline, node, run.run_id, snapshots.get(node), loc, parent_loc]
-                  for node, e, loc, parent_loc in lineage.tables]
-    column_rows = [[str(e.child), e.child_column, str(e.parent), e.parent_column, run.pipeline, node, run.run_id]
-                   for node, e in lineage.columns]
+    table_rows = [[str(t.edge.child), str(t.edge.parent), run.pipeline, t.node, run.run_id, snapshots.get(t.node),
+                   t.location, t.parent_location] for t in lineage.tables]
+    column_rows = [[str(c.edge.child), c.edge.child_column, str(c.edge.parent), c.edge.parent_column, run.pipeline,
+                    c.node, run.run_id] for c in lineage.columns]
     rebuilt = sorted({n.id for n in run.nodes if n.status == OK})
 
     def write(con) -> None:
@@ -114,10 +139,14 @@ def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -
             con.execute(f"CREATE TABLE IF NOT EXISTS {lake.alias}.main.{name} ({columns})")
         con.execute(f"INSERT INTO {lake.alias}.main.pipeline_runs VALUES ({', '.join('?' * len(run_row))})", run_row)
         _insert(con, f"{lake.alias}.main.pipeline_nodes", node_rows)
-        for node in rebuilt:  # the node's lineage as of this run replaces what an earlier run recorded
-            for name in ("lineage_tables", "lineage_columns"):
+        for name in ("lineage_tables", "lineage_columns"):
+            # a node's lineage as of this run replaces what an earlier run recorded; nodes the file no longer has
+            # leave none behind
+            for node in rebuilt:
                 con.execute(f"DELETE FROM {lake.alias}.main.{name} WHERE pipeline = ? AND node_id = ?",
                             [run.pipeline, node])
+            con.execute(f"DELETE FROM {lake.alias}.main.{name} WHERE pipeline = ? AND NOT list_contains(?, node_id)",
+                        [run.pipeline, sorted(pipeline.nodes)])
         _insert(con, f"{lake.alias}.main.lineage_tables", table_rows)
         _insert(con, f"{lake.alias}.main.lineage_columns", column_rows)
 
@@ -148,7 +177,7 @@ def local_tables_on(lake: Lake) -> dict[TableRef, str]:
         return {}
     rows = lake.con.execute(f"SELECT child, location FROM {lake.alias}.main.lineage_tables "
                             f"WHERE child LIKE '{LOCAL_DB}.%' AND location <> 'lake'").fetchall()
-    return {TableRef(LOCAL_DB, "main", child.split(".", 1)[1]): loc for child, loc in rows}
+    return {parse_table_name(child): loc for child, loc in rows}
 
 
 @dataclass
@@ -176,14 +205,14 @@ def upstream(lake: Lake, table: str) -> list[UpstreamEdge]:
     return [UpstreamEdge(*r) for r in rows]
 
 
-def upstream_columns(lake: Lake, table: str) -> list[tuple[str, str, str, str]]:
+def upstream_columns(lake: Lake, table: str) -> list[ColumnLink]:
     """(child, child column, parent, parent column) for every column lineage edge above `table`."""
     if not table_exists(lake.con, lake.alias, "main", "lineage_columns"):
         return []
-    return lake.con.execute(f"""
+    return [ColumnLink(*r) for r in lake.con.execute(f"""
         WITH RECURSIVE up(child, child_column, parent, parent_column) AS (
             SELECT child, child_column, parent, parent_column FROM {lake.alias}.main.lineage_columns WHERE child = ?
             UNION
             SELECT l.child, l.child_column, l.parent, l.parent_column
             FROM {lake.alias}.main.lineage_columns l JOIN up ON l.child = up.parent AND l.child_column = up.parent_column)
-        SELECT DISTINCT * FROM up ORDER BY 1, 2, 3, 4""", [table]).fetchall()
+        SELECT DISTINCT * FROM up ORDER BY 1, 2, 3, 4""", [table]).fetchall()]

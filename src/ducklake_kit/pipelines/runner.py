@@ -17,9 +17,10 @@ from datetime import datetime, timezone
 from graphlib import TopologicalSorter
 from typing import Any
 
+from ducklake_kit.errors import first_line
 from ducklake_kit.pipelines.dag import Node, Pipeline
 from ducklake_kit.workers.client import WorkerPlane
-from ducklake_kit.workers.tasks import TaskResult
+from ducklake_kit.workers.tasks import StatementOutcome, TaskResult
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 ROWS_SHOWN = 100  # rows of a node's SELECT kept in its result (row_count says how many there were)
@@ -47,7 +48,7 @@ class NodeRun:
     finished_at: datetime | None = None
     error: str | None = None  # DuckDB's own message (with the statement) for a failed node
     reason: str | None = None  # why a node was skipped
-    statements: list[dict[str, Any]] = field(default_factory=list)
+    statements: list[StatementOutcome] = field(default_factory=list)  # what its task reported, statement by statement
     snapshot_id: int | None = None  # the snapshot the node committed
     sql: str = ""
 
@@ -61,7 +62,8 @@ class NodeRun:
         iso = lambda t: t.isoformat(timespec="microseconds") if t else None  # noqa: E731
         return {"id": self.id, "status": self.status, "worker": self.worker, "started_at": iso(self.started_at),
                 "finished_at": iso(self.finished_at), "duration_ms": self.duration_ms, "error": self.error,
-                "reason": self.reason, "snapshot_id": self.snapshot_id, "statements": self.statements}
+                "reason": self.reason, "snapshot_id": self.snapshot_id,
+                "statements": [_statement_dict(st) for st in self.statements]}
 
 
 @dataclass
@@ -73,6 +75,7 @@ class PipelineRun:
     finished_at: datetime | None = None
     nodes: list[NodeRun] = field(default_factory=list)
     selector: str | None = None  # --select as given, or "from-failed <run>"
+    aborted: str | None = None  # why the run stopped before every node was decided (the worker plane failed)
 
     @property
     def ok(self) -> bool:
@@ -93,10 +96,10 @@ class PipelineRun:
                 "started_at": self.started_at.isoformat(timespec="microseconds"),
                 "finished_at": self.finished_at.isoformat(timespec="microseconds") if self.finished_at else None,
                 "ok": self.count(OK), "failed": self.count(FAILED), "skipped": self.count(SKIPPED),
-                "selector": self.selector, "nodes": [n.as_dict() for n in self.nodes]}
+                "selector": self.selector, "aborted": self.aborted, "nodes": [n.as_dict() for n in self.nodes]}
 
 
-def _statement_dict(s) -> dict[str, Any]:
+def _statement_dict(s: StatementOutcome) -> dict[str, Any]:
     return {"statement": s.statement, "statement_type": s.statement_type, "columns": s.columns,
             "rows": [list(r) for r in s.rows[:ROWS_SHOWN]], "row_count": len(s.rows), "affected_rows": s.affected_rows,
             "seconds": s.seconds, "snapshot_id": s.snapshot_id}
@@ -104,7 +107,7 @@ def _statement_dict(s) -> dict[str, Any]:
 
 def _node_run(node: Node, result: TaskResult) -> NodeRun:
     run = NodeRun(node.id, OK if result.ok else FAILED, result.worker, _when(result.started_at),
-                  _when(result.finished_at), statements=[_statement_dict(s) for s in result.statements],
+                  _when(result.finished_at), statements=list(result.statements),
                   snapshot_id=result.snapshot_id, sql=node.sql)
     if result.error is not None:
         run.error = result.error.error + (" (rolled back)" if result.rolled_back else "")
@@ -136,10 +139,12 @@ def critical_rank(graph: dict[str, set[str]]) -> dict[str, int]:
 
 
 def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None, run_id: str | None = None,
-        timeout_s: float | None = None, selector: str | None = None,
+        timeout_s: float | None = None, selector: str | None = None, among: list[str] | None = None,
         on_event: Callable[[str, NodeRun | Node], None] = lambda _kind, _node: None) -> PipelineRun:
     """Run the nodes of `only` (default: all) in dependency order. `timeout_s`: per node, enforced on its worker.
-    `on_event("start", Node)` when a node is submitted, `on_event("end", NodeRun)` when it is done."""
+    `among`: the workers unpinned nodes may run on (default: any). `on_event("start", Node)` when a node is
+    submitted, `on_event("end", NodeRun)` when it is done. Never raises for a node: a run the worker plane could not
+    finish comes back `aborted`, the nodes it was running failed and the rest skipped."""
     from distributed import as_completed
 
     run_id = run_id or new_run_id()
@@ -151,29 +156,48 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
     done: dict[str, NodeRun] = {}
     running: dict[str, str] = {}  # future key -> node id
     pending = as_completed(loop=plane.client.loop)
-    while sorter.is_active():
-        # the longest chain first: submitted first, it is also the first a free worker gets
-        for node_id in sorted(sorter.get_ready(), key=lambda n: (-rank[n], pipeline.nodes[n].position)):
-            node = pipeline.nodes[node_id]
-            reason = _skip_reason(node_id, graph[node_id], done)
-            if reason is not None:
-                done[node_id] = NodeRun(node_id, SKIPPED, reason=reason, sql=node.sql)
-                on_event("end", done[node_id])
-                sorter.done(node_id)
-                continue
-            message = commit_message(pipeline.name, node_id, run_id) if node.commits else None
-            future = plane.submit([node.sql], worker=node.pin, message=message, timeout_s=timeout_s,
-                                  priority=rank[node_id])
-            running[future.key] = node_id
-            pending.add(future)
-            on_event("start", node)
-        if not running:
-            continue  # only skips were decided: their dependents may be ready now
-        future = next(pending)
-        node_id = running.pop(future.key)
-        done[node_id] = _node_run(pipeline.nodes[node_id], plane.result(future))
-        on_event("end", done[node_id])
-        sorter.done(node_id)
+    try:
+        while sorter.is_active():
+            # the longest chain first: submitted first, it is also the first a free worker gets
+            for node_id in sorted(sorter.get_ready(), key=lambda n: (-rank[n], pipeline.nodes[n].position)):
+                node = pipeline.nodes[node_id]
+                reason = _skip_reason(node_id, graph[node_id], done)
+                if reason is not None:
+                    done[node_id] = NodeRun(node_id, SKIPPED, reason=reason, sql=node.sql)
+                    on_event("end", done[node_id])
+                    sorter.done(node_id)
+                    continue
+                message = commit_message(pipeline.name, node_id, run_id) if node.commits else None
+                future = plane.submit([node.sql], worker=node.pin, message=message, timeout_s=timeout_s,
+                                      priority=rank[node_id], among=among)
+                running[future.key] = node_id
+                pending.add(future)
+                on_event("start", node)
+            if not running:
+                continue  # only skips were decided: their dependents may be ready now
+            future = next(pending)
+            node_id = running.pop(future.key)
+            done[node_id] = _finished(pipeline.nodes[node_id], plane, future)
+            on_event("end", done[node_id])
+            sorter.done(node_id)
+    except Exception as exc:  # noqa: BLE001 - the plane itself failed (the scheduler went away): say what is known
+        record.aborted = f"the run stopped: {type(exc).__name__}: {first_line(exc)}"
+        for node_id in running.values():
+            done[node_id] = NodeRun(node_id, FAILED, sql=pipeline.nodes[node_id].sql, error=(
+                f"{record.aborted}, while this node ran; it may or may not have committed: check the lake"))
+        for node_id in graph:
+            done.setdefault(node_id, NodeRun(node_id, SKIPPED, sql=pipeline.nodes[node_id].sql,
+                                             reason=f"not run: {record.aborted}"))
     record.finished_at = datetime.now(timezone.utc)
     record.nodes = [done[n] for n in pipeline.nodes if n in done]
     return record
+
+
+def _finished(node: Node, plane: WorkerPlane, future) -> NodeRun:
+    """The node's outcome; a task that raised on its worker (not a SQL error: those are results) is a failed node."""
+    try:
+        return _node_run(node, plane.result(future))
+    except Exception as exc:  # noqa: BLE001 - e.g. cancelled by a scheduler restart: still one node's outcome
+        return NodeRun(node.id, FAILED, sql=node.sql,
+                       error=f"the task failed on the worker plane ({type(exc).__name__}: {first_line(exc)}); it may "
+                             "or may not have committed: check the lake")

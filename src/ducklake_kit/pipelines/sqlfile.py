@@ -59,7 +59,7 @@ class Statement:
 
 def _comments(text: str, offset: int, source: str, file: str) -> list[tuple[int, str, bool]]:
     """The comments in `text` (known to hold only whitespace and comments): (absolute offset, body, is a line
-    comment)."""
+    comment). Block comments may nest, as DuckDB's do."""
     out, i = [], 0
     while i < len(text):
         if text[i].isspace():
@@ -70,10 +70,16 @@ def _comments(text: str, offset: int, source: str, file: str) -> list[tuple[int,
             out.append((offset + i, text[i + 2:end], True))
             i = end
         elif text.startswith("/*", i):
-            end = text.find("*/", i + 2)
-            end = len(text) if end < 0 else end + 2
-            out.append((offset + i, text[i + 2:end - 2], False))
-            i = end
+            depth, j = 1, i + 2
+            while j < len(text) and depth:
+                if text.startswith("/*", j):
+                    depth, j = depth + 1, j + 2
+                elif text.startswith("*/", j):
+                    depth, j = depth - 1, j + 2
+                else:
+                    j += 1
+            out.append((offset + i, text[i + 2:j - 2], False))
+            i = j
         else:  # cannot happen: the tokenizer found no token here
             raise PipelineError(file, _line(source, offset + i), "unexpected text between statements",
                                 "check the file's syntax")
@@ -84,6 +90,11 @@ def _line(source: str, offset: int) -> int:
     return source.count("\n", 0, offset) + 1
 
 
+def _starts_line(source: str, offset: int) -> bool:
+    """Nothing but whitespace before `offset` on its line."""
+    return source[source.rfind("\n", 0, offset) + 1:offset].strip() == ""
+
+
 def _header(body: str) -> tuple[str, str] | None:
     key, sep, value = body.partition(":")
     key = key.strip()
@@ -92,9 +103,36 @@ def _header(body: str) -> tuple[str, str] | None:
     return key.lower(), value.strip()
 
 
+def _header_lines(source: str, start: int, end: int, file: str) -> list[tuple[int, str, str, bool]]:
+    """The header-shaped line comments between `start` and `end`: (line, key, value, starts its line)."""
+    out = []
+    for at, body, is_line in _comments(source[start:end], start, source, file):
+        parsed = _header(body) if is_line else None
+        if parsed is not None:
+            out.append((_line(source, at), *parsed, _starts_line(source, at)))
+    return out
+
+
+def _headers(found: list[tuple[int, str, str, bool]], file: str) -> dict[str, Header]:
+    headers: dict[str, Header] = {}
+    for line, key, value, own_line in found:
+        if not own_line:
+            raise PipelineError(file, line, f"header '{key}' after the end of a statement",
+                                "put each header on its own line above its statement")
+        if key not in HEADERS:
+            raise PipelineError(file, line, f"unknown header '{key}'",
+                                f"use one of {', '.join(HEADERS)}; for a plain comment, leave out the colon")
+        if key in headers:
+            raise PipelineError(file, line, f"header '{key}' given twice for one statement (first on line "
+                                f"{headers[key].line})", "keep one")
+        headers[key] = Header(key, value, line)
+    return headers
+
+
 def split_statements(source: str, file: str = "<sql>") -> list[Statement]:
-    """The statements of a pipeline file, with their headers. Raises PipelineError for an unknown or repeated
-    header, or headers with no statement after them."""
+    """The statements of a pipeline file, with their headers. Raises PipelineError for an unknown, repeated or
+    misplaced header (after a statement on its line, inside a statement: a missing `;`, above an empty statement
+    or at the end of the file)."""
     try:
         tokens = sqlglot.Dialect.get_or_raise(DIALECT).tokenize(source)
     except TokenError as exc:
@@ -106,37 +144,31 @@ def split_statements(source: str, file: str = "<sql>") -> list[Statement]:
             chunks.append([])
     statements: list[Statement] = []
     gap_start = 0  # where the text before the next statement starts
-    prev_line = 0  # the line the previous statement ended on: a comment there trails it, it is no header
     for chunk in chunks:
-        body = [t for t in chunk if t.token_type != TokenType.SEMICOLON]
-        if not body:  # an empty statement (`;;`)
-            if chunk:
-                gap_start = chunk[-1].end + 1
+        words = [t for t in chunk if t.token_type != TokenType.SEMICOLON]
+        end = chunk[-1].start if chunk else len(source)
+        found = _header_lines(source, gap_start, words[0].start if words else end, file)
+        if not words:  # an empty statement (`;;`), or the end of the file
+            if found:
+                raise PipelineError(file, found[0][0], "headers with no statement after them",
+                                    "put the statement under its headers, or remove them")
+            gap_start = chunk[-1].end + 1 if chunk else gap_start
             continue
-        first, last = body[0], body[-1]
-        headers: dict[str, Header] = {}
-        for at, body, is_line in _comments(source[gap_start:first.start], gap_start, source, file):
-            line = _line(source, at)
-            parsed = _header(body) if is_line and line != prev_line else None
-            if parsed is None:
-                continue
-            key, value = parsed
-            if key not in HEADERS:
-                raise PipelineError(file, line, f"unknown header '{key}'",
-                                    f"use one of {', '.join(HEADERS)}; for a plain comment, leave out the colon")
-            if key in headers:
-                raise PipelineError(file, line, f"header '{key}' given twice for one statement (first on line "
-                                    f"{headers[key].line})", "keep one")
-            headers[key] = Header(key, value, line)
+        for before, after in zip(words, words[1:]):  # a header-shaped line inside a statement: a `;` is missing
+            inside = [h for h in _header_lines(source, before.end + 1, after.start, file) if h[3]]
+            if inside:
+                raise PipelineError(file, inside[0][0], f"header '{inside[0][1]}' inside a statement",
+                                    "end the statement above it with `;`")
+        headers = _headers(found, file)
+        first, last = words[0], words[-1]
         statements.append(Statement(source[first.start:last.end + 1].strip(), _line(source, first.start),
                                     len(statements) + 1, headers))
-        gap_start = chunk[-1].end + 1  # after the `;`
-        prev_line = _line(source, chunk[-1].end)
-    trailing = [(at, body) for at, body, is_line in _comments(source[gap_start:], gap_start, source, file)
-                if is_line and _header(body) and _line(source, at) != prev_line]
-    if trailing:
-        raise PipelineError(file, _line(source, trailing[0][0]), "headers with no statement after them",
-                            "put the statement under its headers, or remove them")
+        gap_start = chunk[-1].end + 1  # after its `;` (or its last word)
+    if chunks[-1]:  # the file ends without `;`: what follows its last statement
+        trailing = _header_lines(source, gap_start, len(source), file)
+        if trailing:
+            raise PipelineError(file, trailing[0][0], "headers with no statement after them",
+                                "put the statement under its headers, or remove them")
     return statements
 
 

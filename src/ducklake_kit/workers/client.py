@@ -147,13 +147,14 @@ class WorkerPlane:
 
     # -- tasks ---------------------------------------------------------------------------------------------------
     def submit(self, texts: list[str] | str, *, worker: str | None = None, message: str | None = None,
-               timeout_s: float | None = None, priority: int = 0):
+               timeout_s: float | None = None, priority: int = 0, among: list[str] | None = None):
         """Submit a task (a Dask future). `worker`: a worker's name (or address) it must run on; other workers
         never take it. `message`: run all the statements in one transaction with this commit message. `timeout_s`:
         the worker interrupts the running statement after that long. `priority`: queued tasks with a higher one
-        are given to a free worker first."""
+        are given to a free worker first. `among`: without `worker`, the workers (names) it may run on."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        pin = {"workers": [self.address_of(worker)], "allow_other_workers": False} if worker else {}
+        chosen = [worker] if worker else among
+        pin = {"workers": [self.address_of(w) for w in chosen], "allow_other_workers": False} if chosen else {}
         # pure=False: two identical statements are two tasks (Dask would otherwise run one and share its result);
         # retries=0: a failed task is reported, never repeated; the token makes a second run by Dask refuse
         return self.client.submit(run_statements, self.plugin, texts, message, uuid.uuid4().hex, timeout_s,

@@ -134,42 +134,68 @@ def run_statements(plugin: str, texts: list[str], message: str | None = None, to
         return result
     lake: Lake = lake_plugin.lake
     with lake_plugin.task_lock:  # one task at a time on the shared connection, whatever the worker's thread count
-        timer = _interrupt_after(lake, timeout_s, result)
+        deadline = Deadline(lake, timeout_s)
         try:
             lake.con.execute(f"USE {lake.alias}")  # a task that ran `USE local` must not change the next task's default
             if message is not None:
-                _run_transaction(lake, texts, message, result)
+                _run_transaction(lake, texts, message, result, deadline)
             else:
-                _run_autocommit(lake, texts, result)
+                _run_autocommit(lake, texts, result, deadline)
         finally:
-            if timer is not None:
-                timer.cancel()
-    if result.timed_out and result.error is not None:
+            deadline.stop()  # before the lock goes: no interrupt can reach the next task
+    if deadline.interrupted and result.error is not None:
+        result.timed_out = True
         result.error.error = f"interrupted after the task's timeout of {timeout_s:g}s ({result.error.error})"
     result.seconds = round(time.perf_counter() - start, 6)
     result.finished_at = time.time()
     return result
 
 
-def _interrupt_after(lake: Lake, timeout_s: float | None, result: TaskResult) -> threading.Timer | None:
-    if not timeout_s:
-        return None
+class Deadline:
+    """A task's timeout: DuckDB's interrupt for the statement running when it expires, and only while the task's
+    own statements run (`armed`): never during a COMMIT, never after the task (the next one on this connection)."""
 
-    def interrupt() -> None:
-        result.timed_out = True
-        lake.con.interrupt()
+    def __init__(self, lake: Lake, timeout_s: float | None):
+        self.lake, self.lock = lake, threading.Lock()
+        self.armed = self.expired = self.interrupted = False
+        self.timer = threading.Timer(timeout_s, self._expire) if timeout_s else None
+        if self.timer is not None:
+            self.timer.daemon = True
+            self.timer.start()
 
-    timer = threading.Timer(timeout_s, interrupt)
-    timer.daemon = True
-    timer.start()
-    return timer
+    def _expire(self) -> None:
+        with self.lock:
+            self.expired = True
+            if self.armed:
+                self.interrupted = True
+                self.lake.con.interrupt()
+
+    def arm(self) -> None:
+        with self.lock:
+            if self.expired:  # it ran out between two statements: an interrupt now would reach nothing
+                self.interrupted = True
+                raise TimeoutError("the timeout expired before this statement started")
+            self.armed = True
+
+    def disarm(self) -> None:
+        with self.lock:
+            self.armed = False
+
+    def stop(self) -> None:
+        self.disarm()
+        if self.timer is not None:
+            self.timer.cancel()
 
 
-def _run_autocommit(lake: Lake, texts: list[str], result: TaskResult) -> None:
+def _run_autocommit(lake: Lake, texts: list[str], result: TaskResult, deadline: Deadline) -> None:
     for text in texts:
         offset = len(result.statements)
         try:
-            result.statements.extend(_outcomes(lake.run(text, track_snapshots=True), offset))
+            deadline.arm()
+            try:
+                result.statements.extend(_outcomes(lake.run(text, track_snapshots=True), offset))
+            finally:
+                deadline.disarm()
         except StatementFailed as exc:
             result.statements.extend(_outcomes(exc.results, offset))
             result.error = TaskError(exc.error, offset + exc.index, exc.statement)
@@ -187,20 +213,26 @@ def _run_autocommit(lake: Lake, texts: list[str], result: TaskResult) -> None:
     result.snapshot_id = committed[-1] if committed else None
 
 
-def _run_transaction(lake: Lake, texts: list[str], message: str, result: TaskResult) -> None:
+def _run_transaction(lake: Lake, texts: list[str], message: str, result: TaskResult, deadline: Deadline) -> None:
     done: list[StatementResult] = []
     try:
-        made = commit(lake, texts, message)
+        deadline.arm()
+        made = commit(lake, texts, message, before_commit=deadline.disarm)  # the COMMIT is never interrupted
         done = made.results
         result.snapshot_id = made.snapshot_id
-    except StatementFailed as exc:
-        done = exc.results
-        result.error = TaskError(exc.error, exc.index, exc.statement)
+    except (StatementFailed, TimeoutError) as exc:
+        if isinstance(exc, StatementFailed):
+            done = exc.results
+            result.error = TaskError(exc.error, exc.index, exc.statement)
+        else:
+            result.error = TaskError(str(exc))
         result.rolled_back = True
     except Exception as exc:  # noqa: BLE001 - the commit message or the COMMIT itself failed
         # a COMMIT that failed may still have reached the catalog: say so instead of claiming a rollback
         result.error = TaskError(f"the transaction's commit failed, so it may or may not have committed "
                                  f"({getattr(exc, 'what', None) or first_line(exc)}): check the lake before re-running it")
+    finally:
+        deadline.disarm()
     result.statements = _outcomes(done)
 
 
