@@ -24,6 +24,7 @@ from ducklake_kit.workers.tasks import StatementOutcome, TaskResult
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
 ROWS_SHOWN = 100  # rows of a node's SELECT kept in its result (row_count says how many there were)
+RELEASE_BATCH = 32  # results read, released together (see _release)
 
 
 def new_run_id() -> str:
@@ -156,6 +157,7 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
     done: dict[str, NodeRun] = {}
     running: dict[str, str] = {}  # future key -> node id
     pending = as_completed(loop=plane.client.loop)
+    finished: list = []  # futures read, to release after the next submissions
     try:
         while sorter.is_active():
             # the longest chain first: submitted first, it is also the first a free worker gets
@@ -173,11 +175,14 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
                 running[future.key] = node_id
                 pending.add(future)
                 on_event("start", node)
+            if len(finished) >= RELEASE_BATCH:
+                _release(finished)
             if not running:
                 continue  # only skips were decided: their dependents may be ready now
             future = next(pending)
             node_id = running.pop(future.key)
             done[node_id] = _finished(pipeline.nodes[node_id], plane, future)
+            finished.append(future)
             on_event("end", done[node_id])
             sorter.done(node_id)
     except Exception as exc:  # noqa: BLE001 - the plane itself failed (the scheduler went away): say what is known
@@ -188,15 +193,24 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
         for node_id in graph:
             done.setdefault(node_id, NodeRun(node_id, SKIPPED, sql=pipeline.nodes[node_id].sql,
                                              reason=f"not run: {record.aborted}"))
+    _release(finished)
     record.finished_at = datetime.now(timezone.utc)
     record.nodes = [done[n] for n in pipeline.nodes if n in done]
     return record
 
 
+def _release(futures: list) -> None:
+    """Let the workers drop results already read. In batches: the client sends to the scheduler at most every
+    10 ms, so a release sent after each node would hold the next node's submission back by up to that much."""
+    for future in futures:
+        future.release()
+    futures.clear()
+
+
 def _finished(node: Node, plane: WorkerPlane, future) -> NodeRun:
     """The node's outcome; a task that raised on its worker (not a SQL error: those are results) is a failed node."""
     try:
-        return _node_run(node, plane.result(future))
+        return _node_run(node, plane.result(future, release=False))
     except Exception as exc:  # noqa: BLE001 - e.g. cancelled by a scheduler restart: still one node's outcome
         return NodeRun(node.id, FAILED, sql=node.sql,
                        error=f"the task failed on the worker plane ({type(exc).__name__}: {first_line(exc)}); it may "

@@ -160,13 +160,16 @@ class WorkerPlane:
         return self.client.submit(run_statements, self.plugin, texts, message, uuid.uuid4().hex, timeout_s,
                                   pure=False, retries=0, priority=priority, **pin)
 
-    def result(self, future, timeout_s: float | None = None) -> TaskResult:
-        """The task's result; a task whose worker died becomes a failed TaskResult naming the worker."""
+    def result(self, future, timeout_s: float | None = None, *, release: bool = True) -> TaskResult:
+        """The task's result; a task whose worker died becomes a failed TaskResult naming the worker. The future is
+        released once read (the worker holding it may then go without Dask computing it again); `release=False`
+        leaves that to the caller, who may have a message to send first (see pipelines.runner)."""
         from distributed import KilledWorker
 
         try:
             result = future.result(timeout=timeout_s)
-            future.release()  # the worker holding it may now go without Dask computing it again
+            if release:
+                future.release()
             return result
         except KilledWorker as exc:
             last = getattr(exc, "last_worker", None)
