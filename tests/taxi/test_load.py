@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -150,6 +152,49 @@ def test_bad_files_get_one_clear_error_and_leave_the_lake_unchanged(stack, tmp_p
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
     assert len(errors) == 1 and message.lower() in errors[0].lower(), proc.stderr
     assert _lake_state(stack) == before
+
+
+@pytest.mark.parametrize("args, message", [
+    # issue 16: 0 made an empty snapshot and load_log row that then refused the real load; -5 named `chunk_rows`
+    (["--rows-per-month", "0"], "Error: --rows-per-month must be at least 1 (got 0)."),
+    (["--rows-per-month", "-5"], "Error: --rows-per-month must be at least 1 (got -5)."),
+    (["--months", "1999-01"], "Error: the TLC's yellow taxi records start in 2009-01, so 1999-01 has no trips."),
+    (["--months", "2099-01"], "Error: 2099-01 is in the future."),
+])
+def test_bad_load_options_are_one_clear_line_before_anything_changes(stack, cli, args, message):
+    before = _lake_state(stack)
+    months = [] if "--months" in args else ["--months", "2024-01"]
+    result = cli(stack.env, "load", "--source", "synthetic", *months, *args)
+    assert result.exit_code == 3, result.output
+    assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert _lake_state(stack) == before
+
+
+def test_another_writer_committing_during_the_load_is_no_failure(stack):
+    # issue 16: the check counted the snapshots the whole lake gained, so any other writer made a good load fail
+    ep = stack.platform.endpoints()
+    stop, commits = threading.Event(), []
+
+    def other_writer() -> None:
+        with Lake(ep) as lake:
+            lake.run("CREATE TABLE IF NOT EXISTS main.load_side_writer (i INTEGER)")
+            while not stop.is_set():
+                lake.run(f"INSERT INTO main.load_side_writer VALUES ({len(commits)})")
+                commits.append(1)
+                time.sleep(0.5)
+
+    writer = threading.Thread(target=other_writer)
+    writer.start()
+    try:
+        result, checks = _load(stack, source="synthetic", months="2020-05", rows_per_month=ROWS, seed=3)
+    finally:
+        stop.set()
+        writer.join()
+    assert checks.ok, [c.as_dict() for c in checks.failed]
+    # the other writer did commit between the load's start and its commit: the old count would have said > 1
+    assert result.snapshot_id - result.previous_snapshot > 1 and commits
+    names = [c.name for c in checks.checks]
+    assert "the load made exactly one snapshot" in names and "every row the load wrote is in that snapshot" in names
 
 
 @pytest.mark.parametrize("months, message", [

@@ -10,7 +10,7 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.base import Platform
 from ducklake_kit.platforms.state import State
 from ducklake_kit.taxi import sources
-from ducklake_kit.taxi.load import MODES, LoadResult, run_load
+from ducklake_kit.taxi.load import MODES, LoadResult, load_snapshots, rows_snapshots, run_load
 from ducklake_kit.taxi.verify import verify_file
 
 
@@ -40,12 +40,16 @@ def load_and_verify(
     result = run_load(ep, files, zones_path=zones_path, zones_note=zones_note, source_note=note, mode=mode,
                       spark_master=spark_master, on_step=on_step)
     with Lake(ep) as lake:
-        after = lake.current_snapshot()
         loaded = [f for f in result.files if f.status == "loaded"]
+        # the load's own snapshots, found by its commit message: other writers (another load, maintain, the worker
+        # plane) may commit meanwhile, so how many snapshots the whole lake gained proves nothing
+        mine = load_snapshots(lake, result.load_id)
         if loaded:
-            checks.equal("the load made exactly one snapshot", after - (result.previous_snapshot or 0), 1)
+            checks.equal("the load made exactly one snapshot", mine, [result.snapshot_id])
+            checks.equal("every row the load wrote is in that snapshot", rows_snapshots(lake, result.load_id),
+                         [result.snapshot_id])
         else:
-            checks.equal("nothing new to load: the lake is unchanged (same latest snapshot)", after, result.previous_snapshot)
+            checks.equal("nothing new to load: no snapshot names this load", mine, [])
         if verify_skipped or loaded:
             # a skipped file's rows are those of the earlier load: they are checked against its raw copy too
             for fr in result.files if verify_skipped else loaded:

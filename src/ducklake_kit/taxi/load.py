@@ -27,7 +27,7 @@ from ducklake_kit.platforms import s3
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, load_statements, secret_statements
 from ducklake_kit.lake.locks import advisory_lock, lock_key
-from ducklake_kit.lake.sql import table_exists, tables
+from ducklake_kit.lake.sql import quote_literal, table_exists, tables
 from ducklake_kit.lake.transactions import last_committed_snapshot, rollback_quietly
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.taxi import schema
@@ -300,6 +300,29 @@ def run_load(
     return result
 
 
+def commit_message_of(load_id: str, files: int, mode: str) -> str:
+    return f"load {load_id}: {files} file(s), mode {mode}"
+
+
+def load_snapshots(lake: Lake, load_id: str) -> list[int]:
+    """The snapshots whose commit message names this load (one for a load that committed, none otherwise)."""
+    return [int(r[0]) for r in lake.con.execute(
+        f"SELECT snapshot_id FROM ducklake_snapshots({quote_literal(lake.alias)}) WHERE starts_with(commit_message, ?) "
+        "ORDER BY snapshot_id", [f"load {load_id}: "]).fetchall()]
+
+
+def rows_snapshots(lake: Lake, load_id: str, schema_name: str = "main") -> list[int]:
+    """The snapshots that inserted the rows this load wrote, in trips, quarantine and load_log (DuckLake's virtual
+    column `snapshot_id`)."""
+    parts = [f"SELECT snapshot_id FROM {schema_name}.{t} WHERE load_id = ?" for t in (TRIPS, QUARANTINE, LOAD_LOG)
+             if table_exists(lake.con, lake.alias, schema_name, t)]
+    if not parts:
+        return []
+    rows = lake.con.execute(f"SELECT DISTINCT snapshot_id FROM ({' UNION ALL '.join(parts)}) ORDER BY 1",
+                            [load_id] * len(parts)).fetchall()
+    return [int(r[0]) for r in rows]
+
+
 def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[str], mode: str, schema_name: str,
             by_table: dict[str, list], written: list, zones_path: Path, landed: dict, load_id: str, started: float,
             result: "LoadResult", fault: str | None) -> None:
@@ -341,7 +364,7 @@ def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[
                         [load_id, f.kind, f.path.name, fr.raw_uri, f.sha256, f.period, mode, fr.rows_read,
                          fr.rows_accepted, fr.rows_rejected, fr.data_files, started, round(time.time() - started, 3)])
         con.execute("CALL ducklake_set_commit_message(?, 'ducklake-kit', ?)",
-                    [lake.alias, f"load {load_id}: {len(todo)} file(s), mode {mode}"])
+                    [lake.alias, commit_message_of(load_id, len(todo), mode)])
         if fault == "kill-before-commit":
             os.kill(os.getpid(), signal.SIGKILL)
         try:

@@ -13,6 +13,7 @@ import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
 
@@ -64,6 +65,20 @@ def parse_months(spec: str) -> list[tuple[int, int]]:
             out.append((y, mo))
             y, mo = (y + 1, 1) if mo == 12 else (y, mo + 1)
     return sorted(set(out))
+
+
+FIRST_MONTH = (2009, 1)  # the TLC's yellow taxi trip records start in January 2009
+
+
+def _check_months(wanted: list[tuple[int, int]]) -> None:
+    """Months the TLC has published, or could have: not before its records start, not after this month."""
+    today = date.today()
+    for year, month in wanted:
+        if (year, month) < FIRST_MONTH:
+            raise KitError(f"the TLC's yellow taxi records start in 2009-01, so {year}-{month:02d} has no trips",
+                           "pick months from 2009-01 on")
+        if (year, month) > (today.year, today.month):
+            raise KitError(f"{year}-{month:02d} is in the future", f"pick months up to {today:%Y-%m}")
 
 
 def sha256_file(path: Path) -> str:
@@ -266,6 +281,10 @@ def resolve(source: str, cache: Path, *, months: str, paths: list[str], rows_per
             raise KitError("--source files needs --path", "e.g. --path '../shared/tlc-samples/*2025*.parquet'")
         return user_files(paths), f"files: {len(paths)} pattern(s)"
     wanted = parse_months(months)
+    _check_months(wanted)
+    if source in ("auto", "synthetic") and rows_per_month < 1:
+        raise KitError(f"--rows-per-month must be at least 1 (got {rows_per_month})",
+                       "give the number of trips a synthetic month holds, e.g. --rows-per-month 100000")
     if source == "auto":
         ok, why = tlc_reachable()
         source = "tlc" if ok else "synthetic"
