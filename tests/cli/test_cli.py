@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -165,6 +168,17 @@ def test_reset_asks_first_and_keeps_data_when_declined(fresh_stack, cli):
     result = cli(fresh_stack.env, "reset", "--yes")
     assert result.exit_code == 0, result.output
     assert not fresh_stack.home.exists()
+
+
+@pytest.mark.parametrize("stdin", ["</dev/null", "<&-"], ids=["at-its-end", "closed"])
+def test_reset_with_no_answer_is_a_no_exit_3_and_one_line(tmp_path, stdin):
+    # issue 16: no input gave "Aborted." with exit 1, a closed stdin a traceback; the README promises exit 3
+    env = {**os.environ, "DUCKLAKE_HOME": str(tmp_path / "state"), "DUCKLAKE_PLATFORM": "local"}
+    proc = subprocess.run(["bash", "-c", f'"{sys.executable}" "{ROOT / "ducklake_test.py"}" reset {stdin}'], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.strip() == ("Error: reset cancelled; nothing was deleted. "
+                                   "Try: pass --yes to reset without asking."), proc.stderr
 
 
 def test_k3d_platform_without_docker_or_k3d_says_what_is_missing(cli, tmp_path):

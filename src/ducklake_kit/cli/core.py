@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 from typing import Annotated, Any, Optional
 
+import click
 import typer
 
 from ducklake_kit.cli.common import Ctx, JsonOpt, app, command
@@ -124,7 +125,7 @@ def reset(
 ) -> None:
     """Stop the services and delete all their data and credentials (asks first)."""
     c: Ctx = ctx.obj
-    if not yes and not typer.confirm(f"Delete the catalog, the lake data and the credentials in {c.state.home}?", default=False):
+    if not yes and not _confirmed(f"Delete the catalog, the lake data and the credentials in {c.state.home}?"):
         raise KitError("reset cancelled; nothing was deleted", "pass --yes to reset without asking")
     from ducklake_kit.workers import plane as plane_mod
 
@@ -135,6 +136,14 @@ def reset(
     else:
         for m in msgs:
             console().print(m, markup=False)
+
+
+def _confirmed(question: str) -> bool:
+    """The user's yes; no answer (stdin at its end, or closed) is a no, not a traceback."""
+    try:
+        return typer.confirm(question, default=False)
+    except (click.exceptions.Abort, EOFError, OSError, RuntimeError, ValueError):
+        return False
 
 
 @app.command()
