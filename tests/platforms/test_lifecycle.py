@@ -138,6 +138,28 @@ def test_data_and_snapshots_survive_down_and_up(fresh_stack):
         assert lake.scalar(f"SELECT count(*) FROM t AT (VERSION => {snaps[-2][0]})") == 50
 
 
+def test_lake_and_raw_files_are_readable_by_their_owner_only(fresh_stack, local_only):
+    # issue 16: the S3 server's folders were 0755 and its files 0644, so any local user could read the Parquet
+    # around S3's authentication. A state folder from before keeps working: `up` makes it private too.
+    p = fresh_stack.platform
+    old = p.state.s3_data / "lake" / "from-before"
+    old.mkdir(parents=True)
+    (old / "x.parquet").write_bytes(b"PAR1")
+    os.chmod(old / "x.parquet", 0o644)
+    p.up()
+    with Lake(p.endpoints()) as lake:  # more rows than DuckLake inlines: a Parquet file written through S3
+        lake.run("CREATE TABLE private_t AS SELECT range AS id FROM range(1000)")
+    s3.ensure_buckets(p.endpoints().s3)
+    modes = {}
+    for folder, _dirs, files in os.walk(p.state.s3_data):
+        modes[folder] = os.stat(folder).st_mode & 0o777
+        modes.update({os.path.join(folder, f): os.stat(os.path.join(folder, f)).st_mode & 0o777 for f in files})
+    parquet = [f for f in modes if f.endswith(".parquet") and "private_t" in f]
+    assert parquet, sorted(modes)
+    loose = {f: oct(m) for f, m in modes.items() if m & 0o077}
+    assert loose == {}, loose
+
+
 def test_down_stops_only_what_the_kit_started(fresh_stack):
     p = fresh_stack.platform
     assert p.down() == ["s3: not running", "postgres: not running"]  # never started: nothing to stop

@@ -7,6 +7,7 @@ import shutil
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from ducklake_kit.platforms import postgres, procs, s3
 from ducklake_kit.errors import KitError
@@ -23,6 +24,16 @@ class _Service:
     port_option: str
     stop_signal: int
     ping: Callable[[], object]
+
+
+def private_tree(root: Path) -> None:
+    """Folders 0700 and files 0600 under `root` (a state folder from before the S3 server ran with umask 077)."""
+    if not root.stat().st_mode & 0o077:
+        return  # already private: nothing to walk
+    for folder, dirs, files in os.walk(root):
+        os.chmod(folder, 0o700)
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o600)
 
 
 class LocalPlatform(Platform):
@@ -91,7 +102,10 @@ class LocalPlatform(Platform):
                 f"stop that program or choose another port with {svc.port_option}",
             )
         argv, env, run_as = self._command(svc.name, creds)
-        rec, proc = procs.start(svc.name, argv, pid_file=pid_file, log_file=log_file, port=port, env=env, run_as=run_as)
+        # the S3 server's objects are the lake's and the raw files: readable by their owner only (0600 in 0700
+        # folders), so that no other local user reads them around S3's authentication
+        rec, proc = procs.start(svc.name, argv, pid_file=pid_file, log_file=log_file, port=port, env=env, run_as=run_as,
+                                umask=0o077 if svc.name == "s3" else None)
         try:
             procs.wait_until(svc.ping, what=f"{svc.label} on port {port}", timeout=READY_TIMEOUT, proc=proc, log_file=log_file)
         except KitError:
@@ -105,6 +119,7 @@ class LocalPlatform(Platform):
             postgres.initdb(bin_dir, self.state.pg_data, creds.pg_user, creds.pg_password, self.state.log_file("postgres"))
             return postgres.server_argv(bin_dir, self.state.pg_data, self.pg_port), {}, postgres.run_as_user()
         self.state.s3_data.mkdir(parents=True, exist_ok=True)
+        private_tree(self.state.s3_data)
         conf = self.state.home / "rclone.conf"
         conf.touch(mode=0o600, exist_ok=True)
         argv = s3.server_argv(s3.rclone_bin(), self.state.s3_data, self.s3_port, conf)

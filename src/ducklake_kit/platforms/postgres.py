@@ -78,7 +78,7 @@ def initdb(bin_dir: Path, data: Path, user: str, password: str, log_file: Path) 
         _check_reachable(data.parent, run_as)
         for p in (data.parent, data, pwfile):
             os.chown(p, entry.pw_uid, entry.pw_gid)
-    from ducklake_kit.platforms.procs import _demote  # procs imports psutil: only when a catalog is initialised
+    from ducklake_kit.platforms.procs import _preexec  # procs imports psutil: only when a catalog is initialised
 
     try:
         result = subprocess.run(
@@ -93,7 +93,7 @@ def initdb(bin_dir: Path, data: Path, user: str, password: str, log_file: Path) 
             ],
             capture_output=True,
             text=True,
-            preexec_fn=_demote(run_as),
+            preexec_fn=_preexec(run_as, None),
         )
     finally:
         pwfile.unlink(missing_ok=True)

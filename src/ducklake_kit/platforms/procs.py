@@ -82,18 +82,22 @@ def log_tail(path: Path, lines: int = 12) -> str:
     return "\n".join(text[-lines:]) or "(log is empty)"
 
 
-def _demote(user: str | None) -> Callable[[], None] | None:
-    """A preexec function that drops root to `user` (PostgreSQL refuses to run as root)."""
-    if user is None:
+def _preexec(user: str | None, umask: int | None) -> Callable[[], None] | None:
+    """A preexec function that sets the umask (files the server creates) and drops root to `user` (PostgreSQL
+    refuses to run as root)."""
+    if user is None and umask is None:
         return None
-    entry = pwd.getpwnam(user)
+    entry = pwd.getpwnam(user) if user is not None else None
 
-    def demote() -> None:
-        os.setgid(entry.pw_gid)
-        os.setgroups([])
-        os.setuid(entry.pw_uid)
+    def preexec() -> None:
+        if umask is not None:
+            os.umask(umask)
+        if entry is not None:
+            os.setgid(entry.pw_gid)
+            os.setgroups([])
+            os.setuid(entry.pw_uid)
 
-    return demote
+    return preexec
 
 
 def start(
@@ -105,8 +109,10 @@ def start(
     port: int,
     env: dict[str, str] | None = None,
     run_as: str | None = None,
+    umask: int | None = None,
 ) -> tuple[PidRecord, subprocess.Popen]:
-    """Start `argv` in its own session (it outlives the CLI), output appended to `log_file`."""
+    """Start `argv` in its own session (it outlives the CLI), output appended to `log_file`. `umask`: for the files
+    and folders it creates (0o077: only their owner may read them)."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log:
         log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {service} on port {port}\n".encode())
@@ -118,7 +124,7 @@ def start(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # not killed with the terminal that ran `up`
             env={**os.environ, **(env or {})},
-            preexec_fn=_demote(run_as),
+            preexec_fn=_preexec(run_as, umask),
             close_fds=True,
         )
     rec = PidRecord(service, proc.pid, psutil.Process(proc.pid).create_time(), port, Path(argv[0]).name)
