@@ -3,6 +3,7 @@ atomic under a kill, no duplicates under task retries, bad files refused with th
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -168,6 +169,15 @@ def test_bad_load_options_are_one_clear_line_before_anything_changes(stack, cli,
     assert result.exit_code == 3, result.output
     assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert _lake_state(stack) == before
+
+
+def test_load_json_stdout_is_json_alone_the_jvm_writes_to_stderr(stack):
+    # issue 16: the JVM's "WARN Unable to load native-hadoop library" came first on stdout, before the JSON
+    proc = _cli_load(stack, "--source", "synthetic", "--months", "2019-09", "--rows-per-month", "2000", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "ok" and [f["status"] for f in doc["result"]["files"]] == ["loaded"]
+    assert "native-hadoop" in proc.stderr  # the JVM still says it, where logs belong
 
 
 def test_another_writer_committing_during_the_load_is_no_failure(stack):

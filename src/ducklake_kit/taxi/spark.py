@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ducklake_kit.errors import KitError, first_line
 
@@ -16,6 +18,22 @@ LOCAL_CONF = {
     "spark.sql.session.timeZone": "UTC",  # trips are TIMESTAMP_NTZ (wall clock); this only affects logs
     "spark.driver.extraJavaOptions": "-Dlog4j2.level=WARN",
 }
+
+
+@contextmanager
+def jvm_output_to_stderr() -> Iterator[None]:
+    """While the JVM starts, this process's stdout (fd 1) is its stderr: the JVM inherits that as its own stdout,
+    so what it prints then and later (log4j's "Unable to load native-hadoop library", Spark's warnings) never
+    lands in the JSON a `--json` command writes to stdout."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def session(master: str | None = None, app_name: str = "ducklake-kit"):
@@ -38,7 +56,8 @@ def session(master: str | None = None, app_name: str = "ducklake-kit"):
             # also stops the JVM's "hostname resolves to a loopback address" warning at start
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-        spark = builder.getOrCreate()
+        with jvm_output_to_stderr():
+            spark = builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - JVM start failures surface as several exception types
         msg = first_line(exc)
         raise KitError(f"Spark did not start ({msg})", "run `doctor`: Spark 4 needs Java 17+ (JAVA_HOME or java on PATH)") from None
