@@ -181,6 +181,20 @@ def test_reset_with_no_answer_is_a_no_exit_3_and_one_line(tmp_path, stdin):
                                    "Try: pass --yes to reset without asking."), proc.stderr
 
 
+@pytest.mark.parametrize("command", ["up", "status"])
+@pytest.mark.parametrize("where", ["under-a-file", "is-a-file"])
+def test_an_unusable_state_folder_is_one_line_and_exit_3(cli, tmp_path, command, where):
+    # issue 16: a state folder the kit cannot write ended in a 40-60 line traceback with exit 1 (as root, permission
+    # bits do not stop a write, so the folder is made unusable by a file standing where it must be)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    home = blocker / "state" if where == "under-a-file" else blocker
+    result = cli({"DUCKLAKE_HOME": str(home), "DUCKLAKE_PLATFORM": "local"}, command)
+    assert result.exit_code == 3, result.output
+    assert result.stderr.startswith(f"Error: cannot use the state folder {home} ("), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 def test_k3d_platform_without_docker_or_k3d_says_what_is_missing(cli, tmp_path):
     # a PATH with neither docker nor k3d (kubectl is still found in this venv): one line naming both, exit 3
     empty_bin = tmp_path / "bin"

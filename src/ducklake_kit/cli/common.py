@@ -3,6 +3,7 @@ stderr or a JSON error envelope, and its exit code), `--json`, and the progress 
 
 from __future__ import annotations
 
+import errno
 import functools
 from collections.abc import Callable
 from pathlib import Path
@@ -55,8 +56,26 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
             first = first_line(exc)
             _fail(KitError(f"{type(exc).__name__}: {first}", "run `status` to see whether the services answer"),
                   kwargs.get("as_json") is True)
+        except OSError as exc:
+            if exc.errno not in _CANNOT_WRITE or exc.filename is None:
+                raise
+            _fail(_cannot_write(exc, args, kwargs), kwargs.get("as_json") is True)
 
     return wrapper
+
+
+# a file or folder the command had to create or write, and could not: one line, not a traceback
+_CANNOT_WRITE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST, errno.ENOSPC, errno.EDQUOT}
+
+
+def _cannot_write(exc: OSError, args: tuple, kwargs: dict) -> KitError:
+    ctx = kwargs.get("ctx") or next((a for a in args if isinstance(a, typer.Context)), None)
+    home = getattr(getattr(getattr(ctx, "obj", None), "state", None), "home", None)
+    path = str(exc.filename)
+    if home is not None and path.startswith(str(home)):
+        return KitError(f"cannot use the state folder {home} ({exc.strerror}: {path})",
+                        "point DUCKLAKE_HOME (or --home) at a folder you can write, or make this one writable")
+    return KitError(f"cannot use {path} ({exc.strerror})", "check the path and its permissions")
 
 
 def _fail(exc: KitError, as_json: bool) -> None:
