@@ -11,6 +11,7 @@ error), so a header cannot leave out a table sqlglot can see; a statement sqlglo
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
@@ -98,20 +99,11 @@ class Pipeline:
         """The nodes by depth: a wave's nodes depend only on earlier waves (the order the run may take, at most)."""
         return generations(self.graph(only), list(self.nodes))
 
-    def _closure(self, start: str, step) -> set[str]:
-        seen, todo = set(), [start]
-        while todo:
-            for n in step(todo.pop()):
-                if n not in seen:
-                    seen.add(n)
-                    todo.append(n)
-        return seen
-
     def ancestors(self, node: str) -> set[str]:
-        return self._closure(node, self.parents)
+        return _reach(node, self.parents)
 
     def descendants(self, node: str) -> set[str]:
-        return self._closure(node, self.children)
+        return _reach(node, self.children)
 
     def select(self, selector: str) -> set[str]:
         """dbt's forms, separated by spaces or commas: `name`, `+name` (with its ancestors), `name+` (with its
@@ -201,16 +193,20 @@ def _write_role(roles: set[str]) -> str | None:
     return None
 
 
+def _reach(start: str, step: Callable[[str], Iterable[str]]) -> set[str]:
+    """Every node `step` leads to from `start`, repeatedly (its ancestors, or its descendants)."""
+    seen, todo = set(), [start]
+    while todo:
+        for n in step(todo.pop()):
+            if n not in seen:
+                seen.add(n)
+                todo.append(n)
+    return seen
+
+
 def _declared_ancestors(node: str, declared: dict[tuple[str, str], str]) -> set[str]:
     """What the headers already make `node` wait for, directly or through other nodes."""
-    seen, todo = set(), [node]
-    while todo:
-        child = todo.pop()
-        for parent, c in declared:
-            if c == child and parent not in seen:
-                seen.add(parent)
-                todo.append(parent)
-    return seen
+    return _reach(node, lambda child: (parent for parent, c in declared if c == child))
 
 
 def _inferred(nodes: dict[str, Node]) -> dict[tuple[str, str], set[str]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import table_exists
 from ducklake_kit.lake.transactions import commit_with
@@ -85,17 +86,18 @@ def run_lineage(pipeline: Pipeline, run: PipelineRun, schema: Schema, workers_of
         for t in node.use.writes:
             if t.local:
                 where[t] = node_run.worker or "?"
-        for edge in table_edges(node.use):
+        edges = table_edges(node.use)
+        for edge in edges:
             out.tables.append(NodeTableEdge(node.id, edge, _location(edge.child, where.get(edge.child, node_run.worker)),
                                             _location(edge.parent, where.get(edge.parent, node_run.worker))))
-        if not table_edges(node.use):
+        if not edges:
             continue
-        child = table_edges(node.use)[0].child
+        child = edges[0].child
         columns = list(schema.get(child.catalog, {}).get(child.schema, {}).get(child.name, {}))
         try:
             out.columns += [NodeColumnEdge(node.id, e) for e in column_edges(node.use, schema, columns)]
         except Exception as exc:  # noqa: BLE001 - the node ran; lineage sqlglot cannot trace is reported, not fatal
-            out.warnings.append(f"node {node.id}: no column lineage ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+            out.warnings.append(f"node {node.id}: no column lineage ({first_line(exc)})")
     return out
 
 

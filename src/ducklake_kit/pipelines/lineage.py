@@ -16,6 +16,7 @@ from sqlglot.errors import SqlglotError
 from sqlglot.lineage import lineage as sqlglot_lineage
 from sqlglot.optimizer.qualify import qualify
 
+from ducklake_kit.errors import first_line
 from ducklake_kit.pipelines.tables import DIALECT, TableRef, TableUse, resolve
 
 # catalog -> schema -> table -> column -> type, sqlglot's nested mapping
@@ -102,5 +103,5 @@ def column_edges(use: TableUse, schema: Schema, child_columns: list[str] | None 
                     continue
                 edges.add(ColumnEdge(child, name.lower(), resolve(node.source), node.name.split(".")[-1].strip('"').lower()))
     except (SqlglotError, KeyError) as exc:
-        raise ValueError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+        raise ValueError(first_line(exc)) from None
     return sorted(edges)

@@ -18,6 +18,7 @@ from sqlglot import exp
 from sqlglot.errors import ParseError
 from sqlglot.optimizer.scope import Scope, traverse_scope
 
+from ducklake_kit.errors import first_line
 from ducklake_kit.lake import LAKE
 from ducklake_kit.workers.config import LOCAL_DB
 
@@ -161,7 +162,7 @@ def table_use(sql: str) -> TableUse:
     try:
         stmt = sqlglot.parse_one(sql, read=DIALECT)
     except ParseError as exc:
-        return TableUse(opaque=f"sqlglot cannot parse it ({str(exc).splitlines()[0]})")
+        return TableUse(opaque=f"sqlglot cannot parse it ({first_line(exc)})")
     for kind, word in _SESSION.items():
         if isinstance(stmt, kind):
             return TableUse(refused=f"{word} lasts only for one connection or transaction, and each node runs on its "
