@@ -7,6 +7,7 @@ hand is exactly what the kit runs.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import random
 import time
@@ -158,6 +159,18 @@ class StatementFailed(KitError):
         super().__init__(f"SQL failed{where}: {error}", "fix the statement; `sql \"SHOW ALL TABLES\"` lists the tables")
 
 
+def bound_params(stmt, params: dict[str, Any] | None, index: int, total: int, results: list[StatementResult]) -> dict[str, Any] | None:
+    """The parameters statement `stmt` uses, from `params` (DuckDB's parser names them)."""
+    names = stmt.named_parameters
+    if not names:
+        return None
+    missing = sorted(names - set(params or {}))
+    if missing:
+        raise StatementFailed(index, total, stmt.query, "it uses the parameter(s) " + ", ".join("$" + m for m in missing)
+                              + " but no value was given for them", results)
+    return {name: params[name] for name in names}  # type: ignore[index]
+
+
 class Lake:
     """One DuckDB connection with the lake attached, reused for every statement (`cursor()` per thread)."""
 
@@ -196,6 +209,13 @@ class Lake:
     def close(self) -> None:
         self.con.close()
 
+    def on(self, alias: str) -> "Lake":
+        """The same connection, aimed at another catalog attached to it (`ATTACH ... AS alias`): its `run`,
+        snapshots and commit messages are that catalog's. It shares the connection: never close it."""
+        other = copy.copy(self)
+        other.alias = alias
+        return other
+
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor on the same database instance, for use from another thread."""
         cur = self.con.cursor()
@@ -207,7 +227,7 @@ class Lake:
         row = self.con.execute(f"SELECT * FROM {quote_ident(self.alias)}.last_committed_snapshot()").fetchone()
         return int(row[0]) if row and row[0] is not None else None
 
-    def run(self, sql: str, *, track_snapshots: bool = False) -> list[StatementResult]:
+    def run(self, sql: str, *, track_snapshots: bool = False, params: dict[str, Any] | None = None) -> list[StatementResult]:
         """Run one or more statements; rows for every statement that returns rows (whatever its first keyword),
         real affected counts for DML. When one fails, `StatementFailed` says which (its index and text) and keeps
         the results of those that ran before it; the later ones are not run.
@@ -216,36 +236,48 @@ class Lake:
         write, a COMMIT, or a SELECT that calls a committing function such as ducklake_merge_adjacent_files), else
         None. Read from DuckLake's per-instance `last_committed_snapshot()` before and after each statement, so it
         is exact only while no other cursor of this DuckDB instance commits at the same time (a worker runs one task
-        at a time)."""
-        try:
-            statements = self.con.extract_statements(sql)
-        except duckdb.Error as exc:
-            raise KitError(f"SQL does not parse: {first_line(exc)}", "check the statement's syntax") from None
+        at a time).
+
+        `params`: values bound as prepared-statement parameters, by name (`$name`; `$1` or `?` are '1', '2', ...):
+        each statement gets those it uses, and one that uses a name `params` lacks fails before it runs."""
+        statements = self.statements(sql)
         if not statements:
             raise KitError("no SQL statement given", 'pass one, e.g. `sql "SHOW TABLES"`')
         results: list[StatementResult] = []
         last = self.last_committed_snapshot() if track_snapshots else None
         for index, stmt in enumerate(statements):
-            kind = stmt.type.name
-            text = stmt.query.strip()
-            start = time.perf_counter()
             try:
-                rel = self.con.execute(stmt)
-                columns = [d[0] for d in rel.description] if rel.description else []
-                rows = rel.fetchall() if rel.description else []
+                result = self.execute(stmt, bound_params(stmt, params, index, len(statements), results))
             except duckdb.Error as exc:
                 raise StatementFailed(index, len(statements), stmt.query, first_line(exc), results) from None
-            seconds = round(time.perf_counter() - start, 6)
-            if kind in _DML and columns == ["Count"] and len(rows) == 1:
-                result = StatementResult(kind, [], [], int(rows[0][0]), seconds, statement=text)
-            else:
-                result = StatementResult(kind, columns, rows, None, seconds, statement=text)
             if track_snapshots:
                 now = self.last_committed_snapshot()
                 if now != last:
                     result.snapshot_id, last = now, now
             results.append(result)
         return results
+
+    def statements(self, sql: str) -> list:
+        """`sql` split into statements by DuckDB's own parser (KitError when it does not parse)."""
+        try:
+            return self.con.extract_statements(sql)
+        except duckdb.Error as exc:
+            raise KitError(f"SQL does not parse: {first_line(exc)}", "check the statement's syntax") from None
+
+    def execute(self, stmt, params: dict[str, Any] | None = None) -> StatementResult:
+        """One parsed statement (from `statements`): its rows, or its real affected count for DML; duckdb.Error
+        when it fails."""
+        kind = stmt.type.name
+        start = time.perf_counter()
+        rel = self.con.execute(stmt, params)
+        columns = [d[0] for d in rel.description] if rel.description else []
+        rows = rel.fetchall() if rel.description else []
+        seconds = round(time.perf_counter() - start, 6)
+        if kind in _DML and columns == ["Count"] and len(rows) == 1:
+            return StatementResult(kind, [], [], int(rows[0][0]), seconds, statement=stmt.query.strip())
+        if kind != "SELECT" and columns == ["Count"] and not rows:  # DDL: DuckDB describes an empty "Count" column
+            columns = []
+        return StatementResult(kind, columns, rows, None, seconds, statement=stmt.query.strip())
 
     def scalar(self, sql: str, params: list | None = None) -> Any:
         row = self.con.execute(sql, params or []).fetchone()

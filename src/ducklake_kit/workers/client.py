@@ -153,11 +153,18 @@ class WorkerPlane:
         the worker interrupts the running statement after that long. `priority`: queued tasks with a higher one
         are given to a free worker first. `among`: without `worker`, the workers (names) it may run on."""
         texts = [texts] if isinstance(texts, str) else list(texts)
+        return self.submit_call(run_statements, texts, message, timeout_s=timeout_s, worker=worker, priority=priority,
+                                among=among)
+
+    def submit_call(self, fn, *args, worker: str | None = None, among: list[str] | None = None, priority: int = 0,
+                    **kwargs):
+        """Submit `fn(plugin, *args, token=..., **kwargs)` as a task of the plane: a function run on a worker with
+        its lake (see tasks.task_lake), pinned like `submit`."""
         chosen = [worker] if worker else among
         pin = {"workers": [self.address_of(w) for w in chosen], "allow_other_workers": False} if chosen else {}
         # pure=False: two identical statements are two tasks (Dask would otherwise run one and share its result);
         # retries=0: a failed task is reported, never repeated; the token makes a second run by Dask refuse
-        return self.client.submit(run_statements, self.plugin, texts, message, uuid.uuid4().hex, timeout_s,
+        return self.client.submit(fn, self.plugin, *args, token=uuid.uuid4().hex, **kwargs,
                                   pure=False, retries=0, priority=priority, **pin)
 
     def result(self, future, timeout_s: float | None = None, *, release: bool = True) -> TaskResult:

@@ -24,6 +24,7 @@ from distributed import WorkerPlugin, get_worker
 
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
+from ducklake_kit.lake.sql import quote_literal
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.workers.config import LOCAL_DB
 
@@ -63,6 +64,7 @@ class LakePlugin(WorkerPlugin):
         self.error: str | None = None
         self.tasks_run = 0
         self.started = 0.0
+        self.catalogs: dict[str, str] = {}  # catalogs tasks attached beside the lake (alias -> what), kept for the next
         self._inspect = None  # a second cursor, for listing from the worker's event loop while a task runs
         self._lock = threading.Lock()
         # tasks share one DuckDB connection: a worker with several threads (a user's cluster) runs them one by one
@@ -80,6 +82,8 @@ class LakePlugin(WorkerPlugin):
         try:
             lake = Lake(self.endpoints, settings=self.settings)
             lake.con.execute(f"ATTACH ':memory:' AS {LOCAL_DB}")
+            # SQL can say which worker runs it: getvariable('worker_name') (the seed's current_setting('worker_id'))
+            lake.con.execute(f"SET VARIABLE worker_name = {quote_literal(str(worker.name))}")
             lake.con.execute(f"USE {lake.alias}")
             self._inspect = lake.con.cursor()
             self.lake, self.started = lake, time.time()

@@ -203,7 +203,7 @@ def _run_autocommit(lake: Lake, texts: list[str], result: TaskResult, deadline: 
         except Exception as exc:  # noqa: BLE001 - text that does not parse, a lost connection: still a result
             result.error = TaskError(getattr(exc, "what", None) or first_line(exc), offset, text.strip())
             break
-    if _end_open_transaction(lake):
+    if end_open_transaction(lake):
         # a BEGIN without COMMIT: what ran after it never committed, and must not leak into the next task
         result.rolled_back = True
         if result.error is None:
@@ -236,7 +236,7 @@ def _run_transaction(lake: Lake, texts: list[str], message: str, result: TaskRes
     result.statements = _outcomes(done)
 
 
-def _end_open_transaction(lake: Lake) -> bool:
+def end_open_transaction(lake: Lake) -> bool:
     """Roll back a transaction the task opened (BEGIN) and did not end, so the worker's next task does not run
     inside it. True when there was one."""
     try:

@@ -1,0 +1,127 @@
+"""The step runner: `steps run FILE`, `steps validate FILE` (NoETL-style `tool: ducklake` playbooks)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
+from ducklake_kit.cli.output import console, print_json, table
+from ducklake_kit.errors import EXIT_CHECK_FAILED
+from ducklake_kit.workers.config import PlaneConfig
+
+if TYPE_CHECKING:
+    from ducklake_kit.steps.results import PlaybookRun, StepRun
+
+steps_app = typer.Typer(
+    help="The step runner: NoETL-style playbooks (YAML) of `tool: ducklake` steps, run on the worker plane; "
+    "loops with `mode: async` run their iterations in parallel on the workers.", no_args_is_help=True)
+app.add_typer(steps_app, name="steps")
+
+FileArg = Annotated[Path, typer.Argument(help="The playbook, e.g. steps/basic.yaml.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option(
+    "--set", help="Override or add a workload value: name=value (read as YAML: 3, [1, 2], text). Repeatable.")]
+ROWS_SHOWN = 10
+
+
+@steps_app.command("validate")
+@command
+def validate_cmd(file: FileArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """Check a playbook without running it: JSON Schema (unknown keys are errors), routes, templates' names. Exit 3 with the line of the first problem."""
+    from ducklake_kit.steps import runner
+
+    playbook = runner.load(file, runner.parse_overrides(set_ or []))
+    steps = [{"step": s.name, "line": s.line, "tool": s.tool, "commands": len(s.commands),
+              "loop": ({"over": s.loop.collection, "as": s.loop.iterator, "mode": s.loop.mode} if s.loop else None),
+              "next": [t for t, _ in s.next.targets()] if s.next else None} for s in playbook.steps.values()]
+    if as_json:
+        print_json("ok", {"playbook": playbook.name, "file": playbook.file, "shape": playbook.shape,
+                          "start": playbook.start, "steps": steps})
+        return
+    typer.echo(f"{file}: valid ({playbook.shape} shape), playbook {playbook.name}, {len(steps)} step(s) from "
+               f"'{playbook.start}'")
+
+
+@steps_app.command("run")
+@command
+def run_cmd(ctx: typer.Context, file: FileArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """Run a playbook on the worker plane. Exit 1 if a step failed (its command index, SQL and DuckDB's error are shown)."""
+    from ducklake_kit.steps import runner
+
+    c: Ctx = ctx.obj
+    overrides = runner.parse_overrides(set_ or [])
+    playbook = runner.load(file, overrides)  # bad input is one line before any service is asked
+    say = step_printer(as_json)
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        if kind == "step":
+            say(f"step {data['step']}" + (" (loop)" if data["loop"] else "") + (f": {data['desc']}" if data["desc"] else ""))
+        elif kind == "iteration":
+            it = data["iteration"]
+            where = f" on {it['worker']}" if it["worker"] else ""
+            say(f"  iteration {it['index'] + 1}/{data['total']} {it['status']}{where}"
+                + (f": {it['error']['message']}" if it["error"] else ""))
+        elif kind == "skipped":
+            say(f"step {data['step']}: skipped ({data['reason']})")
+
+    out = runner.run_file(playbook, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(),
+                          c.state.home, overrides=overrides, on_event=on_event)
+    if as_json:
+        print_json("ok" if out.ok else "error", out.as_dict(), out.catalog_info)
+    else:
+        _print(out)
+    if not out.ok:
+        raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _print(run: "PlaybookRun") -> None:
+    out = console()
+    for step in run.steps:
+        _print_step(out, step)
+    for warning in run.warnings:
+        out.print(f"warning: {warning}", markup=False)
+    s = run.summary()
+    verdict = "PASS" if run.ok else "FAIL"
+    out.print(f"{verdict}: playbook {run.playbook} (run {run.execution_id}): {s['steps_ok']} ok, {s['steps_failed']} "
+              f"failed, {s['steps_skipped']} skipped in {run.seconds:.2f} s", markup=False)
+
+
+def _print_step(out, step: "StepRun") -> None:
+    title = f"step {step.step}: {step.status.upper()}"
+    if step.status == "skipped":
+        out.print(f"{title} ({step.reason})", markup=False)
+        return
+    if step.iterations is not None:
+        its = step.iterations
+        ms = [it.seconds * 1000 for it in its if it.worker]
+        workers = sorted({it.worker for it in its if it.worker})
+        rows = [[len(its), sum(1 for it in its if not it.failure), sum(1 for it in its if it.failure), ", ".join(workers) or "-",
+                 f"{statistics.median(ms):.1f}" if ms else "-", f"{step.seconds:.2f}"]]
+        out.print(table(title + " (loop)", ["iterations", "ok", "failed", "workers", "median ms", "total s"], rows))
+    elif step.attempt is not None:
+        a = step.attempt
+        rows = [[i, s.statement_type or "-", "error" if s.error else "ok",
+                 s.affected_rows if s.affected_rows is not None else (len(s.rows) if s.columns else "-"),
+                 s.snapshot_id if s.snapshot_id is not None else "-", f"{s.seconds * 1000:.1f}", _one_line(s.sql)]
+                for i, s in enumerate(a.statements)]
+        out.print(table(f"{title} on {a.worker}", ["#", "type", "status", "rows", "snapshot", "ms", "sql"], rows))
+        shown = [s for s in a.statements if s.columns and not s.error]
+        if shown:
+            last = shown[-1]
+            out.print(table(f"rows of command {a.statements.index(last)} ({len(last.rows)})", last.columns,
+                            last.rows[:ROWS_SHOWN]))
+    else:
+        out.print(title, markup=False)
+    error = step.error
+    if error is not None:
+        out.print(f"  error: {error.line()}" + (f"\n  sql: {_one_line(error.sql)}" if error.sql else ""), markup=False)
+    for name, value in step.vars.items():
+        out.print(f"  vars.{name} = {value!r}", markup=False)
+
+
+def _one_line(sql: str | None, limit: int = 70) -> str:
+    text = " ".join((sql or "").split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

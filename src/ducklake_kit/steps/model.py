@@ -1,0 +1,93 @@
+"""The kit's own model of a playbook: what the runner runs, whatever shape the YAML had (NoETL's v1 or v2 are
+adapters onto it, see `noetl`). Templates stay text here; they are rendered when their step runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+KIT_AUTH = "kit"  # the credential name of the kit's own catalog (the default when a step names none)
+ASYNC, SEQUENTIAL = "async", "sequential"
+EXCLUSIVE, INCLUSIVE = "exclusive", "inclusive"
+
+
+@dataclass
+class Catalog:
+    """Which DuckLake catalog a step runs against, as written (templates allowed): `auth` (a credential name) or
+    `catalog_connection` (a PostgreSQL DSN); `name` is the ATTACH alias the SQL uses."""
+
+    auth: str | None = None
+    connection: str | None = None
+    name: str = "lake"
+    data_path: str | None = None
+    create: bool = True  # create the catalog's tables when they do not exist yet (DuckLake's CREATE_IF_NOT_EXISTS)
+    use: bool = True  # `USE name` before the commands, so unqualified names are the catalog's
+
+
+@dataclass
+class Loop:
+    collection: Any  # a template that renders to a list, or a list (each item may be a template)
+    iterator: str  # the name each element has in the templates (also `loop.element`)
+    mode: str = SEQUENTIAL  # async: iterations run in parallel on the workers, up to max_in_flight
+    max_in_flight: int | None = None  # None: as many as there are workers
+    line: int = 0
+
+
+@dataclass
+class Branch:
+    """`next`: go to `steps` when `when` renders true (None: always)."""
+
+    steps: list[str]
+    when: str | None = None
+    line: int = 0
+
+
+@dataclass
+class Next:
+    """Where the run goes after a step. `always` are followed whatever happened; of the `branches`, the first whose
+    `when` holds (exclusive) or every one that holds (inclusive); `otherwise` when none held."""
+
+    always: list[Branch] = field(default_factory=list)
+    branches: list[Branch] = field(default_factory=list)
+    otherwise: list[Branch] = field(default_factory=list)
+    mode: str = EXCLUSIVE
+
+    def targets(self) -> list[tuple[str, int]]:
+        """Every step it may lead to, with the line that names it."""
+        return [(s, b.line) for b in (*self.always, *self.branches, *self.otherwise) for s in b.steps]
+
+
+@dataclass
+class Step:
+    name: str
+    line: int
+    desc: str = ""
+    tool: str | None = None  # "ducklake", or None for a step that only routes (NoETL's start/end)
+    catalog: Catalog = field(default_factory=Catalog)
+    commands: list[str] = field(default_factory=list)  # templates; each may hold several statements
+    command_lines: list[int] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)  # bound as prepared-statement parameters ($name)
+    memory_limit: str | None = None
+    threads: int | None = None
+    loop: Loop | None = None
+    vars: dict[str, str] = field(default_factory=dict)  # name -> template over this step's `result`
+    next: Next | None = None  # None: the step after it in the file
+    transaction: bool = False  # all commands in one transaction: one snapshot or nothing
+    on_error: str = "stop"  # or "continue": run the later commands after a failed one
+    lines: dict[str, int] = field(default_factory=dict)  # key -> line, for errors
+
+
+@dataclass
+class Playbook:
+    name: str
+    file: str
+    shape: str  # "v1", "v2" (NoETL's) or "v1+v2" when steps of both appear
+    api_version: str | None
+    workload: dict[str, Any]
+    steps: dict[str, Step]  # in file order
+    description: str = ""
+
+    @property
+    def start(self) -> str:
+        """NoETL starts at the step named `start`; without one, the first step."""
+        return "start" if "start" in self.steps else next(iter(self.steps))

@@ -1,0 +1,174 @@
+"""A playbook run's results, in the seed's shape: per step `{status, result: {command_count, commands: [...]},
+catalog_info}`, one entry per statement (a multi-statement `command` reports each), rows as {column: value},
+real affected counts, durations and the snapshot each statement made. Loops report every iteration.
+
+In templates a step's result is also reachable as the seed documents it: `result.data.command_2` is
+`result.commands[2]`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ducklake_kit.steps.task import StatementRun, StepTask
+
+OK, ERROR, SKIPPED = "ok", "error", "skipped"
+
+
+@dataclass
+class Failure:
+    message: str
+    command_index: int | None = None  # the entry of `result.commands` that failed
+    sql: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"command_index": self.command_index, "sql": self.sql, "message": self.message}
+
+    def line(self) -> str:
+        where = f"command {self.command_index}: " if self.command_index is not None else ""
+        return where + self.message
+
+
+def command_entry(i: int, s: StatementRun) -> dict[str, Any]:
+    entry: dict[str, Any] = {"command_index": i, "command": s.command, "statement": s.statement, "sql": s.sql,
+                             "statement_type": s.statement_type, "status": "error" if s.error else "executed",
+                             "duration_ms": round(s.seconds * 1000, 3), "snapshot_id": s.snapshot_id}
+    if s.error:
+        entry["error"] = s.error
+    if s.columns:
+        entry.update(columns=s.columns, rows=[dict(zip(s.columns, r)) for r in s.rows], row_count=len(s.rows))
+    if s.affected_rows is not None:
+        entry["affected_rows"] = s.affected_rows
+    return entry
+
+
+@dataclass
+class Attempt:
+    """One run of a step's commands on a worker: the step itself, or one iteration of its loop."""
+
+    statements: list[StatementRun] = field(default_factory=list)
+    worker: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    seconds: float = 0.0
+    failure: Failure | None = None
+    snapshot_id: int | None = None  # the transaction's snapshot (transaction: true)
+    rolled_back: bool = False
+
+    @classmethod
+    def of(cls, task: StepTask) -> "Attempt":
+        out = cls(task.statements, task.worker, task.started_at, task.finished_at, task.seconds,
+                  snapshot_id=task.snapshot_id, rolled_back=task.rolled_back)
+        failed = next((i for i, s in enumerate(task.statements) if s.error), None)
+        if failed is not None:
+            s = task.statements[failed]
+            note = " (the transaction was rolled back: nothing of this step committed)" if task.rolled_back else ""
+            out.failure = Failure(s.error + note, failed, s.sql)
+        elif task.error:
+            out.failure = Failure(task.error)
+        return out
+
+    @property
+    def status(self) -> str:
+        return ERROR if self.failure else OK
+
+    def result(self) -> dict[str, Any]:
+        return {"command_count": len(self.statements),
+                "commands": [command_entry(i, s) for i, s in enumerate(self.statements)]}
+
+
+@dataclass
+class Iteration(Attempt):
+    index: int = 0
+    element: Any = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "element": self.element, "status": self.status, "worker": self.worker,
+                "started_at": self.started_at, "finished_at": self.finished_at, "seconds": self.seconds,
+                "result": self.result(), "error": self.failure.as_dict() if self.failure else None}
+
+
+@dataclass
+class StepRun:
+    step: str
+    status: str  # ok, error, skipped
+    desc: str = ""
+    attempt: Attempt | None = None  # a step without a loop
+    iterations: list[Iteration] | None = None  # a loop step
+    catalog_info: dict[str, Any] | None = None
+    failure: Failure | None = None  # the step's own error (a template, its catalog, a vars that failed)
+    reason: str | None = None  # why it was skipped
+    vars: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def error(self) -> Failure | None:
+        if self.failure:
+            return self.failure
+        if self.attempt and self.attempt.failure:
+            return self.attempt.failure
+        failed = [it for it in self.iterations or [] if it.failure]
+        if failed:
+            first = failed[0]
+            return Failure(f"{len(failed)} of {len(self.iterations or [])} iteration(s) failed; the first, iteration "
+                           f"{first.index}: {first.failure.line()}")
+        return None
+
+    def result(self) -> dict[str, Any]:
+        if self.iterations is not None:
+            return {"iteration_count": len(self.iterations),
+                    "failed": sum(1 for it in self.iterations if it.failure),
+                    "iterations": [it.as_dict() for it in self.iterations]}
+        return self.attempt.result() if self.attempt else {"command_count": 0, "commands": []}
+
+    def as_dict(self) -> dict[str, Any]:
+        error = self.error
+        out = {"step": self.step, "desc": self.desc, "status": self.status, "result": self.result(),
+               "catalog_info": self.catalog_info or {}, "error": error.as_dict() if error else None,
+               "seconds": self.seconds, "vars": self.vars, "warnings": self.warnings}
+        if self.attempt is not None:
+            out.update(worker=self.attempt.worker, snapshot_id=self.attempt.snapshot_id)
+        if self.reason:
+            out["reason"] = self.reason
+        return out
+
+    def context(self) -> dict[str, Any]:
+        """What later templates see under the step's name (and this step's `vars:` as `result`)."""
+        result = self.result()
+        if "commands" in result:
+            result["data"] = {f"command_{c['command_index']}": c for c in result["commands"]}
+        error = self.error
+        return {"status": self.status, "result": result, "catalog_info": self.catalog_info or {},
+                "error": error.as_dict() if error else None}
+
+
+@dataclass
+class PlaybookRun:
+    playbook: str
+    file: str
+    execution_id: str
+    shape: str
+    steps: list[StepRun] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    vars: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(s.status != ERROR for s in self.steps)
+
+    @property
+    def catalog_info(self) -> dict[str, Any]:
+        """The last catalog state a step reported."""
+        return next((s.catalog_info for s in reversed(self.steps) if s.catalog_info), {})
+
+    def summary(self) -> dict[str, Any]:
+        count = {k: sum(1 for s in self.steps if s.status == k) for k in (OK, ERROR, SKIPPED)}
+        return {"playbook": self.playbook, "file": self.file, "execution_id": self.execution_id, "shape": self.shape,
+                "status": OK if self.ok else ERROR, "steps_ok": count[OK], "steps_failed": count[ERROR],
+                "steps_skipped": count[SKIPPED], "seconds": self.seconds}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"summary": self.summary(), "steps": [s.as_dict() for s in self.steps], "vars": self.vars,
+                "warnings": self.warnings}

@@ -1,0 +1,303 @@
+"""Running a playbook on the worker plane.
+
+Steps run in route order (`noetl.order`): a step runs when the run reaches it, from `start` (or the first step)
+through `next` (or, without `next`, the step after it in the file). A failed step is not followed by its
+unconditional arcs, its `else` or the next step in the file: only by `when` branches that hold (they see
+`status`), so a playbook handles an error only where it says so; every step not reached is reported as skipped,
+with the reason. Any failed step makes the run fail.
+
+Each step is one task on a worker (its commands on the worker's pooled connection); a loop's iterations are one
+task each: `async` keeps up to `max_in_flight` of them running at once (default: one per worker), `sequential`
+runs them one after another. Every iteration runs and is reported; the loop fails if any did.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ducklake_kit.errors import KitError
+from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.steps import catalogs, noetl, sqltext, templates
+from ducklake_kit.steps.model import ASYNC, EXCLUSIVE, Playbook, Step
+from ducklake_kit.steps.results import ERROR, OK, SKIPPED, Attempt, Failure, Iteration, PlaybookRun, StepRun
+from ducklake_kit.steps.schema import PlaybookError
+from ducklake_kit.steps.task import StepTask, Target, run_step
+from ducklake_kit.workers.client import WorkerPlane
+from ducklake_kit.workers.tasks import TaskResult
+
+Event = Callable[[str, dict[str, Any]], None]
+
+
+# -- before anything runs --------------------------------------------------------------------------------------
+def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
+    """Every name a template reads exists somewhere: a workload key (or --set), a step, a var, a loop variable or a
+    built-in. PlaybookError at the line of the first that does not (a typo fails before anything runs)."""
+    known = (set(playbook.workload) | set(extra) | set(playbook.steps) | templates.BUILTINS
+             | {v for s in playbook.steps.values() for v in s.vars} | set(templates._TEXT.globals))
+    for step in playbook.steps.values():
+        mine = known | ({step.loop.iterator} if step.loop else set())
+        checks: list[tuple[Any, int, bool]] = [(c, ln, False) for c, ln in zip(step.commands, step.command_lines)]
+        checks += [(step.params, step.lines.get("params", step.line), False),
+                   (step.vars, step.lines.get("vars", step.line), False)]
+        cat = step.catalog
+        checks += [(v, step.lines.get(k, step.line), False) for k, v in (
+            ("auth", cat.auth), ("catalog_connection", cat.connection), ("catalog_name", cat.name),
+            ("data_path", cat.data_path), ("memory_limit", step.memory_limit)) if v]
+        if step.loop:
+            checks.append((step.loop.collection, step.loop.line, False))
+        if step.next:
+            checks += [(b.when, b.line, True) for b in step.next.branches]
+        for template, line, is_condition in checks:
+            try:
+                used = templates.condition_names(template) if is_condition else templates.names_used(template)
+            except templates.TemplateError as exc:
+                raise PlaybookError(playbook.file, line, f"step '{step.name}': {exc.what}") from None
+            unknown = sorted(used - mine)
+            if unknown:
+                raise PlaybookError(playbook.file, line, f"step '{step.name}' uses {{{{ {unknown[0]} }}}}, which is not "
+                                    "defined: no workload key, step, var or loop variable has that name",
+                                    "define it under `workload:` or with `--set name=value`, or fix the spelling")
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """--set key=value (the value read as YAML: 3 is a number, [1, 2] a list, text stays text)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise KitError(f"--set {pair!r} is not name=value", "e.g. --set batch_ids=[1,2,3] --set region=eu")
+        try:
+            out[key] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            out[key] = value
+    return out
+
+
+# -- one step --------------------------------------------------------------------------------------------------
+class _StepFailed(Exception):
+    def __init__(self, failure: Failure):
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+class Runner:
+    def __init__(self, playbook: Playbook, plane: WorkerPlane, endpoints: Endpoints, home: Path, *,
+                 overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None):
+        self.playbook, self.plane, self.endpoints, self.home = playbook, plane, endpoints, home
+        self.on_event = on_event
+        self.execution_id = uuid.uuid4().hex[:12]
+        workload = {**playbook.workload, **(overrides or {})}
+        self.vars: dict[str, Any] = {}
+        self.context: dict[str, Any] = {**workload, "workload": workload, "vars": self.vars,
+                                        "execution_id": self.execution_id,
+                                        "playbook": {"name": playbook.name, "file": playbook.file}}
+
+    def _target(self, step: Step, ctx: dict[str, Any]) -> Target:
+        c = step.catalog
+
+        def text(value: str | None) -> str | None:
+            return templates.render_text(value, ctx).strip() if value is not None else None
+
+        return catalogs.resolve(f"step '{step.name}'", auth=text(c.auth), connection=text(c.connection),
+                                name=text(c.name) or "lake", data_path=text(c.data_path), create=c.create, use=c.use,
+                                endpoints=self.endpoints, home=self.home)
+
+    def _commands(self, step: Step, ctx: dict[str, Any], warnings: list[str]) -> list[str]:
+        texts = []
+        for i, template in enumerate(step.commands):
+            text, rewrites = sqltext.rewrite_time_travel(templates.render_text(template, ctx))
+            for r in rewrites:
+                warning = f"step '{step.name}', command {i}: {r.warning()}"
+                if warning not in warnings:
+                    warnings.append(warning)
+            why = sqltext.unsupported_constraint(text)
+            if why:
+                raise _StepFailed(Failure(why, None, text.strip()))
+            texts.append(text)
+        return texts
+
+    def _submit(self, step: Step, target: Target, texts: list[str], params: dict[str, Any], *, with_info: bool,
+                label: str):
+        settings = {k: v for k, v in (("memory_limit", step.memory_limit), ("threads", step.threads)) if v is not None}
+        message = f"steps {self.playbook.name}: {label} (run {self.execution_id})" if step.transaction else None
+        return self.plane.submit_call(run_step, target, texts, params, message=message,
+                                      keep_going=step.on_error == "continue", settings=settings, with_info=with_info)
+
+    def _outcome(self, future) -> StepTask:
+        res = self.plane.result(future)
+        if isinstance(res, TaskResult):  # the worker died holding the task: never run again
+            return StepTask(res.worker, res.address, error=res.error.line() if res.error else "the worker died")
+        return res
+
+    def _prepare(self, step: Step, ctx: dict[str, Any], warnings: list[str]) -> tuple[Target, list[str], dict[str, Any]]:
+        try:
+            target = self._target(step, ctx)
+            texts = self._commands(step, ctx, warnings)
+            params = templates.render_value(step.params, ctx)
+        except KitError as exc:
+            raise _StepFailed(Failure(exc.what)) from None
+        return target, texts, {str(k): v for k, v in params.items()}
+
+    def run_step(self, step: Step) -> StepRun:
+        run = StepRun(step.name, OK, step.desc)
+        start = time.perf_counter()
+        self.on_event("step", {"step": step.name, "desc": step.desc, "loop": step.loop is not None})
+        try:
+            if step.tool is None:
+                pass  # a step that only routes
+            elif step.loop is None:
+                target, texts, params = self._prepare(step, self.context, run.warnings)
+                task = self._outcome(self._submit(step, target, texts, params, with_info=True, label=f"step {step.name}"))
+                run.attempt, run.catalog_info = Attempt.of(task), task.catalog_info
+            else:
+                self._run_loop(step, run)
+        except _StepFailed as exc:
+            run.failure = exc.failure
+        run.status = ERROR if run.error else OK
+        run.seconds = round(time.perf_counter() - start, 6)
+        return run
+
+    # -- loops ---------------------------------------------------------------------------------------------------
+    def _run_loop(self, step: Step, run: StepRun) -> None:
+        loop = step.loop
+        assert loop is not None
+        try:
+            collection = templates.render_value(loop.collection, self.context)
+        except KitError as exc:
+            raise _StepFailed(Failure(f"its loop collection: {exc.what}")) from None
+        if not isinstance(collection, (list, tuple)):
+            raise _StepFailed(Failure(f"its loop collection is {type(collection).__name__} {collection!r}, not a list",
+                                      None, None))
+        limit = 1 if loop.mode != ASYNC else (loop.max_in_flight or max(1, len(self.plane.names())))
+        run.iterations = [Iteration(index=i, element=e) for i, e in enumerate(collection)]
+        pending = list(run.iterations)
+        running: dict[Any, Iteration] = {}
+        target: Target | None = None
+        from distributed import as_completed
+
+        done_iter = as_completed([], loop=self.plane.client.loop)  # the plane's client is not Dask's default one
+
+        def submit_next() -> None:
+            nonlocal target
+            while pending and len(running) < limit:
+                it = pending.pop(0)
+                ctx = {**self.context, loop.iterator: it.element,
+                       "loop": {"element": it.element, "index": it.index, "index1": it.index + 1, "length": len(collection)}}
+                try:
+                    t, texts, params = self._prepare(step, ctx, run.warnings)
+                except _StepFailed as exc:
+                    it.failure = exc.failure
+                    self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": len(collection)})
+                    continue
+                target = target or t
+                future = self._submit(step, t, texts, params, with_info=False, label=f"step {step.name} iteration {it.index}")
+                running[future] = it
+                done_iter.add(future)
+
+        submit_next()
+        while running:
+            future = next(done_iter)
+            it = running.pop(future)
+            task = self._outcome(future)
+            got = Attempt.of(task)
+            it.statements, it.worker, it.started_at, it.finished_at = got.statements, got.worker, got.started_at, got.finished_at
+            it.seconds, it.failure, it.snapshot_id, it.rolled_back = got.seconds, got.failure, got.snapshot_id, got.rolled_back
+            self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": len(collection)})
+            submit_next()
+        if target is not None:  # the catalog's state once every iteration is done
+            info = self._outcome(self.plane.submit_call(run_step, target, [], {}, with_info=True))
+            run.catalog_info = info.catalog_info
+
+    # -- routing -------------------------------------------------------------------------------------------------
+    def _route(self, step: Step, run: StepRun, ctx: dict[str, Any]) -> list[str]:
+        names = list(self.playbook.steps)
+        if step.next is None:
+            i = names.index(step.name)
+            return [names[i + 1]] if run.status == OK and i + 1 < len(names) else []
+        chosen: list[str] = []
+        if run.status == OK:
+            chosen += [s for b in step.next.always for s in b.steps]
+        held = []
+        for branch in step.next.branches:
+            try:
+                if templates.condition(branch.when or "", ctx):
+                    held.append(branch)
+            except KitError as exc:
+                raise _StepFailed(Failure(f"its `next` condition at line {branch.line}: {exc.what}")) from None
+        if step.next.mode == EXCLUSIVE:
+            held = held[:1]
+        chosen += [s for b in held for s in b.steps]
+        if not held and run.status == OK:
+            chosen += [s for b in step.next.otherwise for s in b.steps]
+        return chosen
+
+    def _finish(self, step: Step, run: StepRun) -> list[str]:
+        """Publish the step's result and vars to later templates; where the run goes next."""
+        mine = run.context()
+        self.context[step.name] = mine
+        ctx = {**self.context, "result": mine["result"], "catalog_info": mine["catalog_info"], "status": run.status,
+               "event": {"name": "loop.done" if step.loop else "step.done", "status": run.status}}
+        try:
+            if run.status == OK:
+                for name, template in step.vars.items():
+                    value = templates.render_value(template, ctx)
+                    run.vars[name] = self.vars[name] = self.context[name] = value
+            return self._route(step, run, ctx)
+        except KitError as exc:
+            run.failure, run.status = Failure(f"its vars: {exc.what}"), ERROR
+        except _StepFailed as exc:
+            run.failure, run.status = exc.failure, ERROR
+        self.context[step.name] = run.context()
+        return []
+
+    def run(self) -> PlaybookRun:
+        start = time.perf_counter()
+        out = PlaybookRun(self.playbook.name, self.playbook.file, self.execution_id, self.playbook.shape)
+        reached = {self.playbook.start: "start"}
+        failed_before: str | None = None
+        for name in noetl.order(self.playbook):
+            step = self.playbook.steps[name]
+            if name not in reached:
+                why = f"not run: step '{failed_before}' failed" if failed_before else "not reached: no route led to it"
+                out.steps.append(StepRun(name, SKIPPED, step.desc, reason=why))
+                self.on_event("skipped", {"step": name, "reason": why})
+                continue
+            run = self.run_step(step)
+            for target in self._finish(step, run):
+                reached.setdefault(target, name)
+            if run.status == ERROR and failed_before is None:
+                failed_before = name
+            out.steps.append(run)
+            self.on_event("done", {"step": name, "run": run})
+        out.vars = dict(self.vars)
+        out.warnings = [w for s in out.steps for w in s.warnings]
+        out.seconds = round(time.perf_counter() - start, 6)
+        return out
+
+
+def run(playbook: Playbook, plane: WorkerPlane, endpoints: Endpoints, home: Path, *,
+        overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None) -> PlaybookRun:
+    check_names(playbook, set(overrides or {}))
+    return Runner(playbook, plane, endpoints, home, overrides=overrides, on_event=on_event).run()
+
+
+def load(file: Path, overrides: dict[str, Any] | None = None) -> Playbook:
+    """Read, validate and name-check a playbook (what `steps validate` does): PlaybookError at the first problem."""
+    playbook = noetl.load(file)
+    check_names(playbook, set(overrides or {}))
+    return playbook
+
+
+def run_file(file: Path | Playbook, scheduler: str, endpoints: Endpoints, home: Path, *,
+             overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None) -> PlaybookRun:
+    """`steps run FILE`: the playbook on the worker plane at `scheduler`."""
+    playbook = file if isinstance(file, Playbook) else load(file, overrides)
+    with WorkerPlane(scheduler, endpoints) as plane:
+        return run(playbook, plane, endpoints, home, overrides=overrides, on_event=on_event)

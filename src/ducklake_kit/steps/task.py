@@ -1,0 +1,241 @@
+"""What a worker runs for a step (or one loop iteration): the step's commands on the worker's pooled connection,
+against the step's catalog, with its settings, then the catalog's state (`catalog_info`).
+
+The connection is the worker's own, made once when it joined (no connect, LOAD, ATTACH or DETACH per task). A
+catalog other than the kit's `lake` is ATTACHed the first time a step names it and kept for the next steps; the
+kit's own catalog under another name (`catalog_name: analytics`) is the same catalog attached again under that
+alias. `memory_limit` and `threads` apply to the step only: the worker's settings are put back after it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+from distributed import get_worker
+
+from ducklake_kit.errors import first_line
+from ducklake_kit.lake import Lake, StatementFailed, attach_statement
+from ducklake_kit.lake.connection import bound_params
+from ducklake_kit.lake.sql import quote_ident, quote_literal
+from ducklake_kit.lake.transactions import commit_with
+from ducklake_kit.platforms.base import PgEndpoint
+from ducklake_kit.workers.plugin import LakePlugin
+from ducklake_kit.workers.tasks import end_open_transaction, task_lake
+
+
+@dataclass(frozen=True)
+class Target:
+    """The catalog a step runs against, resolved: the kit's own (`pg` None) or another PostgreSQL catalog."""
+
+    alias: str
+    pg: PgEndpoint | None = field(default=None, repr=False)  # its password never reaches a repr, a log or a result
+    data_path: str | None = None
+    create: bool = True
+    use: bool = True
+
+    @property
+    def kit(self) -> bool:
+        return self.pg is None
+
+    def key(self) -> str:
+        """Changes when the same alias must be attached to something else."""
+        return hashlib.sha256(repr((self.alias, self.pg, self.data_path, self.create)).encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        if self.pg is None:
+            return f"the kit's catalog as {self.alias}"
+        return f"postgresql://{self.pg.user}@{self.pg.host}:{self.pg.port}/{self.pg.dbname} as {self.alias}"
+
+
+@dataclass
+class StatementRun:
+    """One statement of a step, as it ran on the worker."""
+
+    command: int  # which item of the step's `command`/`commands`
+    statement: int  # its place within that command
+    sql: str
+    statement_type: str | None
+    columns: list[str] = field(default_factory=list)
+    rows: list[tuple] = field(default_factory=list)
+    affected_rows: int | None = None  # real counts for INSERT/UPDATE/DELETE
+    seconds: float = 0.0
+    snapshot_id: int | None = None  # the snapshot it committed (autocommit), or the step's transaction's
+    error: str | None = None
+
+
+@dataclass
+class StepTask:
+    worker: str
+    address: str
+    statements: list[StatementRun] = field(default_factory=list)
+    error: str | None = None  # a failure outside the statements: the catalog's ATTACH, a setting, the worker
+    rolled_back: bool = False
+    snapshot_id: int | None = None  # the snapshot the step's transaction made (transaction: true)
+    catalog_info: dict[str, Any] | None = None
+    started_at: float = 0.0
+    finished_at: float = 0.0
+    seconds: float = 0.0
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None or any(s.error for s in self.statements)
+
+
+def run_step(plugin: str, target: Target, commands: list[str], params: dict[str, Any], *, message: str | None = None,
+             keep_going: bool = False, settings: dict[str, Any] | None = None, with_info: bool = True,
+             token: str | None = None) -> StepTask:
+    """Run on a worker. `message`: every command in ONE transaction with that commit message. `keep_going`: a failed
+    statement does not stop the later ones (on_error: continue). `with_info`: add the catalog's state after it."""
+    worker = get_worker()
+    start = time.perf_counter()
+    out = StepTask(str(worker.name), worker.address, started_at=time.time())
+    lake_plugin, refused = task_lake(plugin, token)
+    if lake_plugin is None:
+        out.error = refused
+    else:
+        lake: Lake = lake_plugin.lake
+        with lake_plugin.task_lock:
+            try:
+                view = _attached(lake_plugin, target)
+                restore = _apply_settings(lake.con, settings or {})
+                try:
+                    lake.con.execute(f"USE {quote_ident(target.alias if target.use else lake.alias)}")
+                    if message is not None:
+                        _transaction(view, commands, params, message, out)
+                    else:
+                        _autocommit(view, commands, params, keep_going, out)
+                    if with_info:
+                        out.catalog_info = catalog_info(view)
+                finally:
+                    restore()
+                    lake.con.execute(f"USE {quote_ident(lake.alias)}")
+            except Exception as exc:  # noqa: BLE001 - reported as the step's error, never raised to Dask
+                out.error = getattr(exc, "what", None) or first_line(exc)
+    out.finished_at = time.time()
+    out.seconds = round(time.perf_counter() - start, 6)
+    return out
+
+
+def _attached(plugin: LakePlugin, target: Target) -> Lake:
+    """The worker's connection aimed at the step's catalog, attaching it the first time."""
+    lake: Lake = plugin.lake
+    if target.kit and target.alias == lake.alias:
+        return lake
+    key = target.key()
+    con = lake.con
+    if plugin.catalogs.get(target.alias) != key:
+        if target.alias in plugin.catalogs:
+            con.execute(f"DETACH {quote_ident(target.alias)}")
+            del plugin.catalogs[target.alias]
+        if target.kit:
+            con.execute(attach_statement(plugin.endpoints, target.alias))
+        else:
+            pg, secret = target.pg, f"step_catalog_{key}"
+            con.execute(f"CREATE OR REPLACE SECRET {secret} (TYPE postgres, HOST {quote_literal(pg.host)}, PORT {pg.port}, "
+                        f"DATABASE {quote_literal(pg.dbname)}, USER {quote_literal(pg.user)}, "
+                        f"PASSWORD {quote_literal(pg.password)})")
+            con.execute(f"ATTACH {quote_literal('ducklake:postgres:dbname=' + pg.dbname)} AS {quote_ident(target.alias)} "
+                        f"(DATA_PATH {quote_literal(target.data_path)}, METADATA_PARAMETERS MAP {{'SECRET': '{secret}'}}, "
+                        f"CREATE_IF_NOT_EXISTS {'true' if target.create else 'false'})")
+        plugin.catalogs[target.alias] = key
+    return lake.on(target.alias)
+
+
+def _apply_settings(con: duckdb.DuckDBPyConnection, settings: dict[str, Any]):
+    """SET each setting for the step; returns what puts the worker's own values back."""
+    old = {name: con.execute("SELECT current_setting(?)", [name]).fetchone()[0] for name in settings}
+    for name, value in settings.items():
+        con.execute(f"SET {name} = {int(value) if isinstance(value, int) else quote_literal(value)}")
+
+    def restore() -> None:
+        for name, value in old.items():
+            con.execute(f"SET {name} = {int(value) if isinstance(value, int) else quote_literal(value)}")
+    return restore
+
+
+def _parsed(view: Lake, commands: list[str]) -> list[tuple[int, int, Any]]:
+    return [(c, s, stmt) for c, text in enumerate(commands) for s, stmt in enumerate(view.statements(text))]
+
+
+def _autocommit(view: Lake, commands: list[str], params: dict[str, Any], keep_going: bool, out: StepTask) -> None:
+    last = view.last_committed_snapshot()
+    for c, text in enumerate(commands):
+        try:
+            statements = view.statements(text)
+        except Exception as exc:  # noqa: BLE001 - a command that does not parse is that command's error
+            out.statements.append(StatementRun(c, 0, text.strip(), None, error=getattr(exc, "what", None) or first_line(exc)))
+            if keep_going:
+                continue
+            break
+        stopped = False
+        for s, stmt in enumerate(statements):
+            try:
+                r = view.execute(stmt, bound_params(stmt, params, s, len(statements), []))
+            except (duckdb.Error, StatementFailed) as exc:
+                why = exc.error if isinstance(exc, StatementFailed) else first_line(exc)
+                out.statements.append(StatementRun(c, s, stmt.query.strip(), stmt.type.name, error=why))
+                if not keep_going:
+                    stopped = True
+                    break
+                continue
+            run = StatementRun(c, s, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows, r.seconds or 0.0)
+            now = view.last_committed_snapshot()
+            if now != last:
+                run.snapshot_id, last = now, now
+            out.statements.append(run)
+        if stopped:
+            break
+    if end_open_transaction(view):  # a BEGIN without COMMIT must not leak into the worker's next task
+        out.rolled_back = True
+        out.error = out.error or "the step left a transaction open (BEGIN without COMMIT); it was rolled back"
+
+
+def _transaction(view: Lake, commands: list[str], params: dict[str, Any], message: str, out: StepTask) -> None:
+    done: list[StatementRun] = []
+
+    def work(_con) -> None:
+        for c, s, stmt in _parsed(view, commands):
+            try:
+                r = view.execute(stmt, bound_params(stmt, params, s, 0, []))
+            except duckdb.Error as exc:
+                done.append(StatementRun(c, s, stmt.query.strip(), stmt.type.name, error=first_line(exc)))
+                raise
+            except StatementFailed as exc:
+                done.append(StatementRun(c, s, stmt.query.strip(), stmt.type.name, error=exc.error))
+                raise
+            done.append(StatementRun(c, s, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows,
+                                     r.seconds or 0.0))
+
+    try:
+        made = commit_with(view, work, message)
+        out.snapshot_id = made.snapshot_id
+        for run in done:  # every statement that wrote is part of the one snapshot the transaction made
+            run.snapshot_id = made.snapshot_id if run.statement_type != "SELECT" else None
+    except (duckdb.Error, StatementFailed) as exc:
+        out.rolled_back = True
+        if not any(r.error for r in done):  # the COMMIT itself failed: it may have reached the catalog
+            out.error = (f"the step's commit failed, so it may or may not have committed ({first_line(exc)}): "
+                         "check the lake before running it again")
+    except Exception as exc:  # noqa: BLE001 - a command that does not parse: nothing ran
+        out.rolled_back = True
+        out.error = getattr(exc, "what", None) or first_line(exc)
+    out.statements = done
+
+
+def catalog_info(view: Lake) -> dict[str, Any]:
+    """The catalog's state, read on the step's own connection: its latest snapshot (every column, by its real
+    name), how many snapshots it has, and its tables."""
+    con, alias = view.con, view.alias
+    rel = con.execute(f"SELECT * FROM ducklake_snapshots({quote_literal(alias)}) ORDER BY snapshot_id DESC LIMIT 1")
+    columns = [d[0] for d in rel.description]
+    row = rel.fetchone()
+    count = con.execute(f"SELECT count(*) FROM ducklake_snapshots({quote_literal(alias)})").fetchone()[0]
+    tables = con.execute("SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? ORDER BY 1, 2",
+                         [alias]).fetchall()
+    return {"catalog_name": alias, "snapshot_count": int(count),
+            "latest_snapshot": dict(zip(columns, row)) if row else None,
+            "table_count": len(tables), "tables": [f"{s}.{t}" for s, t in tables]}
