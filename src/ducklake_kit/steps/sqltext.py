@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import sqlglot
@@ -18,6 +19,8 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
 from ducklake_kit.workers.config import LOCAL_DB
+
+logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its "falling back to a Command" warning (CALL ...): not ours
 
 
 @dataclass
