@@ -65,7 +65,8 @@ def _step(raw: dict[str, Any], shape: str, path: tuple, lines: Lines, file: str)
         _tool(step, tool_raw, path + tool_path, lines, file)
     step.vars = dict(raw.get("vars") or {})
     if raw.get("loop") is not None:
-        step.loop = _loop(raw["loop"], shape, schema.line_of(lines, path + ("loop",)) or line)
+        key = "in" if shape == "v2" else "collection"
+        step.loop = _loop(raw["loop"], shape, schema.line_of(lines, path + ("loop", key)) or line)
     if raw.get("next") is not None:
         step.next = _next(raw["next"], shape, path + ("next",), lines)
     return step
@@ -123,16 +124,22 @@ def _next(raw: Any, shape: str, path: tuple, lines: Lines) -> Next:
     return out
 
 
+def routed(playbook: Playbook) -> bool:
+    """A playbook where some step has `next` is routed (NoETL's way: a step without `next` ends its branch);
+    one without any runs its steps top to bottom."""
+    return any(s.next is not None for s in playbook.steps.values())
+
+
 def routes(playbook: Playbook) -> dict[str, list[tuple[str, int]]]:
-    """Each step -> the steps it may lead to (with the line naming each). A step without `next` leads to the step
-    after it in the file."""
+    """Each step -> the steps it may lead to (with the line naming each)."""
     names = list(playbook.steps)
+    by_next = routed(playbook)
     out: dict[str, list[tuple[str, int]]] = {}
     for i, (name, step) in enumerate(playbook.steps.items()):
         if step.next is not None:
             out[name] = step.next.targets()
         else:
-            out[name] = [(names[i + 1], step.line)] if i + 1 < len(names) else []
+            out[name] = [(names[i + 1], step.line)] if i + 1 < len(names) and not by_next else []
     return out
 
 
@@ -149,7 +156,9 @@ def check_routes(playbook: Playbook) -> None:
         sorter.prepare()
     except graphlib.CycleError as exc:
         cycle = list(reversed(exc.args[1]))
-        line = next((ln for t, ln in graph[cycle[0]] if t == cycle[1]), None)
+        pairs = list(zip(cycle, cycle[1:]))
+        back = next(((a, b) for a, b in reversed(pairs) if playbook.steps[a].next is not None), pairs[-1])
+        line = next((ln for t, ln in graph[back[0]] if t == back[1]), None)
         raise PlaybookError(playbook.file, line, "the steps' `next` routes form a cycle: " + " -> ".join(cycle),
                             "a step runs at most once: use a loop for repetition") from None
 

@@ -1,8 +1,8 @@
 """Running a playbook on the worker plane.
 
 Steps run in route order (`noetl.order`): a step runs when the run reaches it, from `start` (or the first step)
-through `next` (or, without `next`, the step after it in the file). A failed step is not followed by its
-unconditional arcs, its `else` or the next step in the file: only by `when` branches that hold (they see
+through `next`; in a playbook where no step has `next`, every step leads to the one after it. A failed step is not followed by its
+unconditional arcs, its `else` or the step after it: only by `when` branches that hold (they see
 `status`), so a playbook handles an error only where it says so; every step not reached is reported as skipped,
 with the reason. Any failed step makes the run fail.
 
@@ -217,10 +217,8 @@ class Runner:
 
     # -- routing -------------------------------------------------------------------------------------------------
     def _route(self, step: Step, run: StepRun, ctx: dict[str, Any]) -> list[str]:
-        names = list(self.playbook.steps)
-        if step.next is None:
-            i = names.index(step.name)
-            return [names[i + 1]] if run.status == OK and i + 1 < len(names) else []
+        if step.next is None:  # the next step in the file, in a playbook without routes (noetl.routes)
+            return [t for t, _ in noetl.routes(self.playbook)[step.name]] if run.status == OK else []
         chosen: list[str] = []
         if run.status == OK:
             chosen += [s for b in step.next.always for s in b.steps]

@@ -81,7 +81,12 @@ def render_value(value: Any, context: dict[str, Any]) -> Any:
     """A string renders natively ('{{ ids }}' -> the list); lists and mappings are rendered item by item."""
     try:
         if isinstance(value, str):
-            return _NATIVE.from_string(value).render(context) if ("{{" in value or "{%" in value) else value
+            if "{{" not in value and "{%" not in value:
+                return value
+            out = _NATIVE.from_string(value).render(context)
+            if isinstance(out, jinja2.Undefined):  # a lone {{ x }} comes back as the Undefined itself: make it fail
+                out._fail_with_undefined_error()
+            return out
         if isinstance(value, list):
             return [render_value(v, context) for v in value]
         if isinstance(value, dict):

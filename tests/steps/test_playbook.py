@@ -1,0 +1,167 @@
+"""Reading playbooks, no services: the JSON Schema and the kit's checks give one error with the file's line; NoETL's
+v1 and v2 shapes map onto the same model; templates are strict; the seed's time travel is rewritten and PRIMARY KEY
+refused, with sqlglot."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from ducklake_kit.errors import KitError
+from ducklake_kit.steps import noetl, runner, sqltext, templates
+from ducklake_kit.steps.schema import PlaybookError
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((ROOT / "steps").glob("*.yaml"))
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(text)
+    return path
+
+
+def error_of(tmp_path: Path, text: str) -> PlaybookError:
+    with pytest.raises(PlaybookError) as info:
+        runner.load(write(tmp_path, text))
+    return info.value
+
+
+GOOD = """\
+workload:
+  ids: [1, 2]
+workflow:
+  - step: make
+    tool: ducklake
+    command: CREATE TABLE t (i INTEGER)
+  - step: fill
+    tool: ducklake
+    loop:
+      collection: "{{ ids }}"
+      element: i
+      mode: async
+    params:
+      i: "{{ i }}"
+    command: INSERT INTO t VALUES ($i)
+"""
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_playbook_validates(path):
+    playbook = runner.load(path)
+    assert playbook.steps, path
+
+
+def test_a_good_playbook_maps_to_the_model(tmp_path):
+    p = runner.load(write(tmp_path, GOOD))
+    assert list(p.steps) == ["make", "fill"] and p.start == "make" and p.shape == "v1"
+    fill = p.steps["fill"]
+    assert fill.loop.iterator == "i" and fill.loop.mode == "async" and fill.loop.line == 10
+    assert fill.commands == ["INSERT INTO t VALUES ($i)"] and fill.command_lines == [15]
+    assert noetl.order(p) == ["make", "fill"]
+
+
+@pytest.mark.parametrize("text, line, words", [
+    (GOOD.replace("    command: CREATE", "    comand: CREATE"), 6, "unknown key 'comand'"),
+    (GOOD.replace("      mode: async", "      mode: async\n      parallelism: 4"), 13, "unknown key 'parallelism'"),
+    (GOOD.replace("    tool: ducklake\n    command: CREATE", "    tool: python\n    command: CREATE"), 5,
+     "runs only `tool: ducklake`"),
+    (GOOD.replace("- step: fill", "- step: make"), 7, "step 'make' is defined twice (first at line 4)"),
+    (GOOD.replace("    command: CREATE TABLE t (i INTEGER)", "    command: CREATE TABLE t (i INTEGER)\n    commands: [SELECT 1]"),
+     4, "exactly one of them"),
+    (GOOD.replace('"{{ ids }}"', '"{{ idz }}"'), 10, "uses {{ idz }}, which is not defined"),
+    (GOOD.replace('"{{ i }}"', '"{{ i }"'), 13, "template syntax error"),
+    (GOOD + "    next:\n      - step: nowhere\n", 17, "goes next to 'nowhere'"),
+    (GOOD.replace("INTEGER)\n", "INTEGER)\n    next: [{step: fill}]\n") + "    next:\n      - step: make\n", 18,
+     "routes form a cycle"),
+    (GOOD.replace("  ids: [1, 2]", "  ids: [1, 2]\n  ids: [3]"), 3, "the key 'ids' appears twice"),
+    (GOOD.replace("      element: i", "      element: i\n     bad: indent"), 12, "not valid YAML"),
+    (GOOD.replace("    params:", "    transaction: true\n    on_error: continue\n    params:"), 14,
+     "`transaction: true` and `on_error: continue`"),
+])
+def test_bad_input_is_one_error_at_its_line(tmp_path, text, line, words):
+    err = error_of(tmp_path, text)
+    assert err.line_no == line, err.line()
+    assert words in err.what, err.what
+    assert err.line().startswith(f"Error: {tmp_path / 'p.yaml'}:{line}: ")
+
+
+def test_v1_and_v2_shapes_map_to_the_same_steps():
+    v1, v2 = runner.load(ROOT / "steps/ducklake_test_v1.yaml"), runner.load(ROOT / "steps/ducklake_test_v2.yaml")
+    assert (v1.shape, v2.shape) == ("v1", "v2")
+    assert list(v1.steps) == list(v2.steps)
+    for name in v1.steps:
+        a, b = v1.steps[name], v2.steps[name]
+        assert (a.commands, a.params, a.catalog, a.tool) == (b.commands, b.params, b.catalog, b.tool), name
+        assert (a.loop is None) == (b.loop is None) and noetl.routes(v1)[name][0][0] == noetl.routes(v2)[name][0][0] if \
+            noetl.routes(v1)[name] else True
+        if a.loop:
+            assert (a.loop.collection, a.loop.iterator, a.loop.mode) == (b.loop.collection, b.loop.iterator, b.loop.mode)
+    assert noetl.order(v1) == noetl.order(v2)
+
+
+def test_a_step_reached_from_two_branches_runs_after_both(tmp_path):
+    text = """\
+workflow:
+  - step: start
+    next:
+      - when: "{{ workload.x }}"
+        then: [{step: b}]
+      - else: [{step: a}]
+  - step: join
+  - step: a
+    next: [{step: join}]
+  - step: b
+    next: [{step: join}]
+workload: {x: true}
+"""
+    assert noetl.order(runner.load(write(tmp_path, text))) == ["start", "a", "b", "join"]
+
+
+def test_templates_are_strict_and_values_keep_their_types():
+    ctx = {"ids": [1, 2], "name": "O'Brien", "when": dt.date(2025, 1, 6)}
+    with pytest.raises(templates.TemplateError, match="'missing' is undefined"):
+        templates.render_text("SELECT {{ missing }}", ctx)
+    with pytest.raises(templates.TemplateError, match="has no attribute 'nope'"):
+        templates.render_text("{{ name.nope }}", ctx)
+    assert templates.render_value("{{ ids }}", ctx) == [1, 2]
+    assert templates.render_value({"a": "{{ ids[1] }}", "b": "plain"}, ctx) == {"a": 2, "b": "plain"}
+    assert templates.render_text("WHERE n = {{ name | sql }} AND d = {{ when | sql }}", ctx) == \
+        "WHERE n = 'O''Brien' AND d = DATE '2025-01-06'"
+    assert templates.render_text("{{ [1, none, true, 'x'] | sql }} {{ 'a\"b' | ident }}", ctx) == "[1, NULL, TRUE, 'x'] \"a\"\"b\""
+    assert templates.condition("{{ ids | length == 2 }}", ctx) is True
+    assert templates.condition("ids | length > 5", ctx) is False
+
+
+def test_the_seeds_time_travel_is_rewritten_outside_strings_only():
+    sql = ("SELECT count(*) FROM sales FOR SYSTEM_TIME AS OF SNAPSHOT 5 WHERE note <> 'FOR SYSTEM_TIME AS OF 3';\n"
+           "SELECT * FROM sales FOR SYSTEM_TIME AS OF '2025-01-06 10:00:00+00' s")
+    out, rewrites = sqltext.rewrite_time_travel(sql)
+    assert out == ("SELECT count(*) FROM sales AT (VERSION => 5) WHERE note <> 'FOR SYSTEM_TIME AS OF 3';\n"
+                   "SELECT * FROM sales AT (TIMESTAMP => TIMESTAMPTZ '2025-01-06 10:00:00+00') s")
+    assert [r.before for r in rewrites] == ["FOR SYSTEM_TIME AS OF SNAPSHOT 5", "FOR SYSTEM_TIME AS OF '2025-01-06 10:00:00+00'"]
+    assert sqltext.rewrite_time_travel("SELECT 1 -- FOR SYSTEM_TIME AS OF SNAPSHOT 5") == \
+        ("SELECT 1 -- FOR SYSTEM_TIME AS OF SNAPSHOT 5", [])
+
+
+def test_primary_key_and_unique_are_refused_on_lake_tables_only():
+    why = sqltext.unsupported_constraint("CREATE TABLE users (\n  id INTEGER PRIMARY KEY,\n  name VARCHAR);")
+    assert why and "only NOT NULL" in why and "users" in why and "line 2" in why
+    assert sqltext.unsupported_constraint("CREATE TABLE u (a INT, b INT, UNIQUE (a, b))")
+    assert sqltext.unsupported_constraint("CREATE TABLE u (id INTEGER NOT NULL)") is None
+    assert sqltext.unsupported_constraint("CREATE TABLE local.u (id INTEGER PRIMARY KEY)") is None
+    assert sqltext.unsupported_constraint("SELECT 'PRIMARY KEY'") is None
+
+
+def test_set_overrides_read_values_as_yaml():
+    assert runner.parse_overrides(["ids=[1, 2]", "n=3", "name=eu-west", "empty="]) == \
+        {"ids": [1, 2], "n": 3, "name": "eu-west", "empty": ""}
+    with pytest.raises(KitError, match="not name=value"):
+        runner.parse_overrides(["no-equals"])
+
+
+def test_a_lone_undefined_value_fails_instead_of_rendering_nothing():
+    with pytest.raises(templates.TemplateError, match="has no attribute 'nope'"):
+        templates.render_value("{{ row.nope }}", {"row": {"a": 1}})
