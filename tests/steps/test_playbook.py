@@ -76,6 +76,7 @@ def test_a_good_playbook_maps_to_the_model(tmp_path):
     (GOOD + "    next:\n      - step: nowhere\n", 17, "goes next to 'nowhere'"),
     (GOOD.replace("INTEGER)\n", "INTEGER)\n    next: [{step: fill}]\n") + "    next:\n      - step: make\n", 18,
      "routes form a cycle"),
+    (GOOD + "    next:\n      - step: make\n", 7, "no route reaches step 'fill' from 'make'"),
     (GOOD.replace("  ids: [1, 2]", "  ids: [1, 2]\n  ids: [3]"), 3, "the key 'ids' appears twice"),
     (GOOD.replace("      element: i", "      element: i\n     bad: indent"), 12, "not valid YAML"),
     (GOOD.replace("    params:", "    transaction: true\n    on_error: continue\n    params:"), 14,

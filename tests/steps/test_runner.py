@@ -15,7 +15,6 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.steps import runner
 from ducklake_kit.steps.results import PlaybookRun
 from ducklake_kit.workers import WorkerPlane, plane
-from ducklake_kit.workers.config import PlaneConfig
 
 S = "steps_tests"
 ROOT = Path(__file__).resolve().parents[2]

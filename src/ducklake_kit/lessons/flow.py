@@ -9,6 +9,7 @@ workers     the worker plane: every worker attached, per-month counts from tasks
             worker-local table on its worker only
 pipeline    pipelines/taxi_marts.sql as a DAG on the workers: every mart equals the same figure computed
             directly from trips, the worker-local step on w1, lineage recorded
+steps       steps/distributed_loop.yaml by the step runner: every batch inserted once, by the worker reported
 bench       a short concurrency benchmark (3 writers x 100 inserts: processes, and worker plane tasks), counts checked
 
 Exit 0 only if every check of every stage holds.
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ducklake_kit.bench import concurrency as bench_concurrency
-from ducklake_kit.lessons import foundation, maintain, pipeline, queries, timetravel, workers
+from ducklake_kit.lessons import foundation, maintain, pipeline, queries, steps, timetravel, workers
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.base import Platform
@@ -78,6 +79,9 @@ def run_all(platform: Platform, state: State, checks: CheckRun, *, source: str =
 
     with checks.stage("pipeline"):
         result["pipeline"] = pipeline.run_pipeline(platform, state, checks, scheduler=scheduler, on_step=on_step)
+
+    with checks.stage("steps"):
+        result["steps"] = steps.run_steps(platform, state, checks, scheduler=scheduler, on_step=on_step)
 
     if bench:
         with checks.stage("bench"):

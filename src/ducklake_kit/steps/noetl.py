@@ -151,6 +151,17 @@ def check_routes(playbook: Playbook) -> None:
             if target not in playbook.steps:
                 raise PlaybookError(playbook.file, line, f"step '{name}' goes next to '{target}', which is not a step "
                                     "of this playbook", f"use one of: {', '.join(playbook.steps)}")
+    reached, todo = {playbook.start}, [playbook.start]
+    while todo:
+        for target, _ in graph[todo.pop()]:
+            if target not in reached:
+                reached.add(target)
+                todo.append(target)
+    lost = [s for s in playbook.steps.values() if s.name not in reached]
+    if lost:
+        raise PlaybookError(playbook.file, lost[0].line, f"no route reaches step '{lost[0].name}' from "
+                            f"'{playbook.start}': in a playbook with `next`, a step without `next` ends its branch",
+                            f"add `next: [{{step: {lost[0].name}}}]` to the step that should lead to it")
     sorter = graphlib.TopologicalSorter({n: [t for t, _ in graph[n]] for n in graph})  # edges reversed: fine for cycles
     try:
         sorter.prepare()
