@@ -144,7 +144,7 @@ def test_the_seeds_time_travel_is_rewritten_outside_strings_only():
                    "SELECT * FROM sales AT (TIMESTAMP => TIMESTAMPTZ '2025-01-06 10:00:00+00') s")
     assert [r.before for r in rewrites] == ["FOR SYSTEM_TIME AS OF SNAPSHOT 5", "FOR SYSTEM_TIME AS OF '2025-01-06 10:00:00+00'"]
     assert sqltext.rewrite_time_travel("SELECT 1 -- FOR SYSTEM_TIME AS OF SNAPSHOT 5") == \
-        ("SELECT 1 -- FOR SYSTEM_TIME AS OF SNAPSHOT 5", [])
+        ("SELECT 1 -- FOR SYSTEM_TIME AS OF SNAPSHOT 5", ())
 
 
 def test_primary_key_and_unique_are_refused_on_lake_tables_only():

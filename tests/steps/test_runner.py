@@ -337,3 +337,28 @@ def test_another_catalog_by_dsn_is_attached_once_per_worker_and_its_password_nev
     bad = books.file(body.replace("{{ dsn }}", "postgresql://someone:s3cret@127.0.0.1:1/nowhere"), "bad")
     result = cli(stack.env, "steps", "run", str(bad))
     assert result.exit_code == 1 and "s3cret" not in result.output and "step make" in result.output.replace("'", "")
+
+
+def test_what_a_worker_remembers_between_steps_never_outlives_another_task(books, lake):
+    """A step skips the `USE` and the snapshot lookup it already knows the answer to; a task of another kind in between
+    (which may USE anything and commit) makes it ask again: a SELECT after it is credited with no snapshot, and an
+    unqualified name still means the step's catalog."""
+    from ducklake_kit.steps.task import Target, run_step
+
+    target = Target("lake", None, books.ep.data_path)
+
+    def step_on_w1(sql: str):
+        return books.plane.result(books.plane.submit_call(run_step, target, [sql], {}, worker="w1", with_info=False))
+
+    step_on_w1(f"CREATE OR REPLACE TABLE {S}.m (k INTEGER)")
+    first = step_on_w1(f"INSERT INTO {S}.m VALUES (1)")
+    assert first.statements[0].snapshot_id is not None
+    other = books.plane.run([f"INSERT INTO {S}.m VALUES (2)", "USE local"], worker="w1")  # commits, then moves USE
+    assert other.ok and other.snapshot_id > first.statements[0].snapshot_id
+    after = step_on_w1(f"SELECT count(*) AS n FROM {S}.m")
+    assert after.statements[0].rows == [(2,)] and after.statements[0].snapshot_id is None
+    books.plane.run("USE local", worker="w1")
+    created = step_on_w1("CREATE OR REPLACE TABLE steps_default_db (k INTEGER)")
+    assert not created.failed, created.error or created.statements
+    assert lake.scalar("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND table_name = 'steps_default_db'") == 1
+    lake.run("DROP TABLE steps_default_db")

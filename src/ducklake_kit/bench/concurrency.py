@@ -512,7 +512,7 @@ def _plane_writer(plugin: str, writer: int, ops: int, ready: str, go: str, token
     if not Event(go).wait(BARRIER_TIMEOUT_S):
         report["setup_error"] = "never released (another writer failed to start)"
         return report
-    with lake_plugin.task_lock:
+    with lake_plugin.exclusive():
         report.update(_timed_inserts(lambda op: execute_retrying(con, sql, [writer, op]), ops))
     return report
 

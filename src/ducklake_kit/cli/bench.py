@@ -19,14 +19,14 @@ def bench(
     suite: Annotated[str, typer.Option(help="load (DuckLake vs plain Parquet writes), queries (DuckLake vs Parquet on S3 vs Spark SQL), concurrency (many writers) or pipeline (the DAG runner vs its bound).")] = "load",
     rows: Annotated[Optional[list[int]], typer.Option(help="Rows (load: repeat to compare sizes; queries: one size). Default 1,000,000.")] = None,
     runs: Annotated[int, typer.Option(help="queries: timed runs per query and engine, after one warm-up.")] = 5,
-    workers: Annotated[Optional[int], typer.Option(help="concurrency: writers (processes, and worker plane workers), default 3; pipeline: workers, default 2.")] = None,
-    ops: Annotated[int, typer.Option(help="concurrency: inserts per writer.")] = 100,
+    workers: Annotated[Optional[int], typer.Option(help="concurrency: writers (processes, and worker plane workers), default 3; pipeline: workers, default 2; steps: workers, default 3.")] = None,
+    ops: Annotated[int, typer.Option(help="concurrency: inserts per writer; steps: loop iterations (inserts in all).")] = 100,
     out_file: Annotated[Optional[Path], typer.Option("--out", help="Also write the results to this JSON file.")] = None,
     png_file: Annotated[Optional[Path], typer.Option("--png", help="queries/concurrency: also draw a bar chart to this PNG file.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure, in one run, and print the figures (commands, not timed tests): --suite load, queries, concurrency or pipeline."""
-    suites = ("load", "queries", "concurrency", "pipeline")
+    """Measure, in one run, and print the figures (commands, not timed tests): --suite load, queries, concurrency, pipeline or steps."""
+    suites = ("load", "queries", "concurrency", "pipeline", "steps")
     if suite not in suites:
         raise KitError(f"unknown suite '{suite}'", f"choose one of: {', '.join(suites)}")
     c: Ctx = ctx.obj
@@ -62,6 +62,9 @@ def bench(
         return
     if suite == "pipeline":
         _bench_pipeline(c, workers or 2, step, out, out_file, as_json)
+        return
+    if suite == "steps":
+        _bench_steps(c, workers or 3, ops, step, out, out_file, as_json)
         return
     if suite == "concurrency":
         from ducklake_kit.bench.concurrency import bench_concurrency  # each suite loads only when asked for
@@ -140,3 +143,32 @@ def _bench_pipeline(c: Ctx, workers: int, step, out, out_file: Optional[Path], a
     if not r.order_held:
         raise KitError("a node started before one of its dependencies finished", "this is a defect of the runner: report it",
                        exit_code=EXIT_CHECK_FAILED)
+
+
+def _bench_steps(c: Ctx, workers: int, iterations: int, step, out, out_file: Optional[Path], as_json: bool) -> None:
+    from ducklake_kit.bench.steps import GOAL_VS_DIRECT, SEED, bench_steps  # each suite loads only when asked for
+
+    r = bench_steps(c.platform(), c.state, workers=workers, iterations=iterations, on_step=step, json_path=out_file,
+                    scheduler=c.scheduler)
+    f = r.runner
+    out.print(table(f"bench --suite steps: {iterations} one-row INSERTs over {workers} workers ({r.machine.cores} cores; "
+                    f"load average {r.machine.load_average_before[0]})",
+                    ["", "total s", "median ms", "p95 ms", "errors", "rows lost"],
+                    [["step runner (loop, mode: async)", f.total_s, f.median_ms, f.p95_ms, f.errors, f.rows_lost],
+                     [f"direct: {workers} processes x {r.direct_inserts // workers}, scaled to {iterations}",
+                      r.direct_total_scaled_s, r.direct_median_ms, "-", r.direct_errors, r.direct_rows_lost],
+                     [f"worker plane, no runner: {workers} tasks x {r.direct_inserts // workers}, scaled",
+                      r.plane_total_scaled_s, r.plane_median_ms, "-", r.plane_errors, r.plane_rows_lost],
+                     ["the seed (NoETL, 100 over 3)", SEED["total_s"], SEED["median_ms"], "-", "-", "-"]]))
+    out.print(f"runner / direct: {r.ratio_vs_direct}x (goal <= {GOAL_VS_DIRECT}: {'met' if r.goal_met else 'NOT met'}); "
+              f"workers used: {', '.join(f.workers_used)}", markup=False)
+    defect = r.defect()
+    if as_json:
+        print_json("error" if defect else "ok", r.as_dict())
+        if defect:
+            raise typer.Exit(EXIT_CHECK_FAILED)
+        return
+    if defect:
+        raise KitError(defect, "see the JSON results (--out FILE)", exit_code=EXIT_CHECK_FAILED)
+    out.print(f"PASS: all {f.iterations} iterations inserted their row exactly once ({f.rows_counted} rows counted)",
+              markup=False)

@@ -101,6 +101,7 @@ class StepRun:
     vars: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    iterations_seconds: float | None = None  # a loop: from its first iteration submitted to its last result read
 
     @property
     def error(self) -> Failure | None:
@@ -117,7 +118,7 @@ class StepRun:
 
     def result(self) -> dict[str, Any]:
         if self.iterations is not None:
-            return {"iteration_count": len(self.iterations),
+            return {"iteration_count": len(self.iterations), "iterations_seconds": self.iterations_seconds,
                     "failed": sum(1 for it in self.iterations if it.failure),
                     "iterations": [it.as_dict() for it in self.iterations]}
         return self.attempt.result() if self.attempt else {"command_count": 0, "commands": []}

@@ -7,8 +7,8 @@ unconditional arcs, its `else` or the step after it: only by `when` branches tha
 with the reason. Any failed step makes the run fail.
 
 Each step is one task on a worker (its commands on the worker's pooled connection); a loop's iterations are one
-task each: `async` keeps up to `max_in_flight` of them running at once (default: one per worker), `sequential`
-runs them one after another. Every iteration runs and is reported; the loop fails if any did.
+task each: `async` keeps up to `max_in_flight` of them running at once (default: one per worker thread, so all of
+the workers), `sequential` runs them one after another. Every iteration runs and is reported; the loop fails if any did.
 """
 
 from __future__ import annotations
@@ -175,7 +175,13 @@ class Runner:
         if not isinstance(collection, (list, tuple)):
             raise _StepFailed(Failure(f"its loop collection is {type(collection).__name__} {collection!r}, not a list",
                                       None, None))
-        limit = 1 if loop.mode != ASYNC else (loop.max_in_flight or max(1, len(self.plane.names())))
+        # async: at most `limit` iterations running at once. Dask itself runs one task per worker thread, so a limit of
+        # at least the plane's threads is met by submitting every iteration at once (queued at the scheduler, each
+        # handed to the next free worker without a round trip through this client); a lower one by a window
+        threads = max(1, sum(self.plane.client.nthreads().values()))
+        limit = 1 if loop.mode != ASYNC else (loop.max_in_flight or threads)
+        if loop.mode == ASYNC and limit >= threads:
+            limit = len(collection) or 1
         run.iterations = [Iteration(index=i, element=e) for i, e in enumerate(collection)]
         pending = list(run.iterations)
         running: dict[Any, Iteration] = {}
@@ -201,6 +207,7 @@ class Runner:
                 running[future] = it
                 done_iter.add(future)
 
+        started = time.perf_counter()
         submit_next()
         while running:
             future = next(done_iter)
@@ -211,6 +218,7 @@ class Runner:
             it.seconds, it.failure, it.snapshot_id, it.rolled_back = got.seconds, got.failure, got.snapshot_id, got.rolled_back
             self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": len(collection)})
             submit_next()
+        run.iterations_seconds = round(time.perf_counter() - started, 6)
         if target is not None:  # the catalog's state once every iteration is done
             info = self._outcome(self.plane.submit_call(run_step, target, [], {}, with_info=True))
             run.catalog_info = info.catalog_info

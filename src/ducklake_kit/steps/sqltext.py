@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -23,7 +24,7 @@ from ducklake_kit.workers.config import LOCAL_DB
 logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its "falling back to a Command" warning (CALL ...): not ours
 
 
-@dataclass
+@dataclass(frozen=True)
 class Rewrite:
     before: str
     after: str
@@ -32,12 +33,13 @@ class Rewrite:
         return f"rewrote `{self.before}` to DuckLake's `{self.after}`"
 
 
-def rewrite_time_travel(sql: str) -> tuple[str, list[Rewrite]]:
+@functools.lru_cache(maxsize=1024)  # a loop's iterations usually send the same text (values go in as params)
+def rewrite_time_travel(sql: str) -> tuple[str, tuple[Rewrite, ...]]:
     """`sql` with every `FOR SYSTEM_TIME AS OF ...` replaced by DuckLake's AT clause, and what was replaced."""
     try:
         tokens = DuckDB().tokenize(sql)
     except TokenError:
-        return sql, []  # DuckDB will report what does not tokenize
+        return sql, ()  # DuckDB will report what does not tokenize
     out, rewrites, cursor, i = [], [], 0, 0
     while i < len(tokens):
         found = _system_time_at(tokens, i)
@@ -51,7 +53,7 @@ def rewrite_time_travel(sql: str) -> tuple[str, list[Rewrite]]:
         rewrites.append(Rewrite(sql[start_pos:end_pos], clause))
         cursor, i = end_pos, end + 1
     out.append(sql[cursor:])
-    return "".join(out), rewrites
+    return "".join(out), tuple(rewrites)
 
 
 def _word(token, *words: str) -> bool:
@@ -85,6 +87,7 @@ UNSUPPORTED_CONSTRAINT = ("DuckLake tables support only NOT NULL constraints, no
                           "(table {table}, line {line} of the command)")
 
 
+@functools.lru_cache(maxsize=1024)
 def unsupported_constraint(sql: str) -> str | None:
     """Why `sql` cannot run on DuckLake (a PRIMARY KEY or UNIQUE in a CREATE TABLE of a catalog table), or None.
     Text sqlglot cannot parse is left for DuckDB to judge."""

@@ -76,6 +76,7 @@ class StepTask:
     rolled_back: bool = False
     snapshot_id: int | None = None  # the snapshot the step's transaction made (transaction: true)
     catalog_info: dict[str, Any] | None = None
+    last_snapshot: int | None = None  # the instance's last committed snapshot for the step's catalog, at its end
     started_at: float = 0.0
     finished_at: float = 0.0
     seconds: float = 0.0
@@ -98,26 +99,47 @@ def run_step(plugin: str, target: Target, commands: list[str], params: dict[str,
         out.error = refused
     else:
         lake: Lake = lake_plugin.lake
-        with lake_plugin.task_lock:
+        with lake_plugin.exclusive():
             try:
                 view = _attached(lake_plugin, target)
                 restore = _apply_settings(lake.con, settings or {})
                 try:
-                    lake.con.execute(f"USE {quote_ident(target.alias if target.use else lake.alias)}")
+                    _use(lake_plugin, target.alias if target.use else lake.alias)
                     if message is not None:
                         _transaction(view, commands, params, message, out)
                     else:
-                        _autocommit(view, commands, params, keep_going, out)
+                        _autocommit(view, commands, params, keep_going, out, _known_snapshot(lake_plugin, target.alias))
+                        lake_plugin.snapshots[target.alias] = (lake_plugin.turn, out.last_snapshot)
+                    if any(s.statement_type in ("SET", "ATTACH", "DETACH") for s in out.statements):
+                        lake_plugin.default_db = None  # the step's own SQL may have changed it (USE is a SET)
                     if with_info:
                         out.catalog_info = catalog_info(view)
                 finally:
                     restore()
-                    lake.con.execute(f"USE {quote_ident(lake.alias)}")
             except Exception as exc:  # noqa: BLE001 - reported as the step's error, never raised to Dask
+                lake_plugin.default_db = None
                 out.error = getattr(exc, "what", None) or first_line(exc)
     out.finished_at = time.time()
     out.seconds = round(time.perf_counter() - start, 6)
     return out
+
+
+def _use(plugin: LakePlugin, database: str) -> None:
+    """`USE database`, unless the connection's default is known to be it already. Every task that runs other SQL
+    (workers.tasks) starts with its own USE and leaves the default unknown."""
+    if plugin.default_db != database:
+        plugin.lake.con.execute(f"USE {quote_ident(database)}")
+        plugin.default_db = database
+
+
+def _known_snapshot(plugin: LakePlugin, alias: str) -> tuple[bool, int | None]:
+    """(True, the instance's last committed snapshot for `alias`) when the previous task of this worker was a step
+    that read it at its end: no commit can have happened since, as tasks hold the connection one at a time and
+    each holding is counted (LakePlugin.exclusive). (False, None) otherwise."""
+    seen = plugin.snapshots.get(alias)
+    if seen is not None and seen[0] == plugin.turn - 1:
+        return True, seen[1]
+    return False, None
 
 
 def _attached(plugin: LakePlugin, target: Target) -> Lake:
@@ -161,8 +183,9 @@ def _parsed(view: Lake, commands: list[str]) -> list[tuple[int, int, Any]]:
     return [(c, s, stmt) for c, text in enumerate(commands) for s, stmt in enumerate(view.statements(text))]
 
 
-def _autocommit(view: Lake, commands: list[str], params: dict[str, Any], keep_going: bool, out: StepTask) -> None:
-    last = view.last_committed_snapshot()
+def _autocommit(view: Lake, commands: list[str], params: dict[str, Any], keep_going: bool, out: StepTask,
+                known: tuple[bool, int | None] = (False, None)) -> None:
+    last = known[1] if known[0] else view.last_committed_snapshot()
     for c, text in enumerate(commands):
         try:
             statements = view.statements(text)
@@ -189,6 +212,7 @@ def _autocommit(view: Lake, commands: list[str], params: dict[str, Any], keep_go
             out.statements.append(run)
         if stopped:
             break
+    out.last_snapshot = last
     if end_open_transaction(view):  # a BEGIN without COMMIT must not leak into the worker's next task
         out.rolled_back = True
         out.error = out.error or "the step left a transaction open (BEGIN without COMMIT); it was rolled back"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
+import functools
 import math
 from typing import Any
 
@@ -57,6 +58,16 @@ _TEXT = _configure(jinja2.Environment(undefined=jinja2.StrictUndefined, autoesca
 _NATIVE = _configure(NativeEnvironment(undefined=jinja2.StrictUndefined, autoescape=False))
 
 
+@functools.lru_cache(maxsize=1024)
+def _text_template(source: str) -> jinja2.Template:
+    return _TEXT.from_string(source)  # compiled once: a loop renders the same template per iteration
+
+
+@functools.lru_cache(maxsize=1024)
+def _native_template(source: str) -> jinja2.Template:
+    return _NATIVE.from_string(source)
+
+
 class TemplateError(KitError):
     """A template that does not parse, or names something undefined."""
 
@@ -72,7 +83,7 @@ def _explain(template: str, exc: Exception) -> TemplateError:
 
 def render_text(template: str, context: dict[str, Any]) -> str:
     try:
-        return _TEXT.from_string(template).render(context)
+        return _text_template(template).render(context)
     except Exception as exc:  # noqa: BLE001 - any failure in a user's template is that template's error
         raise _explain(template, exc) from None
 
@@ -83,7 +94,7 @@ def render_value(value: Any, context: dict[str, Any]) -> Any:
         if isinstance(value, str):
             if "{{" not in value and "{%" not in value:
                 return value
-            out = _NATIVE.from_string(value).render(context)
+            out = _native_template(value).render(context)
             if isinstance(out, jinja2.Undefined):  # a lone {{ x }} comes back as the Undefined itself: make it fail
                 out._fail_with_undefined_error()
             return out
@@ -103,7 +114,7 @@ def condition(template: str, context: dict[str, Any]) -> bool:
     text = template.strip()
     try:
         if "{{" in text or "{%" in text:
-            value = _NATIVE.from_string(text).render(context)
+            value = _native_template(text).render(context)
         else:
             value = _NATIVE.compile_expression(text)(context)
     except Exception as exc:  # noqa: BLE001

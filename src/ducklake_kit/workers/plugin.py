@@ -12,10 +12,12 @@ endpoints (credentials included): never on a command line or in a log.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +67,13 @@ class LakePlugin(WorkerPlugin):
         self.tasks_run = 0
         self.started = 0.0
         self.catalogs: dict[str, str] = {}  # catalogs tasks attached beside the lake (alias -> what), kept for the next
+        # What the step runner knows of the connection between its tasks, so that it skips a `USE` or a
+        # last_committed_snapshot() it already knows the answer to (each costs a catalog transaction, ~2 ms here):
+        # the default database (None: unknown, after a task that ran a user's SQL), and per catalog alias the
+        # instance's last committed snapshot as of the end of task number `tasks_run`.
+        self.default_db: str | None = None
+        self.snapshots: dict[str, tuple[int, int | None]] = {}
+        self.turn = 0  # tasks that held the connection so far (see `exclusive`)
         self._inspect = None  # a second cursor, for listing from the worker's event loop while a task runs
         self._lock = threading.Lock()
         # tasks share one DuckDB connection: a worker with several threads (a user's cluster) runs them one by one
@@ -85,6 +94,7 @@ class LakePlugin(WorkerPlugin):
             # SQL can say which worker runs it: getvariable('worker_name') (the seed's current_setting('worker_id'))
             lake.con.execute(f"SET VARIABLE worker_name = {quote_literal(str(worker.name))}")
             lake.con.execute(f"USE {lake.alias}")
+            self.default_db = lake.alias
             self._inspect = lake.con.cursor()
             self.lake, self.started = lake, time.time()
         except Exception as exc:  # noqa: BLE001 - reported, not raised
@@ -94,6 +104,14 @@ class LakePlugin(WorkerPlugin):
         if self.lake is not None:
             self.lake.close()
             self.lake = None
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[Lake]:
+        """The pooled connection for one task: tasks hold it one at a time (a user's worker may run several threads),
+        and each holding is counted in `turn`, so a task can tell whether another one ran since a given turn."""
+        with self.task_lock:
+            self.turn += 1
+            yield self.lake
 
     def count_task(self) -> None:
         with self._lock:

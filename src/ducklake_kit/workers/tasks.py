@@ -133,10 +133,11 @@ def run_statements(plugin: str, texts: list[str], message: str | None = None, to
         result.finished_at = time.time()
         return result
     lake: Lake = lake_plugin.lake
-    with lake_plugin.task_lock:  # one task at a time on the shared connection, whatever the worker's thread count
+    with lake_plugin.exclusive():  # one task at a time on the shared connection, whatever the worker's thread count
         deadline = Deadline(lake, timeout_s)
         try:
             lake.con.execute(f"USE {lake.alias}")  # a task that ran `USE local` must not change the next task's default
+            lake_plugin.default_db = None  # the user's SQL below may USE anything
             if message is not None:
                 _run_transaction(lake, texts, message, result, deadline)
             else:
