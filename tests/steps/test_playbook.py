@@ -166,3 +166,19 @@ def test_set_overrides_read_values_as_yaml():
 def test_a_lone_undefined_value_fails_instead_of_rendering_nothing():
     with pytest.raises(templates.TemplateError, match="has no attribute 'nope'"):
         templates.render_value("{{ row.nope }}", {"row": {"a": 1}})
+
+
+def test_validate_on_the_command_line_is_one_line_and_exit_3_for_bad_input(cli, tmp_path):
+    env = {"DUCKLAKE_HOME": str(tmp_path / "home")}  # validate asks no service
+    good = cli(env, "steps", "validate", str(ROOT / "steps/ducklake_test_v2.yaml"))
+    assert good.exit_code == 0, good.output
+    assert "valid (v2 shape), playbook ducklake_test, 8 step(s) from 'start'" in good.output
+    bad = write(tmp_path, GOOD.replace("    command: CREATE", "    comand: CREATE"))
+    result = cli(env, "steps", "validate", str(bad))
+    assert result.exit_code == 3
+    assert result.output.strip().splitlines() == [
+        f"Error: {bad}:6: unknown key 'comand' in workflow.0. Try: use one of: auth, catalog_connection, catalog_name, "
+        "command, commands, create_catalog, data_path, desc, loop, memory_limit, next, on_error, params, step, "
+        "threads, tool, transaction, use_catalog, vars (or check its indentation)."]
+    missing = cli(env, "steps", "run", str(tmp_path / "nope.yaml"))
+    assert missing.exit_code == 3 and "no playbook file" in missing.output
