@@ -30,6 +30,13 @@ class Books:
         path.write_text(textwrap.dedent(body))
         return path
 
+    def task(self, sql: str, worker: str, alias: str = "lake"):
+        """One step task (run_step) on a named worker, against the kit's catalog under `alias`."""
+        from ducklake_kit.steps.task import Target, run_step
+
+        target = Target(alias, None, self.ep.data_path)
+        return self.plane.result(self.plane.submit_call(run_step, target, [sql], {}, worker=worker, with_info=False))
+
     def run(self, body_or_path: str | Path, **overrides) -> PlaybookRun:
         path = body_or_path if isinstance(body_or_path, Path) else self.file(body_or_path)
         return runner.run(runner.load(path, overrides), self.plane, self.ep, self.stack.home, overrides=overrides)
@@ -343,12 +350,8 @@ def test_what_a_worker_remembers_between_steps_never_outlives_another_task(books
     """A step skips the `USE` and the snapshot lookup it already knows the answer to; a task of another kind in between
     (which may USE anything and commit) makes it ask again: a SELECT after it is credited with no snapshot, and an
     unqualified name still means the step's catalog."""
-    from ducklake_kit.steps.task import Target, run_step
-
-    target = Target("lake", None, books.ep.data_path)
-
     def step_on_w1(sql: str):
-        return books.plane.result(books.plane.submit_call(run_step, target, [sql], {}, worker="w1", with_info=False))
+        return books.task(sql, "w1")
 
     step_on_w1(f"CREATE OR REPLACE TABLE {S}.m (k INTEGER)")
     first = step_on_w1(f"INSERT INTO {S}.m VALUES (1)")
@@ -362,3 +365,17 @@ def test_what_a_worker_remembers_between_steps_never_outlives_another_task(books
     assert not created.failed, created.error or created.statements
     assert lake.scalar("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND table_name = 'steps_default_db'") == 1
     lake.run("DROP TABLE steps_default_db")
+
+
+def test_steps_on_a_worker_share_its_one_pooled_connection(books):
+    """NoETL opened a new connection per task (extensions installed twice, a DETACH that always failed): here a value
+    a step leaves on its worker's connection is there for the next step on that worker, and its catalog is attached
+    once (the worker's attachment count does not grow)."""
+    def on_w2(sql: str):
+        return books.task(sql, "w2", "pool_alias")
+
+    first = on_w2("SET VARIABLE steps_probe = 42")
+    attached = books.plane.run("SELECT count(*) FROM duckdb_databases()", worker="w2").rows[0][0]
+    second = on_w2("SELECT getvariable('steps_probe') AS probe, current_database() AS db")
+    assert not first.failed and second.statements[0].rows == [(42, "pool_alias")]
+    assert books.plane.run("SELECT count(*) FROM duckdb_databases()", worker="w2").rows[0][0] == attached
