@@ -77,6 +77,7 @@ def test_a_good_playbook_maps_to_the_model(tmp_path):
     (GOOD.replace("INTEGER)\n", "INTEGER)\n    next: [{step: fill}]\n") + "    next:\n      - step: make\n", 18,
      "routes form a cycle"),
     (GOOD + "    next:\n      - step: make\n", 7, "no route reaches step 'fill' from 'make'"),
+    (GOOD + "    vars:\n      make: x\n", 16, "sets vars.make, but make is a step's name"),
     (GOOD.replace("  ids: [1, 2]", "  ids: [1, 2]\n  ids: [3]"), 3, "the key 'ids' appears twice"),
     (GOOD.replace("      element: i", "      element: i\n     bad: indent"), 12, "not valid YAML"),
     (GOOD.replace("    params:", "    transaction: true\n    on_error: continue\n    params:"), 14,
@@ -182,3 +183,10 @@ def test_validate_on_the_command_line_is_one_line_and_exit_3_for_bad_input(cli, 
         "threads, tool, transaction, use_catalog, vars (or check its indentation)."]
     missing = cli(env, "steps", "run", str(tmp_path / "nope.yaml"))
     assert missing.exit_code == 3 and "no playbook file" in missing.output
+
+
+def test_templates_cannot_reach_pythons_internals():
+    with pytest.raises(templates.TemplateError, match="unsafe"):
+        templates.render_text("{{ name.__class__.__mro__ }}", {"name": "x"})
+    with pytest.raises(templates.TemplateError, match="unsafe"):
+        templates.render_value("{{ name.__class__ }}", {"name": "x"})

@@ -17,7 +17,7 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.pipelines import dag, flow
 from ducklake_kit.platforms.base import Platform
 from ducklake_kit.platforms.state import State, project_root
-from ducklake_kit.workers import plane as plane_mod
+from ducklake_kit.lessons.workers import PLANE_OFF, plane_for
 
 PIPELINE_FILE = (project_root() or Path.cwd()) / "pipelines" / "taxi_marts.sql"
 
@@ -68,10 +68,9 @@ def differences(lake: Lake, mart: str, direct_at: str, snapshot: int) -> tuple[i
 def run_pipeline(platform: Platform, state: State, checks: CheckRun, *, scheduler: str | None = None,
                  path: Path = PIPELINE_FILE, on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     ep = platform.endpoints()
-    status = plane_mod.up(state, ep, None, scheduler)
-    if status.off:
-        on_step(f"pipeline: {status.detail}; its checks are skipped")
-        return {"skipped": status.detail}
+    status = plane_for(platform, state, "pipeline", scheduler, on_step)
+    if status is None:
+        return {"skipped": PLANE_OFF}
     on_step(f"pipeline: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
     outcome = flow.run(path, status.address, ep, platform_name=platform.name,
                        on_event=lambda kind, n: on_step(f"pipeline: node {n.id} {'started' if kind == 'start' else n.status}"))

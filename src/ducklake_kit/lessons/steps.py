@@ -14,7 +14,7 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.base import Platform
 from ducklake_kit.platforms.state import State, project_root
 from ducklake_kit.steps import runner
-from ducklake_kit.workers import plane as plane_mod
+from ducklake_kit.lessons.workers import PLANE_OFF, plane_for
 
 PLAYBOOK = (project_root() or Path.cwd()) / "steps" / "distributed_loop.yaml"
 BATCH_IDS = list(range(1, 9))
@@ -23,10 +23,9 @@ BATCH_IDS = list(range(1, 9))
 def run_steps(platform: Platform, state: State, checks: CheckRun, *, scheduler: str | None = None,
               path: Path = PLAYBOOK, on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     ep = platform.endpoints()
-    status = plane_mod.up(state, ep, None, scheduler)
-    if status.off:
-        on_step(f"steps: {status.detail}; its checks are skipped")
-        return {"skipped": status.detail}
+    status = plane_for(platform, state, "steps", scheduler, on_step)
+    if status is None:
+        return {"skipped": PLANE_OFF}
     on_step(f"steps: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
     overrides = {"batch_ids": BATCH_IDS}
     run = runner.run_file(path, status.address, ep, state.home, overrides=overrides,

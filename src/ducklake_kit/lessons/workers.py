@@ -19,18 +19,30 @@ from ducklake_kit.platforms.state import State
 from ducklake_kit.workers import WorkerPlane
 from ducklake_kit.workers import plane as plane_mod
 from ducklake_kit.workers.client import name_order
+from ducklake_kit.workers.plane import PlaneStatus
 
 LOCAL_TABLE = "local.kit_check"
+PLANE_OFF = "the worker plane is off (`up --workers 0`)"  # a stage's result when its checks were skipped for that
+
+
+def plane_for(platform: Platform, state: State, stage: str, scheduler: str | None,
+              on_step: Callable[[str], None]) -> PlaneStatus | None:
+    """The worker plane for a stage of `all` (`up`: the kit's own, or --scheduler); None, said on `on_step`, when the
+    user turned it off (`up --workers 0`): the stage's checks are skipped, which is not a failure."""
+    status = plane_mod.up(state, platform.endpoints(), None, scheduler)
+    if status.off:
+        on_step(f"{stage}: {status.detail}; its checks are skipped")
+        return None
+    return status
 
 
 def run_workers(platform: Platform, state: State, checks: CheckRun, *, scheduler: str | None = None,
                 on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     ep = platform.endpoints()
     on_step("worker plane: the scheduler and the workers, each with the lake attached")
-    status = plane_mod.up(state, ep, None, scheduler)
-    if status.off:
-        on_step(f"worker plane: {status.detail}; its checks are skipped")  # the user's choice, not a failure
-        return {"workers": [], "skipped": status.detail}
+    status = plane_for(platform, state, "worker plane", scheduler, on_step)
+    if status is None:
+        return {"workers": [], "skipped": PLANE_OFF}
     names = sorted((w.name for w in status.workers), key=name_order)
     checks.true("workers: at least two workers, each with the lake attached", status.healthy and len(names) >= 2,
                 expected="healthy, >= 2 workers", actual=status.detail)

@@ -39,6 +39,12 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
     known = (set(playbook.workload) | set(extra) | set(playbook.steps) | templates.BUILTINS
              | {v for s in playbook.steps.values() for v in s.vars} | set(templates._TEXT.globals))
     for step in playbook.steps.values():
+        taken = sorted(v for v in step.vars if v in playbook.steps or v in templates.BUILTINS)
+        if taken:
+            what = "a step's name" if taken[0] in playbook.steps else "a name every template has"
+            raise PlaybookError(playbook.file, step.lines.get("vars", step.line),
+                                f"step '{step.name}' sets vars.{taken[0]}, but {taken[0]} is {what}",
+                                "give the var another name")
         mine = known | ({step.loop.iterator} if step.loop else set())
         checks: list[tuple[Any, int, bool]] = [(c, ln, False) for c, ln in zip(step.commands, step.command_lines)]
         checks += [(step.params, step.lines.get("params", step.line), False),

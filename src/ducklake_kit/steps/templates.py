@@ -1,7 +1,7 @@
 """Jinja2 for playbooks: an undefined name is an error naming it (StrictUndefined), never ''; values go into SQL
 through the `sql` filter (a safe SQL literal) or, better, as `params:` (prepared-statement parameters).
 
-Text (SQL, DSNs) renders to a string; values (a loop's collection, params, vars, `when`) render to native Python
+Templates run in Jinja2's sandbox (no access to Python's internals). Text (SQL, DSNs) renders to a string; values (a loop's collection, params, vars, `when`) render to native Python
 values, so `{{ user_ids }}` stays a list and `{{ count > 0 }}` a boolean."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import jinja2
 import jinja2.meta
 from jinja2.nativetypes import NativeEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake.sql import quote_ident, quote_literal
@@ -54,8 +55,13 @@ def _configure(env: jinja2.Environment) -> jinja2.Environment:
     return env
 
 
-_TEXT = _configure(jinja2.Environment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True))
-_NATIVE = _configure(NativeEnvironment(undefined=jinja2.StrictUndefined, autoescape=False))
+class _NativeSandbox(NativeEnvironment, SandboxedEnvironment):
+    """Native values, and the sandbox's refusal of unsafe attributes."""
+
+
+# sandboxed: a playbook is input, and one from elsewhere must not reach Python's internals ({{ x.__class__ }})
+_TEXT = _configure(SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True))
+_NATIVE = _configure(_NativeSandbox(undefined=jinja2.StrictUndefined, autoescape=False))
 
 
 @functools.lru_cache(maxsize=1024)
