@@ -123,3 +123,41 @@ def test_orphaned_files_from_a_killed_load_are_removed_and_answers_unchanged(fre
     with Lake(ep) as lake:
         assert lake.con.execute("SELECT count(*), sum(total_amount) FROM trips").fetchone() == answers
         assert answers[0] == result.files[0].rows_accepted
+
+
+def test_maintain_beside_another_writer_checks_its_own_commits(fresh_stack):
+    """Another writer committing while maintain runs is normal (a load, the worker plane). maintain used to compare
+    the whole lake before and after, so the other writer's rows failed "current answers unchanged"; each of its own
+    commits is now checked against the snapshot it was built on, and the whole lake only when nobody else wrote."""
+    import threading
+
+    fresh_stack.platform.up()
+    ep = fresh_stack.platform.endpoints()
+    with Lake(ep) as lake:
+        _history(lake)  # inlined rows to flush and small files to merge: maintain commits snapshots of its own
+        lake.run("CREATE TABLE other_writer (i BIGINT)")
+    stop, inserted = threading.Event(), []
+
+    def write() -> None:
+        with Lake(ep) as other:
+            while not stop.is_set():
+                other.run(f"INSERT INTO other_writer VALUES ({len(inserted)})")
+                inserted.append(other.last_committed_snapshot())
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    try:
+        while len(inserted) < 3:  # the writer is committing before maintain starts, and goes on during it
+            stop.wait(0.05)
+        checks = CheckRun()
+        result = run_maintain(fresh_stack.platform, checks, versions=[])
+    finally:
+        stop.set()
+        writer.join(30)
+    assert checks.ok, [c.as_dict() for c in checks.failed]
+    assert result["other_writers_snapshots"], "the other writer committed nothing while maintain ran"
+    own = [c.name for c in checks.checks if "changed no answer" in c.name]
+    assert own and any(n.startswith("flushing inlined data") for n in own), own
+    assert not any(c.name.startswith("current answers unchanged") for c in checks.checks)
+    with Lake(ep) as lake:
+        assert lake.scalar("SELECT count(*) FROM other_writer") == len(inserted)  # none of its rows lost

@@ -27,7 +27,7 @@ SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "tlc-samples"
 # +00:00 with a year-long period, a snake_case CSV
 REAL_SAMPLES = [SAMPLES / "yellow_tripdata_2025-01_head10000.parquet",
                 SAMPLES / "bigquery_tlc_yellow_trips_2022_random10000.csv",
-                SAMPLES / "gx_yellow_tripdata_samples_2018-2020" / "yellow_tripdata_sample_2019-11.csv"]
+                SAMPLES / "gx_yellow_tripdata_samples_2018-2020" / "yellow_tripdata_sample_2019-02.csv"]  # CRLF lines but the last: issue 16
 NAMES = ["q1_trips_by_vendor", "q2_avg_total_by_passenger_count", "q3_trips_by_passenger_count_and_year",
          "q4_trips_by_passenger_count_year_distance", "daily_summary", "top_pickup_zones",
          "hourly_demand_by_weekday", "tip_share_by_payment_type", "airport_trips"]

@@ -125,6 +125,19 @@ def test_a_retried_spark_task_does_not_duplicate_rows(stack, local_only):
     assert registered & on_s3
 
 
+def test_a_failed_load_is_one_line_and_the_jvms_own_output_goes_to_the_log(stack, local_only):
+    # local[2,1]: one attempt per task, so the injected failure of the first attempt fails the Spark job
+    before = _lake_state(stack)
+    proc = _cli_load(stack, "--source", "synthetic", "--months", "2021-05", "--rows-per-month", str(ROWS),
+                     "--spark-master", "local[2,1]", env_extra={"DUCKLAKE_FAULT": "fail-first-task-attempt"})
+    assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: the Spark job failed"), proc.stderr
+    assert "WARNING" not in proc.stdout + proc.stderr  # "WARNING: Using incubator modules" and log4j's lines
+    assert "incubator" in (stack.home / "logs" / "spark.log").read_text()  # kept, in the log
+    assert _lake_state(stack) == before
+
+
 def _bad_files(tmp_path: Path) -> dict[str, Path]:
     good = tmp_path / "good"
     good.mkdir()
@@ -171,13 +184,16 @@ def test_bad_load_options_are_one_clear_line_before_anything_changes(stack, cli,
     assert _lake_state(stack) == before
 
 
-def test_load_json_stdout_is_json_alone_the_jvm_writes_to_stderr(stack):
+def test_load_json_stdout_is_json_alone_the_jvm_writes_to_its_log(stack):
     # issue 16: the JVM's "WARN Unable to load native-hadoop library" came first on stdout, before the JSON
+    log = stack.home / "logs" / "spark.log"
+    before = log.read_text() if log.exists() else ""
     proc = _cli_load(stack, "--source", "synthetic", "--months", "2019-09", "--rows-per-month", "2000", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["status"] == "ok" and [f["status"] for f in doc["result"]["files"]] == ["loaded"]
-    assert "native-hadoop" in proc.stderr  # the JVM still says it, where logs belong
+    assert "native-hadoop" not in proc.stdout + proc.stderr
+    assert "native-hadoop" in log.read_text()[len(before):]  # the JVM still says it, where logs belong
 
 
 def test_another_writer_committing_during_the_load_is_no_failure(stack):
@@ -215,3 +231,35 @@ def test_another_writer_committing_during_the_load_is_no_failure(stack):
 def test_bad_months_are_one_clear_error(stack, cli, months, message):
     result = cli(stack.env, "load", "--source", "synthetic", "--months", months)
     assert result.exit_code == 3 and message in result.stderr, result.output
+
+
+def test_a_dropped_trips_table_is_named_with_the_ways_back_and_time_travel_restores_it(stack, tmp_path):
+    """After `DROP TABLE trips`, a load in skip mode used to skip the files load_log lists and then fail its checks
+    with "trips does not exist ... run `status`". It now says the table was dropped, and the time travel it suggests
+    brings the rows back. In a schema of its own (the shared lake's main stays as it is)."""
+    from ducklake_kit.taxi.load import LOAD_LOG, QUARANTINE, TRIPS, ddl_statements, plan
+    from ducklake_kit.taxi.sources import SourceFile
+
+    schema = "dropped_test"
+    with Lake(stack.platform.endpoints()) as lake:
+        lake.run(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        for stmt in ddl_statements(schema):
+            lake.run(stmt)
+        lake.run(f"INSERT INTO {schema}.{TRIPS} (vendor_id, source_file) VALUES (1, 'a.parquet'), (2, 'a.parquet')")
+        lake.run(f"INSERT INTO {schema}.{LOAD_LOG} (load_id, sha256, period, source_file) VALUES ('l1', 'abc', '2020-01', 'a.parquet')")
+        source = SourceFile(tmp_path / "a.parquet", "files", 2020, 1, "abc", 2)
+        todo, skipped, _ = plan(lake, [source], "skip", schema)
+        assert not todo and len(skipped) == 1  # as loaded: skipped
+        lake.run(f"DROP TABLE {schema}.{TRIPS}")
+        with pytest.raises(KitError) as info:
+            plan(lake, [source], "skip", schema)
+        err = info.value
+        assert f"the table {schema}.{TRIPS} was dropped" in err.what and "load --mode replace" in err.fix
+        restore = err.fix.split('sql "')[1].split('"')[0]
+        lake.run(restore)  # the fix it gives works
+        assert lake.scalar(f"SELECT count(*) FROM {schema}.{TRIPS}") == 2
+        assert plan(lake, [source], "skip", schema)[1]  # and the load skips the file again, correctly
+        lake.run(f"DROP TABLE {schema}.{QUARANTINE}")
+        todo, _, _ = plan(lake, [source], "replace", schema)  # replace lands the file again: no error
+        assert todo == [source]
+        lake.run(f"DROP SCHEMA {schema} CASCADE")

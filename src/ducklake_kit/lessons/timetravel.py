@@ -45,6 +45,7 @@ from ducklake_kit.lake.transactions import commit
 from ducklake_kit.platforms.base import Platform
 from ducklake_kit.platforms.state import State
 from ducklake_kit.taxi import sources
+from ducklake_kit.taxi.flow import SPARK_LOG
 from ducklake_kit.taxi.load import QUARANTINE, TRIPS, LoadResult, run_load
 from ducklake_kit.taxi.verify import verify_file
 
@@ -123,7 +124,8 @@ def build_story(platform: Platform, state: State, checks: CheckRun, *, rows_per_
         on_step(f"loading {f.period} into {TABLE} (one snapshot)")
         with checks.step(f"timetravel: load {f.period}"):
             loads.append(run_load(ep, [f], zones_path=zones_path, zones_note=zones_note, source_note=f"timetravel lesson {f.period}",
-                                  mode="replace", spark_master=spark_master, schema_name=SCHEMA, on_step=on_step))
+                                  mode="replace", spark_master=spark_master, schema_name=SCHEMA, on_step=on_step,
+                                  spark_log=state.log_dir / SPARK_LOG))
     with Lake(ep) as lake:
         lake.con.execute(f"USE {lake.alias}.{SCHEMA}")  # verify_file reads `trips`/`quarantine` unqualified
         try:

@@ -14,6 +14,9 @@ from ducklake_kit.taxi.load import MODES, LoadResult, load_snapshots, rows_snaps
 from ducklake_kit.taxi.verify import verify_file
 
 
+SPARK_LOG = "spark.log"  # in the state folder's logs/: the JVM's own output when a load starts it
+
+
 def load_and_verify(
     platform: Platform,
     state: State,
@@ -38,7 +41,7 @@ def load_and_verify(
     on_step(f"source: {note}; {len(files)} file(s)")
     zones_path, zones_note = sources.zone_lookup(cache, [f.path for f in files])
     result = run_load(ep, files, zones_path=zones_path, zones_note=zones_note, source_note=note, mode=mode,
-                      spark_master=spark_master, on_step=on_step)
+                      spark_master=spark_master, on_step=on_step, spark_log=state.log_dir / SPARK_LOG)
     with Lake(ep) as lake:
         loaded = [f for f in result.files if f.status == "loaded"]
         # the load's own snapshots, found by its commit message: other writers (another load, maintain, the worker

@@ -27,7 +27,7 @@ from ducklake_kit.platforms import s3
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, load_statements, secret_statements
 from ducklake_kit.lake.locks import advisory_lock, lock_key
-from ducklake_kit.lake.sql import quote_literal, table_exists, tables
+from ducklake_kit.lake.sql import quote_ident, quote_literal, table_exists, tables
 from ducklake_kit.lake.transactions import last_committed_snapshot, rollback_quietly
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.taxi import schema
@@ -216,10 +216,34 @@ def _previous_loads(lake: Lake, schema_name: str) -> list[dict[str, Any]]:
     return [dict(zip(cols, r)) for r in cur.fetchall()]
 
 
+def dropped_table(lake: Lake, table: str, schema_name: str = "main") -> KitError | None:
+    """When `table` existed in the lake and was dropped: the error that says so, with the two ways back (a load
+    that lands the files again, or time travel to the last snapshot that had it). None when it exists or never
+    did."""
+    if table_exists(lake.con, lake.alias, schema_name, table):
+        return None
+    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
+    row = lake.con.execute(
+        f"SELECT max(t.end_snapshot) FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s USING (schema_id) "
+        "WHERE t.table_name = ? AND s.schema_name = ? AND t.end_snapshot IS NOT NULL", [table, schema_name]).fetchone()
+    if not row or row[0] is None:
+        return None
+    last = int(row[0]) - 1  # the table ended at the snapshot that dropped it: the one before still has it
+    name = table if schema_name == "main" else f"{schema_name}.{table}"
+    return KitError(f"the table {name} was dropped (snapshot {last + 1}), so its rows are gone from the current lake",
+                    f"bring it back with time travel: sql \"CREATE TABLE {name} AS SELECT * FROM {name} AT (VERSION "
+                    f"=> {last})\", or land every file again into a new one with `load --mode replace`")
+
+
 def plan(lake: Lake, files: list[SourceFile], mode: str, schema_name: str = "main") -> tuple[list[SourceFile], list[FileResult], list[str]]:
     """Which files to load, which to skip (and why), and which earlier loads `replace` supersedes."""
     if mode not in MODES:
         raise KitError(f"unknown mode '{mode}'", f"choose one of: {', '.join(MODES)}")
+    if mode != "replace":  # skip and append would leave the dropped rows out of a table that looks loaded
+        for table in (TRIPS, QUARANTINE):
+            gone = dropped_table(lake, table, schema_name)
+            if gone is not None:
+                raise gone
     names = [f.path.name for f in files]
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
@@ -256,7 +280,9 @@ def run_load(
     spark_master: str | None = None,
     schema_name: str = "main",
     on_step: Callable[[str], None] = lambda _msg: None,
+    spark_log: Path | None = None,
 ) -> LoadResult:
+    """`spark_log`: the file the JVM's own output goes to when this load starts it (see spark.jvm_output)."""
     load_id = uuid.uuid4().hex[:12]
     result = LoadResult(load_id, mode, source_note, zones=zones_note)
     started = time.time()
@@ -277,7 +303,7 @@ def run_load(
 
         on_step("Spark: conform, flag quality, derive, write Parquet from the executors")
         t = time.perf_counter()
-        spark = spark_mod.session(spark_master)
+        spark = spark_mod.session(spark_master, log_path=spark_log)
         df = build_frame(spark, todo, zones_path, load_id)
         try:
             written = df.mapInArrow(make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt"),

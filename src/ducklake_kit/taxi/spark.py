@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -21,23 +22,38 @@ LOCAL_CONF = {
 
 
 @contextmanager
-def jvm_output_to_stderr() -> Iterator[None]:
-    """While the JVM starts, this process's stdout (fd 1) is its stderr: the JVM inherits that as its own stdout,
-    so what it prints then and later (log4j's "Unable to load native-hadoop library", Spark's warnings) never
-    lands in the JSON a `--json` command writes to stdout."""
+def jvm_output(log_path: Path | None = None) -> Iterator[None]:
+    """Where the JVM writes, decided while it starts (it inherits this process's stdout and stderr then, and keeps
+    them). With `log_path`, both go to that file (appended, 0600): "WARNING: Using incubator modules", log4j's
+    "Unable to load native-hadoop library" and Spark's own warnings land in the log, so a failed load is one line
+    on the terminal. Without, its stdout is this process's stderr, so nothing it prints lands in the JSON a
+    `--json` command writes to stdout."""
     sys.stdout.flush()
-    saved = os.dup(1)
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    log = None
     try:
-        os.dup2(2, 1)
+        if log_path is not None:
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+            os.dup2(log, 1)
+            os.dup2(log, 2)
+        else:
+            os.dup2(2, 1)
         yield
     finally:
         sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
+        sys.stderr.flush()
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        if log is not None:
+            os.close(log)
 
 
-def session(master: str | None = None, app_name: str = "ducklake-kit"):
-    """Start (or reuse) a SparkSession. Needs Java 17+ (checked by `doctor`)."""
+def session(master: str | None = None, app_name: str = "ducklake-kit", *, log_path: Path | None = None):
+    """Start (or reuse) a SparkSession. Needs Java 17+ (checked by `doctor`). `log_path`: where the JVM's own output
+    goes (see `jvm_output`)."""
     from pyspark.sql import SparkSession
 
     remote = os.environ.get("SPARK_REMOTE")
@@ -56,7 +72,7 @@ def session(master: str | None = None, app_name: str = "ducklake-kit"):
             # also stops the JVM's "hostname resolves to a loopback address" warning at start
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
-        with jvm_output_to_stderr():
+        with jvm_output(log_path):
             spark = builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - JVM start failures surface as several exception types
         msg = first_line(exc)
