@@ -215,3 +215,17 @@ def test_bad_sql_in_a_query_file_names_the_file(lake, tmp_path, monkeypatch):
     with pytest.raises(KitError) as err:
         queries.run_query(lake, "broken")
     assert err.value.what.startswith("query broken (01_broken.sql): SQL failed:") and "vendor_idd" in err.value.what
+
+
+def test_a_query_on_a_dropped_trips_table_says_it_was_dropped_and_how_to_get_it_back(fresh_stack):
+    # issue 16: `query --no-check` after `DROP TABLE trips` said "fix the statement"
+    from ducklake_kit.taxi.load import ddl_statements
+
+    fresh_stack.platform.up()
+    with Lake(fresh_stack.platform.endpoints()) as lake:
+        for stmt in ddl_statements():
+            lake.run(stmt)
+        lake.run("DROP TABLE trips")
+        with pytest.raises(KitError) as info:
+            queries.run_query(lake, "q1_trips_by_vendor")
+    assert "the table trips was dropped" in info.value.what and "AT (VERSION =>" in info.value.fix
