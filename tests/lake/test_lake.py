@@ -181,3 +181,22 @@ def test_advisory_lock_is_exclusive_and_says_when_busy(stack):
     with pytest.raises(ValueError, match="positive"):  # PostgreSQL's lock_timeout 0 would wait forever
         with advisory_lock(ep, key, timeout_s=0, busy=KitError("never")):
             pass
+
+
+def test_a_refused_s3_credential_is_said_plainly(stack):
+    # issue 16: with a wrong S3 secret, `sql "SELECT sum(...)"` said "HTTP 403 ... Try: fix the statement"
+    import dataclasses
+
+    ep = stack.platform.endpoints()
+    with Lake(ep) as lake:
+        lake.run("CREATE SCHEMA IF NOT EXISTS s3_refused; "
+                 "CREATE OR REPLACE TABLE s3_refused.t AS SELECT range AS i FROM range(1000)")  # a Parquet file
+    wrong = dataclasses.replace(ep, s3=dataclasses.replace(ep.s3, secret="not-the-secret"))
+    try:
+        with Lake(wrong) as lake, pytest.raises(KitError) as info:
+            lake.run("SELECT sum(i) FROM s3_refused.t")
+        assert "the S3 server refused the lake's credentials" in info.value.what, info.value.line()
+        assert "S3 key and secret" in info.value.fix and "fix the statement" not in info.value.fix
+    finally:
+        with Lake(ep) as lake:
+            lake.run("DROP SCHEMA s3_refused CASCADE")

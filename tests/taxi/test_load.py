@@ -150,22 +150,65 @@ def _bad_files(tmp_path: Path) -> dict[str, Path]:
     corrupt.write_bytes(b"PAR1" + os.urandom(2000) + b"PAR1")
     unknown = tmp_path / "yellow_tripdata_2020-05_unknown.parquet"
     pq.write_table(pa.table({"a": [1, 2], "b": ["x", "y"]}), unknown)
-    return {"truncated": truncated, "corrupt": corrupt, "unknown": unknown}
+    # issue 16: text that is not a number in fare_amount was landed in raw first, then failed the Spark job with a
+    # multi-kilobyte error; a Boolean column where a number belongs, the same
+    table = pq.read_table(src)
+    i = table.schema.get_field_index("fare_amount")
+    text = table.column(i).cast(pa.string()).to_pylist()
+    text[3] = "twelve"
+    not_a_number = tmp_path / "yellow_tripdata_2020-05_text.parquet"
+    pq.write_table(table.set_column(i, "fare_amount", pa.array(text)), not_a_number)
+    wrong_type = tmp_path / "yellow_tripdata_2020-05_bool.parquet"
+    pq.write_table(table.set_column(i, "fare_amount", pa.array([True] * table.num_rows)), wrong_type)
+    return {"truncated": truncated, "corrupt": corrupt, "unknown": unknown, "not_a_number": not_a_number,
+            "wrong_type": wrong_type}
+
+
+def _raw_objects(stack) -> set[str]:
+    listing = s3.client(stack.platform.endpoints().s3).list_objects_v2(Bucket="raw")
+    return {o["Key"] for o in listing.get("Contents", [])}
 
 
 @pytest.mark.parametrize("kind, message", [
     ("truncated", "is not a readable Parquet file"),
     ("corrupt", "is not a readable Parquet file"),
     ("unknown", "unknown"),
+    ("not_a_number", "column fare_amount holds 1 value(s) that are not numbers (e.g. 'twelve')"),
+    ("wrong_type", "column fare_amount is bool, but the load needs a number there"),
 ])
 def test_bad_files_get_one_clear_error_and_leave_the_lake_unchanged(stack, tmp_path, kind, message):
     path = _bad_files(tmp_path)[kind]
-    before = _lake_state(stack)
+    before, raw_before = _lake_state(stack), _raw_objects(stack)
     proc = _cli_load(stack, "--source", "files", "--path", str(path))
     assert proc.returncode == 3, proc.stdout + proc.stderr
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("Error:")]
     assert len(errors) == 1 and message.lower() in errors[0].lower(), proc.stderr
-    assert _lake_state(stack) == before
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr  # one line, no stack, no JVM output
+    assert _lake_state(stack) == before and _raw_objects(stack) == raw_before  # nothing landed either
+
+
+def test_numbers_written_as_text_still_load(stack, tmp_path):
+    # the check before landing refuses only what Spark would fail on: "12.5" in a text column is a number
+    from ducklake_kit.taxi import synthetic
+
+    (tmp_path / "gen").mkdir()
+    src = synthetic.generate_month(tmp_path / "gen", 2013, 6, 300).path
+    table = pq.read_table(src)
+    i = table.schema.get_field_index("fare_amount")
+    as_text = tmp_path / "yellow_tripdata_2013-06_text.parquet"
+    pq.write_table(table.set_column(i, "fare_amount", table.column(i).cast(pa.string())), as_text)
+    result, checks = _load(stack, source="files", paths=[str(as_text)])
+    assert checks.ok and result.files[0].rows_read == 300, [c.as_dict() for c in checks.failed]
+
+
+def test_no_java_is_found_before_anything_is_landed(stack, tmp_path):
+    raw_before, before = _raw_objects(stack), _lake_state(stack)
+    proc = _cli_load(stack, "--source", "synthetic", "--months", "2021-06", "--rows-per-month", "500",
+                     env_extra={"JAVA_HOME": str(tmp_path), "PATH": str(tmp_path)})
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("Error: Spark needs Java 17+ and no java was found (JAVA_HOME, PATH), so nothing "
+                                  "was landed or loaded. Try: install Java 17+"), proc.stderr
+    assert _raw_objects(stack) == raw_before and _lake_state(stack) == before
 
 
 @pytest.mark.parametrize("args, message", [
@@ -263,3 +306,20 @@ def test_a_dropped_trips_table_is_named_with_the_ways_back_and_time_travel_resto
         todo, _, _ = plan(lake, [source], "replace", schema)  # replace lands the file again: no error
         assert todo == [source]
         lake.run(f"DROP SCHEMA {schema} CASCADE")
+
+
+def test_a_failed_spark_job_names_the_s3_server_when_it_is_the_cause(stack):
+    # issue 16: rclone killed mid-load gave "Try: fix the input (e.g. a value that is not a number)"
+    import dataclasses
+
+    from ducklake_kit.platforms.procs import free_port
+    from ducklake_kit.taxi.load import spark_job_failed
+
+    ep = stack.platform.endpoints()
+    failure = RuntimeError("Py4JJavaError: An error occurred while calling o123.collectToPython.")
+    alive = spark_job_failed(failure, ep)
+    assert "spark.log" in alive.fix and "up" not in alive.fix.split()
+    gone = dataclasses.replace(ep, s3=dataclasses.replace(ep.s3, endpoint=f"127.0.0.1:{free_port()}"))  # nobody there
+    dead = spark_job_failed(failure, gone)
+    assert "S3 server stopped answering" in dead.what and "is not reachable" in dead.what
+    assert dead.fix.startswith("run `up`") and "the lake is unchanged" in dead.what

@@ -156,7 +156,23 @@ class StatementFailed(KitError):
         self.index, self.total, self.statement, self.error = index, total, statement.strip(), error
         self.results = list(results)
         where = "" if total == 1 else f" at statement {index + 1} of {total} (the {index} before it ran, the rest did not)"
-        super().__init__(f"SQL failed{where}: {error}", "fix the statement; `sql \"SHOW ALL TABLES\"` lists the tables")
+        refused = storage_refused(error)
+        if refused:
+            super().__init__(f"SQL failed{where}: {refused}", "check the S3 key and secret the kit uses (the platform's "
+                             "credentials.json, or DUCKLAKE_S3_KEY_ID / DUCKLAKE_S3_SECRET for external)")
+        else:
+            super().__init__(f"SQL failed{where}: {error}", "fix the statement; `sql \"SHOW ALL TABLES\"` lists the tables")
+
+
+# how S3 (and DuckDB's httpfs) say that a request's credentials were refused
+_REFUSED = ("HTTP 403", "403 (Forbidden)", "Forbidden", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+
+
+def storage_refused(error: str) -> str | None:
+    """When a statement failed because the S3 server refused the kit's credentials: that, said plainly."""
+    if not any(marker in error for marker in _REFUSED):
+        return None
+    return f"the S3 server refused the lake's credentials (HTTP 403) while reading or writing a data file ({error[:160]})"
 
 
 def bound_params(stmt, params: dict[str, Any] | None, index: int, total: int, results: list[StatementResult]) -> dict[str, Any] | None:

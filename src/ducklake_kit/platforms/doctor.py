@@ -56,6 +56,25 @@ def java_major(version_text: str) -> int | None:
     return int(m.group(2) or 0) if major == 1 else major
 
 
+JAVA_FIX = "install Java 17+: `sudo apt-get install openjdk-17-jre-headless`, `brew install openjdk@17`, or set JAVA_HOME"
+
+
+def java_found() -> tuple[str | None, int | None]:
+    """(the java executable, its major version); (None, None) when there is none."""
+    java = java_executable()
+    return java, java_major(_run([java, "-version"])) if java else None
+
+
+def java_problem() -> str | None:
+    """Why Spark cannot start here (no Java 17+), or None."""
+    java, major = java_found()
+    if java is None:
+        return "Spark needs Java 17+ and no java was found (JAVA_HOME, PATH)"
+    if major is None or major < MIN_JAVA:
+        return f"Spark needs Java 17+ and {java} is {'of an unknown version' if major is None else f'Java {major}'}"
+    return None
+
+
 def _first_version(text: str) -> str:
     m = re.search(r"v?(\d+\.\d+(?:\.\d+)?)", text)
     return m.group(1) if m else (text.splitlines()[0] if text else "")
@@ -67,16 +86,12 @@ def check(platform: str) -> list[Tool]:
     tools.append(Tool("python", py[:2] >= MIN_PYTHON, f"{py.major}.{py.minor}.{py.micro}", True,
                       "install Python 3.11+ (https://www.python.org/downloads/ or your package manager)", "runs the kit"))
 
-    java = java_executable()
-    text = _run([java, "-version"]) if java else ""
-    major = java_major(text)
+    java, major = java_found()
     java_ok = major is not None and major >= MIN_JAVA
     version = f"{major} ({java})" if major else "not found"
     if major is not None and not java_ok:
         version = f"{major} is too old ({java})"
-    tools.append(Tool("java", java_ok, version, True,
-                      "install Java 17+: `sudo apt-get install openjdk-17-jre-headless`, `brew install openjdk@17`, or set JAVA_HOME",
-                      "PySpark 4 runs on the JVM, Java 17 or newer"))
+    tools.append(Tool("java", java_ok, version, True, JAVA_FIX, "PySpark 4 runs on the JVM, Java 17 or newer"))
 
     tools.append(find_uv())
     just = shutil.which("just")

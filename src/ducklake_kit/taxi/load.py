@@ -296,6 +296,13 @@ def run_load(
             on_step("nothing new to load: no snapshot made")
             return result
 
+        # what can be known before anything is landed: a Spark that cannot start must not leave raw objects behind
+        if not os.environ.get("SPARK_REMOTE"):
+            from ducklake_kit.platforms.doctor import JAVA_FIX, java_problem
+
+            why = java_problem()
+            if why:
+                raise KitError(f"{why}, so nothing was landed or loaded", JAVA_FIX)
         on_step("landing raw files in s3://raw")
         t = time.perf_counter()
         landed = {f.path: land_raw(ep, f)[0] for f in todo}
@@ -309,8 +316,7 @@ def run_load(
             written = df.mapInArrow(make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt"),
                                     WRITTEN_SCHEMA).collect()
         except Exception as exc:  # noqa: BLE001 - Spark surfaces executor failures as several exception types
-            raise KitError(f"the Spark job failed, nothing was registered and the lake is unchanged ({spark_error_line(exc)})",
-                           "fix the input (e.g. a value that is not a number) and run the load again") from None
+            raise spark_job_failed(exc, ep) from None
         result.timings["spark"] = round(time.perf_counter() - t, 2)
 
         by_table = {TRIPS: [r for r in written if r.tbl == TRIPS], QUARANTINE: [r for r in written if r.tbl == QUARANTINE]}
@@ -410,6 +416,22 @@ def commit_lock(ep: Endpoints):
     return advisory_lock(ep, COMMIT_LOCK_KEY, timeout_s=COMMIT_LOCK_TIMEOUT_S, busy=KitError(
         f"another load held the commit lock for {COMMIT_LOCK_TIMEOUT_S}s; nothing was registered",
         "wait for the other load to finish, then run this one again"))
+
+
+def spark_job_failed(exc: BaseException, ep: Endpoints) -> KitError:
+    """Why the Spark job failed, with the fix that works: the input is checked before anything is landed
+    (sources.describe_file), so a failure here is most often a service that went away mid-load: asked, not
+    guessed."""
+    line = spark_error_line(exc)
+    done = "nothing was registered and the lake is unchanged"
+    try:
+        s3.list_buckets(ep.s3)
+    except KitError as down:
+        return KitError(f"the Spark job failed because the lake's S3 server stopped answering ({down.what}); {done}",
+                        "run `up` (it restarts what is down), then the same load again")
+    return KitError(f"the Spark job failed, {done} ({line})",
+                    "see logs/spark.log in the state folder for Spark's own account; fix what it names and run the "
+                    "load again")
 
 
 def spark_error_line(exc: BaseException) -> str:

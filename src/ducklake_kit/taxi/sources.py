@@ -125,8 +125,58 @@ def describe_file(path: Path, kind: str) -> SourceFile:
 
     year, month = period_from_name(path.name)
     rows = parquet_rows(path) if path.suffix.lower() == ".parquet" else None
-    schema.detect_variant(columns_of(path), source=path.name)  # one clear error for an unknown schema
+    variant = schema.detect_variant(columns_of(path), source=path.name)  # one clear error for an unknown schema
+    check_values(path, variant)
     return SourceFile(path.resolve(), kind, year, month, sha256_file(path), rows)
+
+
+def check_values(path: Path, variant) -> None:
+    """What would fail the Spark job, found before anything is landed: a column the load keeps as a number that
+    holds something else. Text is fine when it is a number ("12.5", CSV's every value): Spark casts it, but with
+    ANSI mode (Spark 4's default) one value that is not a number fails the whole job, so those values are looked
+    for here, with DuckDB. A Parquet column of another kind (a boolean, a struct) where a number belongs is refused
+    by its type."""
+    import duckdb
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ducklake_kit.lake.sql import quote_ident, quote_literal
+    from ducklake_kit.taxi import schema
+    from ducklake_kit.taxi.reference import CSV_DIALECT
+
+    target = {c.name: c.duckdb_type for c in schema.CANONICAL_COLUMNS}
+    numeric = [(src, canon) for src, canon in variant.mapping if target.get(canon) in ("INTEGER", "DOUBLE")]
+    if path.suffix.lower() == ".parquet":
+        arrow = pq.ParquetFile(path).schema_arrow
+        text = []
+        for src, _canon in numeric:
+            t = arrow.field(src).type
+            if pa.types.is_string(t) or pa.types.is_large_string(t):
+                text.append(src)
+            elif not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_null(t)):
+                raise KitError(f"{path.name}: column {src} is {t}, but the load needs a number there, so nothing was "
+                               "landed or loaded", f"convert {src} to a number and load the file again")
+        relation = f"read_parquet({quote_literal(str(path))})"
+    else:
+        text = [src for src, _canon in numeric]
+        relation = f"read_csv({quote_literal(str(path))}, {CSV_DIALECT})"
+    if not text:
+        return
+    bad = [f"{quote_ident(c)} IS NOT NULL AND TRY_CAST(trim({quote_ident(c)}) AS DOUBLE) IS NULL" for c in text]
+    sql = "SELECT " + ", ".join(f"count(*) FILTER (WHERE {b}), any_value({quote_ident(c)}) FILTER (WHERE {b})"
+                                for c, b in zip(text, bad)) + f" FROM {relation}"
+    with duckdb.connect() as con:
+        try:
+            row = con.execute(sql).fetchone()
+        except duckdb.Error as exc:
+            raise KitError(f"{path.name} cannot be read ({str(exc).splitlines()[0][:160]})",
+                           "check the file: a CSV needs a header row and commas between values") from None
+    for i, column in enumerate(text):
+        count, example = row[2 * i], row[2 * i + 1]
+        if count:
+            raise KitError(f"{path.name}: column {column} holds {count} value(s) that are not numbers (e.g. {example!r}), "
+                           "so nothing was landed or loaded",
+                           f"fix or blank those values of {column} and load the file again")
 
 
 # -- synthetic --------------------------------------------------------------------------------------------
