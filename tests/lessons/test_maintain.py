@@ -140,9 +140,10 @@ def test_maintain_beside_another_writer_checks_its_own_commits(fresh_stack):
 
     def write() -> None:
         with Lake(ep) as other:
-            while not stop.is_set():
+            while not stop.is_set():  # a commit every 0.1 s (back to back, it starves maintain's commit retries)
                 other.run(f"INSERT INTO other_writer VALUES ({len(inserted)})")
                 inserted.append(other.last_committed_snapshot())
+                stop.wait(0.1)
 
     writer = threading.Thread(target=write, daemon=True)
     writer.start()
@@ -161,3 +162,55 @@ def test_maintain_beside_another_writer_checks_its_own_commits(fresh_stack):
     assert not any(c.name.startswith("current answers unchanged") for c in checks.checks)
     with Lake(ep) as lake:
         assert lake.scalar("SELECT count(*) FROM other_writer") == len(inserted)  # none of its rows lost
+
+
+@pytest.mark.spark
+def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack):
+    """issue 16: a killed load's files stayed for `--older-than` (7 days), and nothing said why. Each load holds a
+    lock in the catalog for its whole life and names its files for itself: `--dead-loads` removes now the files of
+    a load whose lock is free, and never those of a load that is running (here: files written, commit paused)."""
+    import time
+
+    from ducklake_kit.lessons.maintain import unreferenced_files
+    from ducklake_kit.taxi.load import load_id_of
+
+    fresh_stack.platform.up()
+    ep = fresh_stack.platform.endpoints()
+    env = {**os.environ, **fresh_stack.env}
+    argv = [sys.executable, str(ROOT / "ducklake_test.py"), "load", "--source", "synthetic", "--rows-per-month", "3000"]
+    killed = subprocess.run(argv + ["--months", "2021-07"], env={**env, "DUCKLAKE_FAULT": "kill-before-commit"},
+                            capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -9, killed.stdout + killed.stderr
+    with Lake(ep) as lake:
+        left = unreferenced_files(lake, ep)
+    dead, other = left["dead"], left["other"]  # other: the zones file DuckLake itself wrote in the killed commit
+    assert dead and not left["running"] and all(load_id_of(p) is None for p in other), left
+
+    running = subprocess.Popen(argv + ["--months", "2021-08"], env={**env, "DUCKLAKE_FAULT": "pause-before-commit=45"},
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while True:  # until the running load has written its files
+            with Lake(ep) as lake:
+                left = unreferenced_files(lake, ep)
+            if left["running"]:
+                break
+            assert running.poll() is None and time.monotonic() < deadline, running.stderr.read() if running.poll() else ""
+            time.sleep(1)
+        alive = left["running"]
+        checks = CheckRun()
+        plain = run_maintain(fresh_stack.platform, checks)  # without the option: they stay, and it says why
+        assert checks.ok and plain["unreferenced_left"] == {"running": len(alive), "dead": len(dead), "other": len(other)}
+        checks = CheckRun()
+        result = run_maintain(fresh_stack.platform, checks, dead_loads=True)
+        assert checks.ok, [c.as_dict() for c in checks.failed]
+        assert result["done"]["dead_load_files_deleted"] == dead
+        objects = set(s3_objects(ep))
+        assert not set(dead) & objects and set(alive) <= objects
+        assert result["unreferenced_left"] == {"running": len(alive), "dead": 0, "other": len(other)}
+    finally:
+        _out, err = running.communicate(timeout=600)
+    assert running.returncode == 0, err[-3000:]  # its own checks passed: every row it wrote is in the lake
+    with Lake(ep) as lake:
+        assert set(alive) <= referenced_files(lake)  # it committed the very files maintain left alone
+        assert unreferenced_files(lake, ep) == {"running": [], "dead": [], "other": other}

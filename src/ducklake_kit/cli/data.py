@@ -150,15 +150,16 @@ def maintain(
     older_than: Annotated[str, typer.Option(help="Expire snapshots (and delete orphaned files) older than this: '7 days', '2 hours', '0 seconds' (all but the current one), or a timestamp.")] = "7 days",
     version: Annotated[Optional[list[int]], typer.Option(help="Expire exactly this snapshot instead (repeatable).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; change nothing.")] = False,
+    dead_loads: Annotated[bool, typer.Option("--dead-loads", help="Also delete now, whatever their age, the unreferenced files of loads known dead (killed or failed: their lock in the catalog is free); a running load's files are never touched.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Flush inlined data, merge adjacent files, expire snapshots, clean up old and orphaned files, CHECKPOINT; checked."""
+    """Flush inlined data, merge adjacent files, expire snapshots, clean up old and orphaned files, CHECKPOINT; checked. Says how many unreferenced files it left, and why."""
     from ducklake_kit.lessons import maintain as mt  # start-up: loads only for this command
 
     c: Ctx = ctx.obj
     run = CheckRun()
     result = mt.run_maintain(c.platform(), run, older_than=older_than, versions=version or None, dry_run=dry_run,
-                             on_step=step_printer(as_json))
+                             dead_loads=dead_loads, on_step=step_printer(as_json))
     if as_json:
         print_json("ok" if run.ok else "error", {**result, **run.as_dict()})
     else:

@@ -62,6 +62,19 @@ def s3_objects(ep: Endpoints) -> dict[str, int]:
     return out
 
 
+def delete_s3_objects(ep: Endpoints, uris: list[str]) -> None:
+    """Delete these objects (s3://bucket/key) with the kit's credentials."""
+    client = s3.client(ep.s3)
+    try:
+        for uri in uris:
+            m = re.match(r"s3://([^/]+)/(.+)$", uri)
+            if not m:
+                raise KitError(f"{uri} is not an S3 object of the lake", "report it")
+            client.delete_object(Bucket=m.group(1), Key=m.group(2))
+    except (BotoCoreError, ClientError) as exc:
+        raise s3.explain(ep.s3, exc) from None
+
+
 def referenced_files(lake: Lake) -> set[str]:
     """Data and delete files the current snapshot needs."""
     out: set[str] = set()

@@ -37,3 +37,40 @@ def advisory_lock(ep: Endpoints, key: int, *, timeout_s: int, busy: KitError) ->
         yield
     finally:
         conn.close()  # ends the session: the lock goes with it
+
+
+LOAD_LIFE_NAMESPACE = int.from_bytes(b"L\x00", "big") << 48  # keys of a load's life lock: the namespace, then its id
+
+
+def load_life_key(load_id: str) -> int:
+    """The advisory lock key a load holds for its whole life: its 12-hex-digit id (48 bits) in its own namespace."""
+    if len(load_id) != 12:
+        raise ValueError(f"a load id is 12 hex digits, not {load_id!r}")
+    return LOAD_LIFE_NAMESPACE | int(load_id, 16)
+
+
+@contextmanager
+def held_for_life(ep: Endpoints, key: int) -> Iterator[None]:
+    """Hold advisory lock `key` while the block runs (it is free: no one else takes a new load's key). Whoever sees
+    the key free afterwards knows the holder is gone: finished, failed or killed, its session ended."""
+    conn = postgres.connect(ep.pg, timeout=10)
+    try:
+        conn.execute("SELECT pg_advisory_lock(%s)", [key])
+        yield
+    finally:
+        conn.close()
+
+
+def held_now(ep: Endpoints, keys: list[int]) -> set[int]:
+    """Which of `keys` some session holds right now (a try-lock that is given back at once when it succeeds)."""
+    if not keys:
+        return set()
+    held = set()
+    with postgres.connect(ep.pg, timeout=10) as conn:
+        for key in keys:
+            got = conn.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()[0]
+            if got:
+                conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+            else:
+                held.add(key)
+    return held

@@ -39,8 +39,11 @@ import duckdb
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
-from ducklake_kit.lake.inventory import fingerprint, inlined_rows, inventory, referenced_files, s3_objects, snapshot_ids
-from ducklake_kit.platforms.base import Platform
+from ducklake_kit.lake.inventory import (delete_s3_objects, fingerprint, inlined_rows, inventory, referenced_files,
+                                          s3_objects, snapshot_ids)
+from ducklake_kit.lake.locks import held_now, load_life_key
+from ducklake_kit.taxi.load import load_id_of
+from ducklake_kit.platforms.base import Endpoints, Platform
 
 DEFAULT_OLDER_THAN = "7 days"
 
@@ -75,11 +78,33 @@ def _expire(lake: Lake, expire_args: tuple[str, list], *, dry_run: bool) -> list
     return sorted(int(r[0]) for r in lake.con.execute(sql, expire_args[1]).fetchall())
 
 
+def unreferenced_files(lake: Lake, ep: Endpoints) -> dict[str, list[str]]:
+    """The data files no snapshot references, whatever their age, by why they are there: `running` (a load that
+    is alive wrote them and may still commit them), `dead` (a load whose life lock is free: finished, failed or
+    killed, it can never commit them), `other` (not named for a load: another writer's, an older kit's, or one DuckLake
+    itself wrote in a transaction that never committed, such as a killed load's zones)."""
+    paths = _paths(lake, "SELECT path FROM ducklake_delete_orphaned_files(?, dry_run => true, older_than => now())",
+                   [lake.alias])
+    by_load: dict[str, list[str]] = {}
+    out: dict[str, list[str]] = {"running": [], "dead": [], "other": []}
+    for path in paths:
+        load = load_id_of(path)
+        if load is None:
+            out["other"].append(path)
+        else:
+            by_load.setdefault(load, []).append(path)
+    alive = held_now(ep, [load_life_key(load) for load in by_load])  # asked after listing: a new load has a new id
+    for load, files in by_load.items():
+        out["running" if load_life_key(load) in alive else "dead"].extend(files)
+    return {k: sorted(v) for k, v in out.items()}
+
+
 def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | timedelta | datetime = DEFAULT_OLDER_THAN,
-                 versions: list[int] | None = None, dry_run: bool = False,
+                 versions: list[int] | None = None, dry_run: bool = False, dead_loads: bool = False,
                  on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     """`older_than`: snapshots committed before it expire, and orphaned files last written before it are deleted.
-    `versions`: expire exactly these snapshots instead (orphans still use `older_than`)."""
+    `versions`: expire exactly these snapshots instead (orphans still use `older_than`). `dead_loads`: also delete
+    now, whatever their age, the files of loads known dead (their life lock is free: see `unreferenced_files`)."""
     ep = platform.endpoints()
     with Lake(ep) as lake:
         a = lake.alias
@@ -111,6 +136,10 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
                 "orphaned_files": _paths(lake, "SELECT path FROM ducklake_delete_orphaned_files(?, dry_run => true, older_than => ?)",
                                          [a, cutoff]),
             }
+            left = unreferenced_files(lake, ep)
+            result["unreferenced_left"] = {k: len(v) for k, v in left.items()}
+            if dead_loads:
+                result["would"]["dead_load_files"] = left["dead"]
             after = inventory(lake, ep)
             checks.equal("dry run: the snapshots are unchanged", snapshot_ids(lake), snaps_before)
             checks.equal("dry run: the files on S3 are unchanged (keys and sizes)", s3_objects(ep), objects_before)
@@ -152,6 +181,22 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
         with checks.step("maintain: delete orphaned files"):
             on_step("deleting orphaned files (written but never committed, e.g. by a killed load)")
             done["orphans_deleted"] = _paths(lake, "SELECT path FROM ducklake_delete_orphaned_files(?, older_than => ?)", [a, cutoff])
+        with checks.step("maintain: files of dead loads"):
+            left = unreferenced_files(lake, ep)
+            if dead_loads and left["dead"]:
+                on_step(f"deleting {len(left['dead'])} file(s) of loads known dead (their life lock is free)")
+                delete_s3_objects(ep, left["dead"])
+                done["dead_load_files_deleted"] = left["dead"]
+                checks.equal("the dead loads' files are gone from S3", sorted(set(left["dead"]) & set(s3_objects(ep))), [])
+                left = unreferenced_files(lake, ep)
+            result["unreferenced_left"] = {k: len(v) for k, v in left.items()}
+            reasons = {"running": "written by a load that is still running (it may commit them)",
+                       "dead": f"of loads known dead, kept until they are older than {cutoff.isoformat()} "
+                               "(`maintain --dead-loads` removes them now)",
+                       "other": f"not named for a load, kept until they are older than {cutoff.isoformat()}"}
+            for kind, files in left.items():
+                if files:
+                    on_step(f"{len(files)} unreferenced file(s) left: {reasons[kind]}")
         with checks.step("maintain: checkpoint"):
             on_step("CHECKPOINT")
             answer_preserving("CHECKPOINT", lambda: lake.con.execute("CHECKPOINT").fetchall())

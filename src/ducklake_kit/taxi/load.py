@@ -10,7 +10,9 @@ successful attempt's files are registered, so retries never duplicate rows.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import time
 import uuid
@@ -26,7 +28,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ducklake_kit.platforms import s3
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, load_statements, secret_statements
-from ducklake_kit.lake.locks import advisory_lock, lock_key
+from ducklake_kit.lake.locks import advisory_lock, held_for_life, load_life_key, lock_key
 from ducklake_kit.lake.sql import quote_ident, quote_literal, table_exists, tables
 from ducklake_kit.lake.transactions import last_committed_snapshot, rollback_quietly
 from ducklake_kit.platforms.base import Endpoints
@@ -137,10 +139,24 @@ def land_raw(ep: Endpoints, src: SourceFile) -> tuple[str, bool]:
 WRITTEN_SCHEMA = "tbl string, path string, rows long, source_file string"
 
 
-def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_first_attempt: bool = False) -> Callable[[Iterator], Iterator]:
+def data_file_prefix(load_id: str) -> str:
+    """Every data file a load writes is named `ducklake-<load id>-<uuid>.parquet`: an orphan says whose it is."""
+    return f"ducklake-{load_id}-"
+
+
+def load_id_of(path: str) -> str | None:
+    """The load that wrote a data file, from its name; None for a file of another writer (or an older kit)."""
+    m = re.fullmatch(r"ducklake-([0-9a-f]{12})-[0-9a-f-]{36}\.parquet", path.rsplit("/", 1)[-1])
+    return m.group(1) if m else None
+
+
+def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_first_attempt: bool = False,
+                load_id: str = "000000000000") -> Callable[[Iterator], Iterator]:
     """A mapInArrow function: stream the task's rows into Parquet on S3 with DuckDB, accepted rows
     partitioned like DuckLake lays them out, rejected rows into one quarantine file. Yields only
-    (table, path, rows) per written file, never the rows themselves."""
+    (table, path, rows) per written file, never the rows themselves. Files are named for the load
+    (`data_file_prefix`)."""
+    prefix = data_file_prefix(load_id)
     s3_secret = secret_statements(ep)[0]  # the S3 secret only: executors never touch the catalog
     trips_dir = f"{data_path.rstrip('/')}/{schema_name}/{TRIPS}"  # where DuckLake itself would put them
     quarantine_dir = f"{data_path.rstrip('/')}/{schema_name}/{QUARANTINE}"
@@ -174,7 +190,7 @@ def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_f
         reader = pa.RecordBatchReader.from_batches(out_schema, accepted())  # noqa: F841 - DuckDB scans it by name
         rows, files = con.execute(
             f"COPY (SELECT * FROM reader) TO '{trips_dir}' (FORMAT parquet, PARTITION_BY ({keys}), "
-            "WRITE_PARTITION_COLUMNS true, FILENAME_PATTERN 'ducklake-{uuid}', RETURN_FILES true, APPEND)"
+            f"WRITE_PARTITION_COLUMNS true, FILENAME_PATTERN '{prefix}{{uuid}}', RETURN_FILES true, APPEND)"
         ).fetchone()
         # a task reads one split of one source file (union keeps partitions apart): name it per written file
         source_file = first.column("source_file")[0].as_py()
@@ -187,7 +203,7 @@ def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_f
                 raise RuntimeError(f"DuckDB reported {rows} rows written but the files hold {sum(out['rows'])}")
         if rejected:
             bad_table = pa.Table.from_batches(rejected)  # noqa: F841 - rejects are a small share of a task's rows
-            path = f"{quarantine_dir}/ducklake-{uuid.uuid4()}.parquet"
+            path = f"{quarantine_dir}/{prefix}{uuid.uuid4()}.parquet"
             con.execute(f"COPY (SELECT * FROM bad_table) TO '{path}' (FORMAT parquet)")
             out["tbl"].append(QUARANTINE), out["path"].append(path), out["rows"].append(bad_table.num_rows)
             out["source_file"].append(source_file)
@@ -286,15 +302,19 @@ def run_load(
     load_id = uuid.uuid4().hex[:12]
     result = LoadResult(load_id, mode, source_note, zones=zones_note)
     started = time.time()
-    fault = os.environ.get("DUCKLAKE_FAULT", "")  # test hook: kill-before-commit | fail-first-task-attempt
+    # test hook: kill-before-commit | fail-first-task-attempt | pause-before-commit=SECONDS
+    fault = os.environ.get("DUCKLAKE_FAULT", "")
 
-    with Lake(ep) as lake:
+    with Lake(ep) as lake, contextlib.ExitStack() as life:
         result.previous_snapshot = lake.current_snapshot()
         todo, skipped, superseded = plan(lake, files, mode, schema_name)
         result.files.extend(skipped)
         if not todo:
             on_step("nothing new to load: no snapshot made")
             return result
+        # held from before the first file is written until the load ends, however it ends: files named for a load
+        # whose lock is free belong to a load that can never commit them (`maintain --dead-loads` removes them)
+        life.enter_context(held_for_life(ep, load_life_key(load_id)))
 
         # what can be known before anything is landed: a Spark that cannot start must not leave raw objects behind
         if not os.environ.get("SPARK_REMOTE"):
@@ -313,13 +333,15 @@ def run_load(
         spark = spark_mod.session(spark_master, log_path=spark_log)
         df = build_frame(spark, todo, zones_path, load_id)
         try:
-            written = df.mapInArrow(make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt"),
+            written = df.mapInArrow(make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt", load_id),
                                     WRITTEN_SCHEMA).collect()
         except Exception as exc:  # noqa: BLE001 - Spark surfaces executor failures as several exception types
             raise spark_job_failed(exc, ep) from None
         result.timings["spark"] = round(time.perf_counter() - t, 2)
 
         by_table = {TRIPS: [r for r in written if r.tbl == TRIPS], QUARANTINE: [r for r in written if r.tbl == QUARANTINE]}
+        if fault.startswith("pause-before-commit="):  # a load that is alive with its files written, uncommitted
+            time.sleep(float(fault.split("=", 1)[1]))
         on_step(f"registering {len(written)} data files in one DuckLake transaction")
         t = time.perf_counter()
         with commit_lock(ep):
