@@ -190,3 +190,10 @@ def test_templates_cannot_reach_pythons_internals():
         templates.render_text("{{ name.__class__.__mro__ }}", {"name": "x"})
     with pytest.raises(templates.TemplateError, match="unsafe"):
         templates.render_value("{{ name.__class__ }}", {"name": "x"})
+
+
+def test_a_value_that_is_one_expression_keeps_its_type_and_text_stays_text():
+    # Jinja's native mode re-read text as a Python literal: "007" became 7, "None" None, "True" True
+    ctx = {"code": "007", "word": "None", "ids": [1, 2]}
+    assert templates.render_value("{{ code }}", ctx) == "007" and templates.render_value("{{ word }}", ctx) == "None"
+    assert templates.render_value("{{ ids }}", ctx) == [1, 2] and templates.render_value("id-{{ code }}", ctx) == "id-007"

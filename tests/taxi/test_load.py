@@ -173,7 +173,7 @@ def _raw_objects(stack) -> set[str]:
     ("truncated", "is not a readable Parquet file"),
     ("corrupt", "is not a readable Parquet file"),
     ("unknown", "unknown"),
-    ("not_a_number", "column fare_amount holds 1 value(s) that are not numbers (e.g. 'twelve')"),
+    ("not_a_number", "column fare_amount holds 1 value(s) that are not a number (e.g. 'twelve')"),
     ("wrong_type", "column fare_amount is bool, but the load needs a number there"),
 ])
 def test_bad_files_get_one_clear_error_and_leave_the_lake_unchanged(stack, tmp_path, kind, message):

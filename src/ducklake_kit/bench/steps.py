@@ -102,7 +102,11 @@ def bench_steps(platform: Platform, state: State, *, workers: int = 3, iteration
     with plane_mod.borrowed(state, ep, workers, scheduler) as status:
         on_step(f"the step runner: {PLAYBOOK.name}, {iterations} iterations on {len(status.workers)} workers")
         run = runner.run_file(PLAYBOOK, status.address, ep, state.home, overrides={"iterations": iterations})
-    loop = next(s for s in run.steps if s.iterations is not None)
+    loop = next((s for s in run.steps if s.iterations is not None), None)
+    if loop is None:  # the playbook failed before its loop (the table could not be made)
+        first = next((s for s in run.steps if s.error), None)
+        raise KitError(f"the benchmark's playbook failed before its loop ({first.error.line() if first else 'no loop ran'})",
+                       "run `steps run steps/bench_inserts.yaml` to see it")
     its = loop.iterations or []
     done = [it.seconds * 1000 for it in its if not it.failure]
     with Lake(ep) as lake:

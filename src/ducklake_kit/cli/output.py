@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import StatementResult
@@ -49,11 +50,12 @@ def print_json(status: str, result: dict[str, Any] | None = None, catalog_info: 
 
 
 def table(title: str, columns: list[str], rows: list[list[Any]] | list[tuple]) -> Table:
-    t = Table(title=title, title_justify="left")
+    """Cells and headers are plain text, never Rich markup: a value such as `l[i]` or `[/x]` prints as it is."""
+    t = Table(title=Text(title), title_justify="left")
     for c in columns:
-        t.add_column(str(c))
+        t.add_column(Text(str(c)))
     for r in rows:
-        t.add_row(*("NULL" if v is None else str(v) for v in r))
+        t.add_row(*(Text("NULL") if v is None else Text(str(v)) for v in r))
     return t
 
 

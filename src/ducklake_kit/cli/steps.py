@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
+from rich.markup import escape
 
 from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
 from ducklake_kit.cli.output import console, print_json, table
@@ -56,16 +57,17 @@ def run_cmd(ctx: typer.Context, file: FileArg, set_: SetOpt = None, as_json: Jso
     playbook = runner.load(file, overrides)  # bad input is one line before any service is asked
     say = step_printer(as_json)
 
-    def on_event(kind: str, data: dict[str, Any]) -> None:
+    def on_event(kind: str, data: dict[str, Any]) -> None:  # the playbook's text is escaped: never Rich markup
         if kind == "step":
-            say(f"step {data['step']}" + (" (loop)" if data["loop"] else "") + (f": {data['desc']}" if data["desc"] else ""))
+            say(escape(f"step {data['step']}" + (" (loop)" if data["loop"] else "")
+                       + (f": {data['desc']}" if data["desc"] else "")))
         elif kind == "iteration":
             it = data["iteration"]
             where = f" on {it['worker']}" if it["worker"] else ""
-            say(f"  iteration {it['index'] + 1}/{data['total']} {it['status']}{where}"
-                + (f": {it['error']['message']}" if it["error"] else ""))
+            say(escape(f"  iteration {it['index'] + 1}/{data['total']} {it['status']}{where}"
+                       + (f": {it['error']['message']}" if it["error"] else "")))
         elif kind == "skipped":
-            say(f"step {data['step']}: skipped ({data['reason']})")
+            say(escape(f"step {data['step']}: skipped ({data['reason']})"))
 
     out = runner.run_file(playbook, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(),
                           c.state.home, overrides=overrides, on_event=on_event)

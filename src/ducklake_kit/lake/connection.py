@@ -164,13 +164,14 @@ class StatementFailed(KitError):
             super().__init__(f"SQL failed{where}: {error}", "fix the statement; `sql \"SHOW ALL TABLES\"` lists the tables")
 
 
-# how S3 (and DuckDB's httpfs) say that a request's credentials were refused
-_REFUSED = ("HTTP 403", "403 (Forbidden)", "Forbidden", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+# how DuckDB's httpfs says that S3 refused a request's credentials: an HTTP error with status 403, or S3's own codes
+_REFUSED_CODES = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
 
 
 def storage_refused(error: str) -> str | None:
-    """When a statement failed because the S3 server refused the kit's credentials: that, said plainly."""
-    if not any(marker in error for marker in _REFUSED):
+    """When a statement failed because the S3 server refused the kit's credentials: that, said plainly. Only an
+    HTTP error counts (a failed cast of the text 'Forbidden' is no such thing)."""
+    if not ("HTTP 403" in error or (error.startswith("HTTP") and any(c in error for c in _REFUSED_CODES))):
         return None
     return f"the S3 server refused the lake's credentials (HTTP 403) while reading or writing a data file ({error[:160]})"
 

@@ -50,13 +50,14 @@ def load_life_key(load_id: str) -> int:
 
 
 @contextmanager
-def held_for_life(ep: Endpoints, key: int) -> Iterator[None]:
+def held_for_life(ep: Endpoints, key: int) -> Iterator[psycopg.Connection]:
     """Hold advisory lock `key` while the block runs (it is free: no one else takes a new load's key). Whoever sees
-    the key free afterwards knows the holder is gone: finished, failed or killed, its session ended."""
+    the key free afterwards knows the holder is gone: finished, failed or killed, its session ended. Yields the
+    session, whose being alive is the proof that the lock is still held."""
     conn = postgres.connect(ep.pg, timeout=10)
     try:
         conn.execute("SELECT pg_advisory_lock(%s)", [key])
-        yield
+        yield conn
     finally:
         conn.close()
 

@@ -42,7 +42,7 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.lake.inventory import (delete_s3_objects, fingerprint, inlined_rows, inventory, referenced_files,
                                           s3_objects, snapshot_ids)
 from ducklake_kit.lake.locks import held_now, load_life_key
-from ducklake_kit.taxi.load import load_id_of
+from ducklake_kit.taxi.load import commit_lock, load_id_of
 from ducklake_kit.platforms.base import Endpoints, Platform
 
 DEFAULT_OLDER_THAN = "7 days"
@@ -182,13 +182,19 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
             on_step("deleting orphaned files (written but never committed, e.g. by a killed load)")
             done["orphans_deleted"] = _paths(lake, "SELECT path FROM ducklake_delete_orphaned_files(?, older_than => ?)", [a, cutoff])
         with checks.step("maintain: files of dead loads"):
-            left = unreferenced_files(lake, ep)
-            if dead_loads and left["dead"]:
-                on_step(f"deleting {len(left['dead'])} file(s) of loads known dead (their life lock is free)")
-                delete_s3_objects(ep, left["dead"])
+            if dead_loads:
+                # under the loads' commit lock: no load commits between the listing and the deletion, and a load
+                # checks its own life lock under it before committing (taxi.load.run_load)
+                with commit_lock(ep):
+                    left = unreferenced_files(lake, ep)
+                    if left["dead"]:
+                        on_step(f"deleting {len(left['dead'])} file(s) of loads known dead (their life lock is free)")
+                        delete_s3_objects(ep, left["dead"])
                 done["dead_load_files_deleted"] = left["dead"]
-                checks.equal("the dead loads' files are gone from S3", sorted(set(left["dead"]) & set(s3_objects(ep))), [])
-                left = unreferenced_files(lake, ep)
+                if left["dead"]:
+                    checks.equal("the dead loads' files are gone from S3",
+                                 sorted(set(left["dead"]) & set(s3_objects(ep))), [])
+            left = unreferenced_files(lake, ep)
             result["unreferenced_left"] = {k: len(v) for k, v in left.items()}
             reasons = {"running": "written by a load that is still running (it may commit them)",
                        "dead": f"of loads known dead, kept until they are older than {cutoff.isoformat()} "

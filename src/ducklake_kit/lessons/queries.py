@@ -82,10 +82,12 @@ def run_query(lake: Lake, name: str) -> tuple[list[str], list[tuple], float]:
     try:
         results = lake.run(q.sql)
     except KitError as exc:  # say which file holds the failing SQL, or that a table it reads was dropped
-        for table in (TRIPS, ZONES):
-            gone = dropped_table(lake, table)
-            if gone is not None:
-                raise gone from None
+        try:
+            gone = next((g for g in (dropped_table(lake, t) for t in (TRIPS, ZONES)) if g is not None), None)
+        except Exception:  # noqa: BLE001 - the connection itself failed: the original error says why
+            gone = None
+        if gone is not None:
+            raise gone from None
         raise KitError(f"query {q.name} ({q.path.name}): {exc.what}", exc.fix) from None
     seconds = time.perf_counter() - start
     last = results[-1]

@@ -62,7 +62,8 @@ class Attempt:
         failed = next((i for i, s in enumerate(task.statements) if s.error), None)
         if failed is not None:
             s = task.statements[failed]
-            note = " (the transaction was rolled back: nothing of this step committed)" if task.rolled_back else ""
+            note = (" (the transaction was rolled back: nothing of this step committed)"
+                    if task.rolled_back and task.transaction else "")
             out.failure = Failure(s.error + note, failed, s.sql)
         elif task.error:
             out.failure = Failure(task.error)

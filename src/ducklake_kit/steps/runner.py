@@ -129,9 +129,8 @@ class Runner:
             texts.append(text)
         return texts
 
-    def _submit(self, step: Step, target: Target, texts: list[str], params: dict[str, Any], *, with_info: bool,
-                label: str):
-        settings = {k: v for k, v in (("memory_limit", step.memory_limit), ("threads", step.threads)) if v is not None}
+    def _submit(self, step: Step, prepared: tuple, *, with_info: bool, label: str):
+        target, texts, params, settings = prepared
         message = f"steps {self.playbook.name}: {label} (run {self.execution_id})" if step.transaction else None
         return self.plane.submit_call(run_step, target, texts, params, message=message,
                                       keep_going=step.on_error == "continue", settings=settings, with_info=with_info)
@@ -142,14 +141,20 @@ class Runner:
             return StepTask(res.worker, res.address, error=res.error.line() if res.error else "the worker died")
         return res
 
-    def _prepare(self, step: Step, ctx: dict[str, Any], warnings: list[str]) -> tuple[Target, list[str], dict[str, Any]]:
+    def _prepare(self, step: Step, ctx: dict[str, Any], warnings: list[str]) -> tuple:
+        """(the catalog, the commands' text, the params, the step's settings), rendered for `ctx`."""
         try:
             target = self._target(step, ctx)
             texts = self._commands(step, ctx, warnings)
             params = templates.render_value(step.params, ctx)
+            settings: dict[str, Any] = {}
+            if step.memory_limit is not None:
+                settings["memory_limit"] = templates.render_text(step.memory_limit, ctx).strip()
+            if step.threads is not None:
+                settings["threads"] = step.threads
         except KitError as exc:
             raise _StepFailed(Failure(exc.what)) from None
-        return target, texts, {str(k): v for k, v in params.items()}
+        return target, texts, {str(k): v for k, v in params.items()}, settings
 
     def run_step(self, step: Step) -> StepRun:
         run = StepRun(step.name, OK, step.desc)
@@ -159,8 +164,8 @@ class Runner:
             if step.tool is None:
                 pass  # a step that only routes
             elif step.loop is None:
-                target, texts, params = self._prepare(step, self.context, run.warnings)
-                task = self._outcome(self._submit(step, target, texts, params, with_info=True, label=f"step {step.name}"))
+                task = self._outcome(self._submit(step, self._prepare(step, self.context, run.warnings), with_info=True,
+                                                  label=f"step {step.name}"))
                 run.attempt, run.catalog_info = Attempt.of(task), task.catalog_info
             else:
                 self._run_loop(step, run)
@@ -203,13 +208,13 @@ class Runner:
                 ctx = {**self.context, loop.iterator: it.element,
                        "loop": {"element": it.element, "index": it.index, "index1": it.index + 1, "length": len(collection)}}
                 try:
-                    t, texts, params = self._prepare(step, ctx, run.warnings)
+                    prepared = self._prepare(step, ctx, run.warnings)
                 except _StepFailed as exc:
                     it.failure = exc.failure
                     self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": len(collection)})
                     continue
-                target = target or t
-                future = self._submit(step, t, texts, params, with_info=False, label=f"step {step.name} iteration {it.index}")
+                target = target or prepared[0]
+                future = self._submit(step, prepared, with_info=False, label=f"step {step.name} iteration {it.index}")
                 running[future] = it
                 done_iter.add(future)
 

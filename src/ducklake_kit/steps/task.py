@@ -74,6 +74,7 @@ class StepTask:
     statements: list[StatementRun] = field(default_factory=list)
     error: str | None = None  # a failure outside the statements: the catalog's ATTACH, a setting, the worker
     rolled_back: bool = False
+    transaction: bool = False  # the step ran as one transaction (transaction: true)
     snapshot_id: int | None = None  # the snapshot the step's transaction made (transaction: true)
     catalog_info: dict[str, Any] | None = None
     last_snapshot: int | None = None  # the instance's last committed snapshot for the step's catalog, at its end
@@ -112,6 +113,9 @@ def run_step(plugin: str, target: Target, commands: list[str], params: dict[str,
                         lake_plugin.snapshots[target.alias] = (lake_plugin.turn, out.last_snapshot)
                     if any(s.statement_type in ("SET", "ATTACH", "DETACH") for s in out.statements):
                         lake_plugin.default_db = None  # the step's own SQL may have changed it (USE is a SET)
+                    if any(s.statement_type in ("ATTACH", "DETACH") for s in out.statements):
+                        lake_plugin.catalogs.clear()  # ... and what is attached: check again before the next use
+                        lake_plugin.snapshots.clear()
                     if with_info:
                         out.catalog_info = catalog_info(view)
                 finally:
@@ -150,9 +154,14 @@ def _attached(plugin: LakePlugin, target: Target) -> Lake:
     key = target.key()
     con = lake.con
     if plugin.catalogs.get(target.alias) != key:
-        if target.alias in plugin.catalogs:
+        # the alias may be attached to something else (another step's catalog, or the user's own ATTACH): detach it
+        # first, never while it is the default database (DuckDB refuses that)
+        _use(plugin, lake.alias)
+        attached = con.execute("SELECT count(*) FROM duckdb_databases() WHERE database_name = ?", [target.alias]).fetchone()[0]
+        if attached:
             con.execute(f"DETACH {quote_ident(target.alias)}")
-            del plugin.catalogs[target.alias]
+        plugin.catalogs.pop(target.alias, None)
+        plugin.snapshots.pop(target.alias, None)  # another catalog's snapshot ids mean nothing here
         if target.kit:
             con.execute(attach_statement(plugin.endpoints, target.alias))
         else:
@@ -219,6 +228,7 @@ def _autocommit(view: Lake, commands: list[str], params: dict[str, Any], keep_go
 
 
 def _transaction(view: Lake, commands: list[str], params: dict[str, Any], message: str, out: StepTask) -> None:
+    out.transaction = True
     done: list[StatementRun] = []
 
     def work(_con) -> None:

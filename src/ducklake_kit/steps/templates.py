@@ -1,8 +1,9 @@
 """Jinja2 for playbooks: an undefined name is an error naming it (StrictUndefined), never ''; values go into SQL
 through the `sql` filter (a safe SQL literal) or, better, as `params:` (prepared-statement parameters).
 
-Templates run in Jinja2's sandbox (no access to Python's internals). Text (SQL, DSNs) renders to a string; values (a loop's collection, params, vars, `when`) render to native Python
-values, so `{{ user_ids }}` stays a list and `{{ count > 0 }}` a boolean."""
+Templates run in Jinja2's sandbox (no access to Python's internals). Text (SQL, DSNs) renders to a string; a value (a loop's collection, params, vars, `when`) that is exactly one
+`{{ expression }}` is that expression's value, so `{{ user_ids }}` stays a list, `{{ count > 0 }}` a boolean and
+"007" text."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 import jinja2
 import jinja2.meta
-from jinja2.nativetypes import NativeEnvironment
+import jinja2.nodes
 from jinja2.sandbox import SandboxedEnvironment
 
 from ducklake_kit.errors import KitError
@@ -55,13 +56,8 @@ def _configure(env: jinja2.Environment) -> jinja2.Environment:
     return env
 
 
-class _NativeSandbox(NativeEnvironment, SandboxedEnvironment):
-    """Native values, and the sandbox's refusal of unsafe attributes."""
-
-
 # sandboxed: a playbook is input, and one from elsewhere must not reach Python's internals ({{ x.__class__ }})
 _TEXT = _configure(SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True))
-_NATIVE = _configure(_NativeSandbox(undefined=jinja2.StrictUndefined, autoescape=False))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -70,8 +66,17 @@ def _text_template(source: str) -> jinja2.Template:
 
 
 @functools.lru_cache(maxsize=1024)
-def _native_template(source: str) -> jinja2.Template:
-    return _NATIVE.from_string(source)
+def _expression(source: str):
+    """The expression of a template that is exactly one `{{ ... }}` (None otherwise), compiled: its value is kept as
+    it is ("007" stays text, [1, 2] a list), where Jinja's native mode would re-read any text as a Python literal."""
+    text = source.strip()
+    if not (text.startswith("{{") and text.endswith("}}")):
+        return None
+    body = _TEXT.parse(text).body
+    if len(body) != 1 or not isinstance(body[0], jinja2.nodes.Output) or len(body[0].nodes) != 1 \
+            or isinstance(body[0].nodes[0], jinja2.nodes.TemplateData):
+        return None
+    return _TEXT.compile_expression(text[2:-2], undefined_to_none=False)
 
 
 class TemplateError(KitError):
@@ -100,8 +105,11 @@ def render_value(value: Any, context: dict[str, Any]) -> Any:
         if isinstance(value, str):
             if "{{" not in value and "{%" not in value:
                 return value
-            out = _native_template(value).render(context)
-            if isinstance(out, jinja2.Undefined):  # a lone {{ x }} comes back as the Undefined itself: make it fail
+            expression = _expression(value)
+            if expression is None:  # text around it, or a {% %} block: text
+                return _text_template(value).render(context)
+            out = expression(context)
+            if isinstance(out, jinja2.Undefined):  # {{ row.nope }} comes back as the Undefined itself: make it fail
                 out._fail_with_undefined_error()
             return out
         if isinstance(value, list):
@@ -120,9 +128,13 @@ def condition(template: str, context: dict[str, Any]) -> bool:
     text = template.strip()
     try:
         if "{{" in text or "{%" in text:
-            value = _native_template(text).render(context)
+            value = render_value(text, context)
         else:
-            value = _NATIVE.compile_expression(text)(context)
+            value = _TEXT.compile_expression(text, undefined_to_none=False)(context)
+            if isinstance(value, jinja2.Undefined):
+                value._fail_with_undefined_error()
+    except TemplateError:
+        raise
     except Exception as exc:  # noqa: BLE001
         raise _explain(text, exc) from None
     if isinstance(value, str):

@@ -314,7 +314,7 @@ def run_load(
             return result
         # held from before the first file is written until the load ends, however it ends: files named for a load
         # whose lock is free belong to a load that can never commit them (`maintain --dead-loads` removes them)
-        life.enter_context(held_for_life(ep, load_life_key(load_id)))
+        life_session = life.enter_context(held_for_life(ep, load_life_key(load_id)))
 
         # what can be known before anything is landed: a Spark that cannot start must not leave raw objects behind
         if not os.environ.get("SPARK_REMOTE"):
@@ -345,6 +345,15 @@ def run_load(
         on_step(f"registering {len(written)} data files in one DuckLake transaction")
         t = time.perf_counter()
         with commit_lock(ep):
+            # `maintain --dead-loads` classifies and deletes only while it holds this same lock: a load whose life
+            # lock is still held now cannot have had its files taken for a dead load's (a lost session, a restarted
+            # PostgreSQL, would make it look dead)
+            try:
+                life_session.execute("SELECT 1")
+            except Exception as exc:  # noqa: BLE001 - any failure means the lock may be gone
+                raise KitError(f"this load lost its lock in the catalog ({first_line(exc)}), so its files may have been "
+                               "removed as a dead load's; nothing was registered and the lake is unchanged",
+                               "run the load again") from None
             _commit(lake, ep, todo, superseded, mode, schema_name, by_table, written, zones_path, landed, load_id, started,
                     result, fault)
         result.timings["commit"] = round(time.perf_counter() - t, 2)

@@ -145,38 +145,48 @@ def check_values(path: Path, variant) -> None:
     from ducklake_kit.taxi.reference import CSV_DIALECT
 
     target = {c.name: c.duckdb_type for c in schema.CANONICAL_COLUMNS}
-    numeric = [(src, canon) for src, canon in variant.mapping if target.get(canon) in ("INTEGER", "DOUBLE")]
+    numeric = [(src, target[canon]) for src, canon in variant.mapping if target.get(canon) in ("INTEGER", "DOUBLE")]
+    checks: list[tuple[str, str, str]] = []  # (column, what it must be, the SQL that finds a value that is not)
     if path.suffix.lower() == ".parquet":
         arrow = pq.ParquetFile(path).schema_arrow
-        text = []
-        for src, _canon in numeric:
+        for src, kind in numeric:
             t = arrow.field(src).type
+            c = quote_ident(src)
             if pa.types.is_string(t) or pa.types.is_large_string(t):
-                text.append(src)
+                checks.append((src, kind, _text_is_not(c, kind)))
             elif not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_null(t)):
                 raise KitError(f"{path.name}: column {src} is {t}, but the load needs a number there, so nothing was "
                                "landed or loaded", f"convert {src} to a number and load the file again")
+            elif kind == "INTEGER":  # a number that does not fit a 32-bit integer (or NaN) fails Spark's cast
+                checks.append((src, kind, f"{c} IS NOT NULL AND TRY_CAST({c} AS INTEGER) IS NULL"))
         relation = f"read_parquet({quote_literal(str(path))})"
     else:
-        text = [src for src, _canon in numeric]
+        checks = [(src, kind, _text_is_not(quote_ident(src), kind)) for src, kind in numeric]
         relation = f"read_csv({quote_literal(str(path))}, {CSV_DIALECT})"
-    if not text:
+    if not checks:
         return
-    bad = [f"{quote_ident(c)} IS NOT NULL AND TRY_CAST(trim({quote_ident(c)}) AS DOUBLE) IS NULL" for c in text]
-    sql = "SELECT " + ", ".join(f"count(*) FILTER (WHERE {b}), any_value({quote_ident(c)}) FILTER (WHERE {b})"
-                                for c, b in zip(text, bad)) + f" FROM {relation}"
+    sql = "SELECT " + ", ".join(f"count(*) FILTER (WHERE {bad}), any_value({quote_ident(c)}::VARCHAR) FILTER (WHERE {bad})"
+                                for c, _kind, bad in checks) + f" FROM {relation}"
     with duckdb.connect() as con:
         try:
             row = con.execute(sql).fetchone()
         except duckdb.Error as exc:
             raise KitError(f"{path.name} cannot be read ({str(exc).splitlines()[0][:160]})",
                            "check the file: a CSV needs a header row and commas between values") from None
-    for i, column in enumerate(text):
+    for i, (column, kind, _bad) in enumerate(checks):
         count, example = row[2 * i], row[2 * i + 1]
         if count:
-            raise KitError(f"{path.name}: column {column} holds {count} value(s) that are not numbers (e.g. {example!r}), "
+            need = "a whole number that fits 32 bits" if kind == "INTEGER" else "a number"
+            raise KitError(f"{path.name}: column {column} holds {count} value(s) that are not {need} (e.g. {example!r}), "
                            "so nothing was landed or loaded",
                            f"fix or blank those values of {column} and load the file again")
+
+
+def _text_is_not(column: str, kind: str) -> str:
+    """SQL true for a text value Spark's ANSI cast would fail on (integers go through DOUBLE, as `conform` does)."""
+    as_double = f"TRY_CAST(trim({column}) AS DOUBLE)"
+    number = f"TRY_CAST({as_double} AS INTEGER)" if kind == "INTEGER" else as_double
+    return f"{column} IS NOT NULL AND {number} IS NULL"
 
 
 # -- synthetic --------------------------------------------------------------------------------------------
