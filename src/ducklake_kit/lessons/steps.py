@@ -28,11 +28,12 @@ def run_steps(platform: Platform, state: State, checks: CheckRun, *, scheduler: 
         return {"skipped": PLANE_OFF}
     on_step(f"steps: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
     overrides = {"batch_ids": BATCH_IDS}
-    run = runner.run_file(path, status.address, ep, state.home, overrides=overrides,
+    playbook = runner.load(path, overrides)
+    run = runner.run_file(playbook, status.address, ep, state.home, overrides=overrides,
                           on_event=lambda kind, d: on_step(f"steps: step {d['step']}") if kind == "step" else None)
     checks.equal("steps: every step of the playbook ran and succeeded",
                  {s.step: (s.error.line() if s.error else s.status) for s in run.steps},
-                 {name: "ok" for name in runner.load(path, overrides).steps})
+                 {name: "ok" for name in playbook.steps})
     loop = next((s for s in run.steps if s.iterations is not None), None)
     ran_on = {it.element: it.worker for it in (loop.iterations if loop else [])}
     with Lake(ep) as lake:

@@ -57,17 +57,22 @@ class Attempt:
 
     @classmethod
     def of(cls, task: StepTask) -> "Attempt":
-        out = cls(task.statements, task.worker, task.started_at, task.finished_at, task.seconds,
-                  snapshot_id=task.snapshot_id, rolled_back=task.rolled_back)
+        return cls().take(task)
+
+    def take(self, task: StepTask) -> "Attempt":
+        """Fill this attempt from what its worker reported (an iteration keeps its index and element)."""
+        self.statements, self.worker, self.started_at, self.finished_at = (task.statements, task.worker, task.started_at,
+                                                                           task.finished_at)
+        self.seconds, self.snapshot_id, self.rolled_back = task.seconds, task.snapshot_id, task.rolled_back
         failed = next((i for i, s in enumerate(task.statements) if s.error), None)
         if failed is not None:
             s = task.statements[failed]
             note = (" (the transaction was rolled back: nothing of this step committed)"
                     if task.rolled_back and task.transaction else "")
-            out.failure = Failure(s.error + note, failed, s.sql)
+            self.failure = Failure(s.error + note, failed, s.sql)
         elif task.error:
-            out.failure = Failure(task.error)
-        return out
+            self.failure = Failure(task.error)
+        return self
 
     @property
     def status(self) -> str:

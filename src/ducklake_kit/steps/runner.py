@@ -223,10 +223,7 @@ class Runner:
         while running:
             future = next(done_iter)
             it = running.pop(future)
-            task = self._outcome(future)
-            got = Attempt.of(task)
-            it.statements, it.worker, it.started_at, it.finished_at = got.statements, got.worker, got.started_at, got.finished_at
-            it.seconds, it.failure, it.snapshot_id, it.rolled_back = got.seconds, got.failure, got.snapshot_id, got.rolled_back
+            it.take(self._outcome(future))
             self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": len(collection)})
             submit_next()
         run.iterations_seconds = round(time.perf_counter() - started, 6)
@@ -301,7 +298,7 @@ class Runner:
 
 def run(playbook: Playbook, plane: WorkerPlane, endpoints: Endpoints, home: Path, *,
         overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None) -> PlaybookRun:
-    check_names(playbook, set(overrides or {}))
+    """Run a playbook read (and name-checked, with the same overrides) by `load`."""
     return Runner(playbook, plane, endpoints, home, overrides=overrides, on_event=on_event).run()
 
 
