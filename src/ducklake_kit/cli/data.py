@@ -10,7 +10,8 @@ from ducklake_kit.checks import CheckRun
 from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
 from ducklake_kit.cli.output import console, print_checks, print_json, render_checks, render_statement, table
 from ducklake_kit.errors import EXIT_CHECK_FAILED
-from ducklake_kit.lake.expect import run_sql
+from ducklake_kit.lake import Lake
+from ducklake_kit.lake.expect import SqlRun, expect_value, run_sql
 from ducklake_kit.lessons import LESSON_ROWS_PER_MONTH
 from ducklake_kit.taxi import sources
 
@@ -24,9 +25,9 @@ def sql(
         help="Check the answer: the last statement must return exactly one value equal to this text (else exit 1).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run SQL against the lake; rows for every statement that returns them, real affected-row counts."""
+    """Run SQL against the lake; rows for every statement that returns them, real affected-row counts. Dynamic-table DDL (CREATE DYNAMIC TABLE, ALTER / DROP / SHOW DYNAMIC ...) is accepted too."""
     c: Ctx = ctx.obj
-    run = run_sql(c.platform().endpoints(), c.platform_name, query, expect)
+    run = _dynamic_sql(c, query, expect) or run_sql(c.platform().endpoints(), c.platform_name, query, expect)
     check = run.expectation
     if as_json:
         body: dict[str, Any] = {"statements": [r.as_dict() for r in run.results]}
@@ -40,6 +41,20 @@ def sql(
             typer.echo(f"{'ok' if check.passed else 'FAIL'}: expected {check.expected}, got {check.actual}")
     if not run.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _dynamic_sql(c: Ctx, query: str, expect: str | None) -> SqlRun | None:
+    """`sql` text with dynamic-table statements, run in order (None when it has none)."""
+    from ducklake_kit.dynamic_tables import ddl, manage
+    from ducklake_kit.dynamic_tables.metadata import Metadata
+
+    if not ddl.has_dynamic(query):
+        return None
+    ep = c.platform().endpoints()
+    with Lake(ep) as lake, Metadata(ep) as meta:
+        results = manage.run_text(lake, meta, query)
+        info = lake.catalog_info(c.platform_name)
+    return SqlRun(results, info, expect_value(results[-1], expect) if expect is not None and results else None)
 
 
 @app.command()

@@ -301,7 +301,9 @@ class Lake:
         return row[0] if row else None
 
     def current_snapshot(self) -> int:
-        return int(self.scalar(f"SELECT max(snapshot_id) FROM ducklake_snapshots({_sql_str(self.alias)})"))
+        """The latest snapshot (in a transaction: the one it reads). DuckLake's `current_snapshot()` asks the catalog
+        for one row; `max(snapshot_id)` over `ducklake_snapshots()` would read every snapshot there is."""
+        return int(self.scalar(f"SELECT id FROM {quote_ident(self.alias)}.current_snapshot()"))
 
     def catalog_info(self, platform: str) -> dict[str, Any]:
         pg, s3 = self.endpoints.pg, self.endpoints.s3

@@ -15,6 +15,7 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 
@@ -41,9 +42,10 @@ def last_committed_snapshot(lake: Lake) -> int | None:
     return lake.last_committed_snapshot()
 
 
-def snapshot_with_token(lake: Lake, token: str, hint: int | None = None) -> int | None:
-    """The snapshot whose commit_extra_info carries `token`: `hint` first (one catalog row), else a search."""
-    extra = json.dumps({"commit": token})
+def snapshot_with_token(lake: Lake, token: str, hint: int | None = None, extra: str | None = None) -> int | None:
+    """The snapshot whose commit_extra_info carries `token` (`extra`: the whole extra info, when the commit added
+    more to it than the token): `hint` first (one catalog row), else a search."""
+    extra = extra if extra is not None else json.dumps({"commit": token})
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
     if hint is not None:
         row = lake.con.execute(f"SELECT commit_extra_info FROM {meta}.ducklake_snapshot_changes WHERE snapshot_id = ?",
@@ -90,10 +92,13 @@ def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTH
 
 
 def commit_with(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], message: str, *,
-                author: str = AUTHOR, before_commit: Callable[[], None] | None = None) -> Commit:
+                author: str = AUTHOR, before_commit: Callable[[], None] | None = None,
+                extra: dict[str, Any] | None = None) -> Commit:
     """`work(con)` in ONE transaction with `message` as its commit message (for statements with parameters,
-    `executemany`): one snapshot, or nothing when it raises."""
+    `executemany`): one snapshot, or nothing when it raises. `extra`: more to keep in the snapshot's
+    commit_extra_info (JSON), beside the commit's token."""
     token = uuid.uuid4().hex
+    extra_info = json.dumps({"commit": token, **(extra or {})})
     con = lake.con
     con.execute("BEGIN TRANSACTION")
     try:
@@ -101,9 +106,9 @@ def commit_with(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], m
         if before_commit is not None:
             before_commit()
         con.execute("CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)",
-                    [lake.alias, author, message, json.dumps({"commit": token})])
+                    [lake.alias, author, message, extra_info])
         con.execute("COMMIT")
     except BaseException:
         rollback_quietly(con)
         raise
-    return Commit(snapshot_with_token(lake, token, last_committed_snapshot(lake)), message)
+    return Commit(snapshot_with_token(lake, token, last_committed_snapshot(lake), extra_info), message)

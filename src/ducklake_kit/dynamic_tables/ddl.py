@@ -1,0 +1,274 @@
+"""The dynamic-table language: a small prefix parser over sqlglot's DuckDB tokens (strings, comments and `;`
+inside them are sqlglot's business, never a regex's), with the defining query parsed by sqlglot itself.
+
+    CREATE [OR REPLACE] DYNAMIC TABLE [schema.]name
+      TARGET_LAG = '<n> seconds|minutes|hours|days' | DOWNSTREAM
+      [REFRESH_MODE = AUTO | FULL | INCREMENTAL]   -- default AUTO
+      [INITIALIZE = ON_CREATE | ON_SCHEDULE]       -- default ON_CREATE
+    AS SELECT ...;
+    ALTER DYNAMIC TABLE name SUSPEND | RESUME | REFRESH | SET TARGET_LAG = ...;
+    DROP DYNAMIC TABLE [IF EXISTS] name;
+    SHOW DYNAMIC TABLES;
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import Token, TokenType
+
+from ducklake_kit.errors import KitError
+
+DIALECT = "duckdb"
+MODES = ("AUTO", "FULL", "INCREMENTAL")
+INITIALIZE = ("ON_CREATE", "ON_SCHEDULE")
+UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+DOWNSTREAM = "DOWNSTREAM"
+SYNTAX_FIX = ("write e.g. CREATE DYNAMIC TABLE daily TARGET_LAG = '5 minutes' AS SELECT ...; "
+              "see `dynamic create --help`")
+
+
+class DdlError(KitError):
+    def __init__(self, what: str, fix: str = SYNTAX_FIX):
+        super().__init__(what, fix)
+
+
+@dataclass(frozen=True)
+class Lag:
+    """A target lag: seconds, or DOWNSTREAM (refreshed when a dynamic table that reads it refreshes)."""
+
+    seconds: int | None  # None: DOWNSTREAM
+
+    @property
+    def downstream(self) -> bool:
+        return self.seconds is None
+
+    def __str__(self) -> str:
+        if self.seconds is None:
+            return DOWNSTREAM
+        for unit, size in reversed(UNITS.items()):
+            if self.seconds % size == 0:
+                n = self.seconds // size
+                return f"{n} {unit}{'s' if n != 1 else ''}"
+        return f"{self.seconds} seconds"  # unreachable: every whole number of seconds divides by 1
+
+
+def parse_lag(text: str) -> Lag:
+    """'5 minutes' -> Lag(300); 'DOWNSTREAM' -> Lag(None)."""
+    if text.strip().upper() == DOWNSTREAM:
+        return Lag(None)
+    parts = text.split()
+    unit = parts[1].lower().rstrip("s") if len(parts) == 2 else ""
+    if len(parts) != 2 or not parts[0].isdigit() or unit not in UNITS or int(parts[0]) <= 0:
+        raise DdlError(f"TARGET_LAG '{text}' is not a lag", "give a positive whole number and a unit, "
+                       "e.g. TARGET_LAG = '30 seconds' | '5 minutes' | '1 hour' | '1 day', or TARGET_LAG = DOWNSTREAM")
+    return Lag(int(parts[0]) * UNITS[unit])
+
+
+@dataclass(frozen=True)
+class CreateDynamicTable:
+    name: str  # schema.table
+    lag: Lag
+    query: str  # the defining SELECT, as written
+    select: exp.Expression  # the same, parsed by sqlglot
+    refresh_mode: str = "AUTO"
+    initialize: str = "ON_CREATE"
+    or_replace: bool = False
+    text: str = ""  # the whole statement, as written
+
+
+@dataclass(frozen=True)
+class AlterDynamicTable:
+    name: str
+    action: str  # SUSPEND | RESUME | REFRESH | SET_LAG
+    lag: Lag | None = None
+
+
+@dataclass(frozen=True)
+class DropDynamicTable:
+    name: str
+    if_exists: bool = False
+
+
+@dataclass(frozen=True)
+class ShowDynamicTables:
+    pass
+
+
+Statement = CreateDynamicTable | AlterDynamicTable | DropDynamicTable | ShowDynamicTables
+
+
+def _tokens(text: str) -> list[Token]:
+    try:
+        return sqlglot.Dialect.get_or_raise(DIALECT).tokenize(text)
+    except TokenError as exc:
+        raise DdlError(f"the SQL does not tokenize ({str(exc).splitlines()[0]})", "check quotes and comments") from None
+
+
+def split_statements(text: str) -> list[tuple[str, list[Token]]]:
+    """(statement text, its tokens) for each statement of `text`, split at sqlglot's `;` tokens."""
+    out: list[tuple[str, list[Token]]] = []
+    current: list[Token] = []
+    for tok in [*_tokens(text), None]:
+        if tok is None or tok.token_type == TokenType.SEMICOLON:
+            if current:
+                out.append((text[current[0].start:current[-1].end + 1], current))
+            current = []
+        else:
+            current.append(tok)
+    return out
+
+
+def _word(tok: Token | None) -> str:
+    return tok.text.upper() if tok is not None and tok.token_type != TokenType.STRING else ""
+
+
+def is_dynamic(tokens: list[Token]) -> bool:
+    """Whether a statement's tokens are dynamic-table DDL (CREATE [OR REPLACE] DYNAMIC, ALTER/DROP/SHOW DYNAMIC)."""
+    words = [_word(t) for t in tokens[:4]]
+    if words[:1] == ["CREATE"]:
+        return "DYNAMIC" in words[1:4] and (words[1] == "DYNAMIC" or words[1:3] == ["OR", "REPLACE"])
+    return len(words) > 1 and words[0] in ("ALTER", "DROP", "SHOW") and words[1] == "DYNAMIC"
+
+
+def has_dynamic(text: str) -> bool:
+    """Whether `text` holds a dynamic-table statement (False when sqlglot cannot tokenize it: then it is DuckDB's
+    alone to read)."""
+    try:
+        return any(is_dynamic(tokens) for _, tokens in split_statements(text))
+    except DdlError:
+        return False
+
+
+class _Reader:
+    def __init__(self, text: str, tokens: list[Token]):
+        self.text, self.tokens, self.i = text, tokens, 0
+
+    def peek(self, ahead: int = 0) -> Token | None:
+        j = self.i + ahead
+        return self.tokens[j] if j < len(self.tokens) else None
+
+    def take(self) -> Token | None:
+        tok = self.peek()
+        self.i += 1
+        return tok
+
+    def accept(self, *words: str) -> bool:
+        if all(_word(self.peek(k)) == w for k, w in enumerate(words)):
+            self.i += len(words)
+            return True
+        return False
+
+    def expect(self, *words: str) -> None:
+        if not self.accept(*words):
+            got = self.peek()
+            raise DdlError(f"expected {' '.join(words)} but found {got.text if got else 'the end'!r} in "
+                           f"`{self.text[:80]}`")
+
+    def name(self) -> str:
+        parts = []
+        while True:
+            tok = self.take()
+            if tok is None or tok.token_type not in (TokenType.VAR, TokenType.IDENTIFIER) and not tok.text.isidentifier():
+                raise DdlError(f"expected a table name ([schema.]name) in `{self.text[:80]}`")
+            parts.append(tok.text)
+            if _word(self.peek()) != ".":
+                break
+            self.take()
+        if len(parts) > 2:
+            raise DdlError(f"'{'.'.join(parts)}' is not a dynamic table name",
+                           "name it as table or schema.table of the lake, e.g. main.daily_revenue")
+        return ".".join(parts if len(parts) == 2 else ["main", *parts]).lower()
+
+    def value(self) -> Token:
+        self.expect("=")
+        tok = self.take()
+        if tok is None:
+            raise DdlError(f"a property has no value in `{self.text[:80]}`")
+        return tok
+
+    def end(self) -> None:
+        if self.peek() is not None:
+            raise DdlError(f"unexpected {self.peek().text!r} in `{self.text[:80]}`")
+
+
+def _lag(tok: Token) -> Lag:
+    if tok.token_type == TokenType.STRING or _word(tok) == DOWNSTREAM:
+        return parse_lag(tok.text)
+    raise DdlError(f"TARGET_LAG = {tok.text} is not a lag", "quote it, e.g. TARGET_LAG = '5 minutes', or write DOWNSTREAM")
+
+
+def parse_statement(text: str, tokens: list[Token] | None = None) -> Statement:
+    """One dynamic-table statement (DdlError, one line, when it is not one)."""
+    tokens = tokens if tokens is not None else _tokens(text)
+    r = _Reader(text, tokens)
+    if r.accept("SHOW", "DYNAMIC", "TABLES"):
+        r.end()
+        return ShowDynamicTables()
+    if r.accept("DROP", "DYNAMIC", "TABLE"):
+        if_exists = r.accept("IF", "EXISTS")
+        name = r.name()
+        r.end()
+        return DropDynamicTable(name, if_exists)
+    if r.accept("ALTER", "DYNAMIC", "TABLE"):
+        name = r.name()
+        for action in ("SUSPEND", "RESUME", "REFRESH"):
+            if r.accept(action):
+                r.end()
+                return AlterDynamicTable(name, action)
+        r.expect("SET", "TARGET_LAG")
+        lag = _lag(r.value())
+        r.end()
+        return AlterDynamicTable(name, "SET_LAG", lag)
+    r.expect("CREATE")
+    or_replace = r.accept("OR", "REPLACE")
+    r.expect("DYNAMIC", "TABLE")
+    name = r.name()
+    props: dict[str, Token] = {}
+    while not r.accept("AS"):
+        tok = r.take()
+        key = _word(tok)
+        if key not in ("TARGET_LAG", "REFRESH_MODE", "INITIALIZE"):
+            raise DdlError(f"unknown property {tok.text if tok else 'nothing'!r} of dynamic table {name} (expected "
+                           "TARGET_LAG, REFRESH_MODE, INITIALIZE or AS SELECT ...)")
+        if key in props:
+            raise DdlError(f"{key} is given twice for dynamic table {name}")
+        props[key] = r.value()
+    if "TARGET_LAG" not in props:
+        raise DdlError(f"dynamic table {name} has no TARGET_LAG",
+                       "add TARGET_LAG = '5 minutes' (or DOWNSTREAM) before AS SELECT")
+    mode = _word(props.get("REFRESH_MODE")) or "AUTO"
+    init = _word(props.get("INITIALIZE")) or "ON_CREATE"
+    if mode not in MODES:
+        raise DdlError(f"REFRESH_MODE = {props['REFRESH_MODE'].text} is not a mode", "use AUTO, FULL or INCREMENTAL")
+    if init not in INITIALIZE:
+        raise DdlError(f"INITIALIZE = {props['INITIALIZE'].text} is not an option", "use ON_CREATE or ON_SCHEDULE")
+    first = r.peek()
+    if first is None:
+        raise DdlError(f"dynamic table {name} has no query after AS")
+    query = text[first.start - tokens[0].start:]  # token offsets count from the start of the text tokenized
+    try:
+        select = sqlglot.parse_one(query, read=DIALECT)
+    except ParseError as exc:
+        raise DdlError(f"the query of dynamic table {name} does not parse ({str(exc).splitlines()[0]})",
+                       "fix the SELECT after AS") from None
+    if not isinstance(select, exp.Query):
+        raise DdlError(f"dynamic table {name} is defined by a {select.key.upper()} statement, not a query",
+                       "write AS SELECT ...")
+    return CreateDynamicTable(name, _lag(props["TARGET_LAG"]), query.strip(), select, mode, init, or_replace, text)
+
+
+def parse(text: str) -> list[Statement]:
+    """Every statement of `text`; each must be dynamic-table DDL."""
+    parsed = []
+    for stmt_text, tokens in split_statements(text):
+        if not is_dynamic(tokens):
+            raise DdlError(f"`{stmt_text[:60]}` is not a dynamic-table statement",
+                           "run other SQL with `sql`; a file for `dynamic create` holds CREATE DYNAMIC TABLE statements")
+        parsed.append(parse_statement(stmt_text, tokens))
+    if not parsed:
+        raise DdlError("no statement given", SYNTAX_FIX)
+    return parsed

@@ -1,0 +1,241 @@
+"""Dynamic tables' life: create (the table and its first refresh, then its definition), alter, drop, and
+refreshes of many tables in dependency order (graphlib), where a failed table's dependents are skipped with the
+reason and the others go on."""
+
+from __future__ import annotations
+
+import graphlib
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import duckdb
+
+from ducklake_kit.dynamic_tables import ddl
+from ducklake_kit.dynamic_tables import plan as planner
+from ducklake_kit.dynamic_tables.metadata import (ACTIVE, FAILED, SKIPPED, SUCCEEDED, SUSPENDED, Definition,
+                                                  Metadata, Refresh)
+from ducklake_kit.dynamic_tables.refresh import (FULL, Refresher, named, new_definition_id, parse_query, reflected,
+                                                 snapshot_time, sql, target)
+from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.lake import Lake, StatementResult
+from ducklake_kit.lake.sql import quote_ident, schema_exists, table_exists
+from ducklake_kit.lake.transactions import commit_with
+
+SUSPEND_AFTER_FAILURES = 5  # consecutive failed refreshes that suspend a table (ALTER ... RESUME starts it again)
+
+
+def _exists(lake: Lake, name: str) -> bool:
+    schema, table = name.split(".")
+    return table_exists(lake.con, lake.alias, schema, table)
+
+
+def get(meta: Metadata, name: str) -> Definition:
+    name = name if "." in name else f"main.{name}"
+    d = meta.get(name.lower())
+    if d is None:
+        known = ", ".join(x.name for x in meta.all()) or "none yet"
+        raise KitError(f"there is no dynamic table {name} (dynamic tables: {known})",
+                       "create it with `dynamic create FILE` or list them with `dynamic list`")
+    return d
+
+
+def upstream(meta: Metadata, name: str) -> set[str]:
+    """Every dynamic table `name` reads, directly or through others."""
+    seen: set[str] = set()
+    todo = [name]
+    while todo:
+        d = meta.get(todo.pop())
+        for dep in (d.depends_on if d else []):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return seen
+
+
+def create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh | None:
+    """Create the table (filled at once unless INITIALIZE = ON_SCHEDULE) and record its definition. Nothing is
+    written when the statement is refused."""
+    name = stmt.name
+    old = meta.get(name)
+    if old is not None and not stmt.or_replace:
+        raise KitError(f"dynamic table {name} exists", "write CREATE OR REPLACE DYNAMIC TABLE, or `dynamic drop` it")
+    if old is None and _exists(lake, name):
+        raise KitError(f"{name} is a table of the lake, not a dynamic table", "choose another name")
+    for source in planner.all_sources(stmt.select, lake.alias):
+        if not _exists(lake, source):
+            raise KitError(f"dynamic table {name} reads {source}, which does not exist in the lake",
+                           "create or load it first (`sql \"SHOW ALL TABLES\"` lists the tables)")
+        if source == name:
+            raise KitError(f"dynamic table {name} reads itself", "read other tables")
+    now = lake.current_snapshot()
+    pinned = planner.pinned(stmt.select, lake.alias, now)
+    try:
+        described = lake.con.execute(f"DESCRIBE {sql(pinned)}").fetchall()
+    except duckdb.Error as exc:
+        raise KitError(f"the query of dynamic table {name} fails: {first_line(exc)}", "fix the SELECT after AS") from None
+    columns = [r[0] for r in described]
+    if len({c.lower() for c in columns}) != len(columns):
+        raise KitError(f"the query of dynamic table {name} gives two columns of one name ({', '.join(columns)})",
+                       "give each column its own alias")
+    plan = planner.analyze(stmt.select, columns, lake.alias)
+    if stmt.refresh_mode == "INCREMENTAL" and not plan.incremental:
+        raise KitError(f"dynamic table {name} cannot be refreshed incrementally: {plan.explain()}",
+                       "use REFRESH_MODE = AUTO (a full refresh) or rewrite the query")
+    sources = plan.sources or planner.all_sources(stmt.select, lake.alias)
+    depends_on = [s for s in sources if meta.get(s) is not None]
+    for dep in depends_on:
+        if name in upstream(meta, dep) | {dep}:
+            raise KitError(f"dynamic table {name} would read itself through {dep}", "break the cycle")
+    if old is not None:
+        blockers = [x for x in meta.dependents(name)]
+        if blockers:
+            raise KitError(f"dynamic table {name} is read by {', '.join(blockers)}", "drop or replace those first")
+    d = Definition(name=name, definition_id=new_definition_id(), query=stmt.query, ddl=stmt.text.strip(),
+                   lag_seconds=stmt.lag.seconds, refresh_mode=stmt.refresh_mode, initialize=stmt.initialize,
+                   status=ACTIVE, plan_kind=plan.kind, plan=plan.explain(), reason=plan.reason, columns=columns,
+                   consecutive_failures=0, data_snapshot=None, data_timestamp=None,
+                   created_at=datetime.now(timezone.utc), updated_at=datetime.now(timezone.utc),
+                   sources=dict.fromkeys(sources), depends_on=depends_on)
+    query = sql(named(pinned, columns))
+    if stmt.initialize == "ON_SCHEDULE":
+        query = f"SELECT * FROM ({query}) AS __q LIMIT 0"
+    schema, table = name.split(".")
+    started = datetime.now(timezone.utc)
+    counts = []
+
+    def make(con: duckdb.DuckDBPyConnection) -> None:
+        if not schema_exists(con, lake.alias, schema):
+            con.execute(f"CREATE SCHEMA {quote_ident(lake.alias)}.{quote_ident(schema)}")
+        con.execute(f"CREATE OR REPLACE TABLE {target(lake, name)} AS {query}")
+        counts.append(int(con.execute(f"SELECT count(*) FROM {target(lake, name)}").fetchone()[0]))
+
+    read = now if stmt.initialize == "ON_CREATE" else None
+    made = commit_with(lake, make, f"dynamic table {name}: created",
+                       extra={"dynamic_table": name, "definition": d.definition_id, "read": read})
+    meta.create(d, replace=old is not None)
+    if read is None:
+        return None
+    finished = datetime.now(timezone.utc)
+    return meta.record(Refresh(name, d.definition_id, "create", SUCCEEDED, started, finished,
+                               duration_ms=round((finished - started).total_seconds() * 1000, 1),
+                               mode=FULL, reason="INITIAL: created", rows_inserted=counts[0], rows_deleted=0,
+                               snapshots_read=dict.fromkeys(sources, now), read_snapshot=now,
+                               commit_snapshot=made.snapshot_id, data_timestamp=snapshot_time(lake, now)))
+
+
+def drop(lake: Lake, meta: Metadata, name: str, *, if_exists: bool = False) -> bool:
+    """Drop the table and its definition; False when it did not exist and `if_exists`."""
+    try:
+        d = get(meta, name)
+    except KitError:
+        if if_exists:
+            return False
+        raise
+    readers = meta.dependents(d.name)
+    if readers:
+        raise KitError(f"dynamic table {d.name} is read by {', '.join(readers)}", "drop those first")
+    if _exists(lake, d.name):
+        commit_with(lake, lambda con: con.execute(f"DROP TABLE {target(lake, d.name)}"),
+                    f"dynamic table {d.name}: dropped")
+    meta.drop(d.name)
+    return True
+
+
+def alter(lake: Lake, meta: Metadata, stmt: ddl.AlterDynamicTable) -> list[Refresh]:
+    d = get(meta, stmt.name)
+    if stmt.action == "SUSPEND":
+        meta.set(d.name, status=SUSPENDED)
+    elif stmt.action == "RESUME":
+        meta.set(d.name, status=ACTIVE, consecutive_failures=0)
+    elif stmt.action == "SET_LAG":
+        meta.set(d.name, lag_seconds=stmt.lag.seconds)
+    else:
+        return refresh_many(lake, meta, [d.name]).refreshes
+    return []
+
+
+@dataclass
+class Batch:
+    """The refreshes of one `refresh_many`, in the order they ran (skipped tables included)."""
+
+    refreshes: list[Refresh] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Refresh]:
+        return [r for r in self.refreshes if r.status == FAILED]
+
+
+def refresh_many(lake: Lake, meta: Metadata, names: list[str] | None = None, *, trigger: str = "manual",
+                 refresher: Refresher | None = None, include_suspended: bool = True) -> Batch:
+    """Refresh `names` (all when None) and the dynamic tables they read, upstream first; each in its own
+    transaction. A table whose upstream failed is skipped (recorded with the reason); the others go on."""
+    refresher = refresher or Refresher(lake, meta)
+    every = {d.name: d for d in meta.all()}
+    chosen = set(every) if names is None else {get(meta, n).name for n in names}
+    for n in list(chosen):
+        chosen |= upstream(meta, n)
+    graph = graphlib.TopologicalSorter({n: [x for x in every[n].depends_on if x in chosen] for n in chosen})
+    batch = Batch()
+    broken: dict[str, str] = {}  # table -> why its dependents are skipped
+    for n in graph.static_order():
+        d = every[n]
+        now = datetime.now(timezone.utc)
+        bad = [x for x in d.depends_on if x in broken]
+        if bad or (d.status == SUSPENDED and not include_suspended):
+            why = (f"upstream dynamic table {bad[0]} {broken[bad[0]]}" if bad else "suspended")
+            batch.refreshes.append(meta.record(Refresh(n, d.definition_id, trigger, SKIPPED, now, now, reason=why)))
+            broken[n] = "was skipped"
+            continue
+        r = refresher.refresh(d, trigger if n in (names or every) else "downstream")
+        batch.refreshes.append(r)
+        if r.status == FAILED:
+            broken[n] = "failed"
+            if meta.get(n).consecutive_failures >= SUSPEND_AFTER_FAILURES:
+                meta.set(n, status=SUSPENDED)
+                r.reason = f"suspended after {SUSPEND_AFTER_FAILURES} consecutive failures (ALTER ... RESUME)"
+    return batch
+
+
+def check(lake: Lake, meta: Metadata, name: str) -> tuple[int, int]:
+    """(rows of the table not in its query run in full at the snapshot it read, rows of that query not in the
+    table), compared with EXCEPT ALL both ways: (0, 0) when the table is right."""
+    d = get(meta, name)
+    snapshot = reflected(lake, d)
+    if snapshot is None:
+        raise KitError(f"dynamic table {d.name} was never refreshed", f"run `dynamic refresh {d.name}`")
+    full = sql(named(planner.pinned(parse_query(d), lake.alias, snapshot), d.columns))
+    tgt = target(lake, d.name)
+    only_table = lake.scalar(f"SELECT count(*) FROM (SELECT * FROM {tgt} EXCEPT ALL ({full}))")
+    only_query = lake.scalar(f"SELECT count(*) FROM (({full}) EXCEPT ALL SELECT * FROM {tgt})")
+    return int(only_table), int(only_query)
+
+
+def execute(lake: Lake, meta: Metadata, stmt: ddl.Statement) -> StatementResult:
+    """One dynamic-table statement, as `sql` runs it: its answer as a statement result."""
+    if isinstance(stmt, ddl.ShowDynamicTables):
+        rows = [(d.name, d.status, d.lag, d.refresh_mode, d.plan_kind, d.data_snapshot) for d in meta.all()]
+        return StatementResult("SHOW", ["name", "status", "target_lag", "refresh_mode", "plan", "data_snapshot"], rows)
+    if isinstance(stmt, ddl.CreateDynamicTable):
+        first = create(lake, meta, stmt)
+        return StatementResult("CREATE", ["name", "rows", "plan"],
+                               [(stmt.name, first.rows_inserted if first else 0, meta.get(stmt.name).plan)])
+    if isinstance(stmt, ddl.DropDynamicTable):
+        dropped = drop(lake, meta, stmt.name, if_exists=stmt.if_exists)
+        return StatementResult("DROP", ["name", "dropped"], [(stmt.name, dropped)])
+    refreshes = alter(lake, meta, stmt)
+    failed = [r for r in refreshes if r.status == FAILED]
+    if failed:
+        raise KitError(f"refresh of {failed[0].name} failed: {failed[0].error}", "see `dynamic history`")
+    d = get(meta, stmt.name)
+    return StatementResult("ALTER", ["name", "status", "target_lag", "refreshed"],
+                           [(d.name, d.status, d.lag, ", ".join(f"{r.name} {r.status}" for r in refreshes) or None)])
+
+
+def run_text(lake: Lake, meta: Metadata, text: str) -> list[StatementResult]:
+    """Run `text`, which holds dynamic-table statements (see `ddl.has_dynamic`), in order; plain SQL among them runs
+    as `Lake.run` would."""
+    results: list[StatementResult] = []
+    for part, tokens in ddl.split_statements(text):
+        results += [execute(lake, meta, ddl.parse_statement(part, tokens))] if ddl.is_dynamic(tokens) \
+            else lake.run(part)
+    return results

@@ -1,0 +1,194 @@
+"""What the kit knows about dynamic tables, in the catalog's PostgreSQL database, schema `dynamic_tables`
+(psycopg): `definitions` (every property, the plan and its reason, the status), `sources` (the snapshot each
+source was last read at), `dependencies` (dynamic tables over dynamic tables) and `refresh_history`.
+
+History is written once a refresh's outcome is known (committed, failed or skipped), never ahead of it. The
+snapshots a refresh read are also kept in the lake, in the commit it made (see `refresh`), so a refresh whose
+commit reached the lake but whose metadata write did not is never applied twice."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from psycopg.rows import dict_row
+
+from ducklake_kit.platforms import postgres
+from ducklake_kit.platforms.base import Endpoints
+
+SCHEMA = "dynamic_tables"
+DDL = f"""
+CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+CREATE TABLE IF NOT EXISTS {SCHEMA}.definitions (
+    name text PRIMARY KEY, definition_id text NOT NULL, query text NOT NULL, ddl text NOT NULL,
+    lag_seconds integer, refresh_mode text NOT NULL, initialize text NOT NULL,
+    status text NOT NULL DEFAULT 'ACTIVE', plan_kind text NOT NULL, plan text NOT NULL, reason text,
+    columns jsonb NOT NULL, consecutive_failures integer NOT NULL DEFAULT 0,
+    data_snapshot bigint, data_timestamp timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE IF NOT EXISTS {SCHEMA}.sources (
+    name text NOT NULL REFERENCES {SCHEMA}.definitions ON DELETE CASCADE, source text NOT NULL,
+    read_snapshot bigint, PRIMARY KEY (name, source));
+CREATE TABLE IF NOT EXISTS {SCHEMA}.dependencies (
+    name text NOT NULL REFERENCES {SCHEMA}.definitions ON DELETE CASCADE, depends_on text NOT NULL,
+    PRIMARY KEY (name, depends_on));
+CREATE TABLE IF NOT EXISTS {SCHEMA}.refresh_history (
+    id bigserial PRIMARY KEY, name text NOT NULL, definition_id text NOT NULL, trigger text NOT NULL,
+    status text NOT NULL, mode text, reason text, rows_inserted bigint, rows_deleted bigint,
+    snapshots_read jsonb, read_snapshot bigint, commit_snapshot bigint, data_timestamp timestamptz,
+    started_at timestamptz NOT NULL, finished_at timestamptz NOT NULL, duration_ms double precision, error text);
+CREATE INDEX IF NOT EXISTS refresh_history_name ON {SCHEMA}.refresh_history (name, id);
+"""
+ACTIVE, SUSPENDED = "ACTIVE", "SUSPENDED"
+# refresh outcomes
+SUCCEEDED, FAILED, SKIPPED, NO_DATA = "SUCCEEDED", "FAILED", "SKIPPED", "NO_DATA"
+
+
+@dataclass
+class Definition:
+    name: str
+    definition_id: str
+    query: str
+    ddl: str
+    lag_seconds: int | None  # None: DOWNSTREAM
+    refresh_mode: str
+    initialize: str
+    status: str
+    plan_kind: str
+    plan: str
+    reason: str | None
+    columns: list[str]
+    consecutive_failures: int
+    data_snapshot: int | None  # the snapshot of the sources the table reflects (None: never refreshed)
+    data_timestamp: datetime | None  # that snapshot's commit time
+    created_at: datetime
+    updated_at: datetime
+    sources: dict[str, int | None] = field(default_factory=dict)  # source -> the snapshot it was last read at
+    depends_on: list[str] = field(default_factory=list)  # the dynamic tables it reads
+
+    @property
+    def lag(self) -> str:
+        from ducklake_kit.dynamic_tables.ddl import Lag
+        return str(Lag(self.lag_seconds))
+
+
+@dataclass
+class Refresh:
+    """One row of refresh_history."""
+
+    name: str
+    definition_id: str
+    trigger: str  # create | manual | schedule | downstream
+    status: str
+    started_at: datetime
+    finished_at: datetime
+    mode: str | None = None  # FULL | INCREMENTAL
+    reason: str | None = None  # why that mode (or why skipped)
+    rows_inserted: int | None = None
+    rows_deleted: int | None = None
+    snapshots_read: dict[str, int] | None = None  # source -> snapshot read
+    read_snapshot: int | None = None
+    commit_snapshot: int | None = None  # the snapshot the refresh made (None: it changed nothing)
+    data_timestamp: datetime | None = None
+    duration_ms: float | None = None
+    error: str | None = None
+    id: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items()}
+        for k in ("started_at", "finished_at", "data_timestamp"):
+            out[k] = out[k].isoformat() if out[k] else None
+        return out
+
+
+class Metadata:
+    """The `dynamic_tables` schema, through one autocommit psycopg connection."""
+
+    def __init__(self, ep: Endpoints):
+        self.conn = postgres.connect(ep.pg, timeout=10)
+        self.conn.row_factory = dict_row
+        self.conn.execute(DDL)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Metadata":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def get(self, name: str) -> Definition | None:
+        row = self.conn.execute(f"SELECT * FROM {SCHEMA}.definitions WHERE name = %s", [name]).fetchone()
+        return self._definition(row) if row else None
+
+    def all(self) -> list[Definition]:
+        rows = self.conn.execute(f"SELECT * FROM {SCHEMA}.definitions ORDER BY name").fetchall()
+        return [self._definition(r) for r in rows]
+
+    def _definition(self, row: dict[str, Any]) -> Definition:
+        d = Definition(**row)
+        d.sources = {r["source"]: r["read_snapshot"] for r in self.conn.execute(
+            f"SELECT source, read_snapshot FROM {SCHEMA}.sources WHERE name = %s ORDER BY source", [d.name])}
+        d.depends_on = [r["depends_on"] for r in self.conn.execute(
+            f"SELECT depends_on FROM {SCHEMA}.dependencies WHERE name = %s ORDER BY depends_on", [d.name])]
+        return d
+
+    def create(self, d: Definition, *, replace: bool) -> None:
+        """Insert the definition, its sources and dependencies in one transaction (replacing an older one)."""
+        with self.conn.transaction():
+            if replace:
+                self.conn.execute(f"DELETE FROM {SCHEMA}.definitions WHERE name = %s", [d.name])
+            self.conn.execute(
+                f"INSERT INTO {SCHEMA}.definitions (name, definition_id, query, ddl, lag_seconds, refresh_mode, "
+                "initialize, status, plan_kind, plan, reason, columns) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, "
+                "%s, %s, %s)", [d.name, d.definition_id, d.query, d.ddl, d.lag_seconds, d.refresh_mode, d.initialize,
+                                d.status, d.plan_kind, d.plan, d.reason, json.dumps(d.columns)])
+            for source in d.sources:
+                self.conn.execute(f"INSERT INTO {SCHEMA}.sources (name, source) VALUES (%s, %s)", [d.name, source])
+            for dep in d.depends_on:
+                self.conn.execute(f"INSERT INTO {SCHEMA}.dependencies VALUES (%s, %s)", [d.name, dep])
+
+    def drop(self, name: str) -> None:
+        self.conn.execute(f"DELETE FROM {SCHEMA}.definitions WHERE name = %s", [name])
+
+    def set(self, name: str, **values: Any) -> None:
+        cols = ", ".join(f"{k} = %s" for k in values)
+        self.conn.execute(f"UPDATE {SCHEMA}.definitions SET {cols}, updated_at = now() WHERE name = %s",
+                          [*values.values(), name])
+
+    def dependents(self, name: str) -> list[str]:
+        return [r["name"] for r in self.conn.execute(
+            f"SELECT name FROM {SCHEMA}.dependencies WHERE depends_on = %s ORDER BY name", [name])]
+
+    def record(self, r: Refresh) -> Refresh:
+        """Write a refresh's outcome; a successful one also moves the table's data snapshot and its sources'."""
+        with self.conn.transaction():
+            row = self.conn.execute(
+                f"INSERT INTO {SCHEMA}.refresh_history (name, definition_id, trigger, status, mode, reason, "
+                "rows_inserted, rows_deleted, snapshots_read, read_snapshot, commit_snapshot, data_timestamp, "
+                "started_at, finished_at, duration_ms, error) VALUES "
+                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                [r.name, r.definition_id, r.trigger, r.status, r.mode, r.reason, r.rows_inserted, r.rows_deleted,
+                 json.dumps(r.snapshots_read) if r.snapshots_read is not None else None, r.read_snapshot,
+                 r.commit_snapshot, r.data_timestamp, r.started_at, r.finished_at, r.duration_ms, r.error]).fetchone()
+            r.id = row["id"]
+            current = "name = %s AND definition_id = %s"
+            if r.status in (SUCCEEDED, NO_DATA):
+                self.conn.execute(f"UPDATE {SCHEMA}.definitions SET data_snapshot = %s, data_timestamp = %s, "
+                                  f"consecutive_failures = 0, updated_at = now() WHERE {current}",
+                                  [r.read_snapshot, r.data_timestamp, r.name, r.definition_id])
+                for source, snap in (r.snapshots_read or {}).items():
+                    self.conn.execute(f"UPDATE {SCHEMA}.sources SET read_snapshot = %s WHERE name = %s AND source = %s",
+                                      [snap, r.name, source])
+            elif r.status == FAILED:
+                self.conn.execute(f"UPDATE {SCHEMA}.definitions SET consecutive_failures = consecutive_failures + 1, "
+                                  f"updated_at = now() WHERE {current}", [r.name, r.definition_id])
+        return r
+
+    def history(self, name: str, limit: int = 20) -> list[Refresh]:
+        rows = self.conn.execute(f"SELECT * FROM {SCHEMA}.refresh_history WHERE name = %s ORDER BY id DESC LIMIT %s",
+                                 [name, limit]).fetchall()
+        return [Refresh(**r) for r in rows]

@@ -1,0 +1,310 @@
+"""One refresh of one dynamic table, in its own transaction.
+
+1. Hold the table's advisory lock (two refreshers of one table would apply a change twice).
+2. Read the lake's current snapshot once: every source is read AT (VERSION => that snapshot), and that is the
+   snapshot recorded. Changes committed meanwhile by others are after it, so the next refresh reads them.
+3. Where the previous refresh left off: the later of the metadata's record and the lake's (every refresh commit
+   carries `{"dynamic_table", "definition", "read"}` in its commit_extra_info), so a commit whose metadata write
+   was lost is never applied again.
+4. Read each source's change feed since then into temporary tables, decide the mode (see `plan`), compute the
+   rows to delete and insert from pinned reads, then DELETE and INSERT in ONE lake transaction. Counts are the
+   statements' own. The outcome goes to the history afterwards, whatever it was.
+
+A refresh with no source change makes no snapshot (NO_DATA)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+import duckdb
+import sqlglot
+from sqlglot import exp
+
+from ducklake_kit.dynamic_tables import plan as planner
+from ducklake_kit.dynamic_tables.ddl import DIALECT
+from ducklake_kit.dynamic_tables.metadata import FAILED, NO_DATA, SUCCEEDED, Definition, Metadata, Refresh
+from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.lake import Lake
+from ducklake_kit.lake.changes import changes_sql
+from ducklake_kit.lake.locks import advisory_lock
+from ducklake_kit.lake.sql import quote_ident, quote_literal
+from ducklake_kit.lake.transactions import commit_with
+
+FULL, INCREMENTAL = "FULL", "INCREMENTAL"
+# AUTO refreshes in full when the affected groups (or rows) to recompute exceed this share of the table's rows:
+# recomputing most groups through the change feed costs more than recomputing all of them at once
+FULL_REFRESH_SHARE = 0.5
+LOCK_NAMESPACE = int.from_bytes(b"D\x00", "big") << 48
+LOCK_WAIT_S = 600
+META_COLUMNS = ("snapshot_id", "rowid", "change_type")
+PRE, POST = ("delete", "update_preimage"), ("insert", "update_postimage")
+
+
+def lock_key(name: str) -> int:
+    """The advisory lock a refresh of `name` holds: 48 bits of its name's hash in the dynamic tables' namespace."""
+    return LOCK_NAMESPACE | int.from_bytes(hashlib.blake2b(name.encode(), digest_size=6).digest(), "big")
+
+
+def target(lake: Lake, name: str) -> str:
+    schema, table = name.split(".")
+    return f"{quote_ident(lake.alias)}.{quote_ident(schema)}.{quote_ident(table)}"
+
+
+def parse_query(d: Definition) -> exp.Expression:
+    return sqlglot.parse_one(d.query, read=DIALECT)
+
+
+def named(query: exp.Expression, names: list[str]) -> exp.Expression:
+    """The query with each select item aliased to the column name the table has (as DuckDB first named it), so
+    every rewritten form of it gives the same names. A `*` is left alone."""
+    out = query.copy()
+    if isinstance(out, exp.Select) and len(out.selects) == len(names) \
+            and not any(isinstance(s.unalias(), exp.Star) for s in out.selects):
+        out.set("expressions", [exp.alias_(s.unalias(), n, quoted=True) for s, n in zip(out.selects, names)])
+    return out
+
+
+def sql(e: exp.Expression) -> str:
+    return e.sql(DIALECT)
+
+
+def lake_record(lake: Lake, d: Definition, after: int | None = None) -> int | None:
+    """The snapshot the latest committed refresh of this definition read, as its lake commit says; only commits
+    after snapshot `after` are searched (the filter goes to PostgreSQL: the catalog keeps every snapshot)."""
+    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
+    rows = lake.con.execute(f"SELECT snapshot_id, commit_extra_info FROM {meta}.ducklake_snapshot_changes "
+                            "WHERE snapshot_id > ? AND commit_extra_info IS NOT NULL ORDER BY snapshot_id DESC",
+                            [after if after is not None else -1]).fetchall()
+    for _, info in rows:
+        try:
+            extra = json.loads(info)
+        except ValueError:  # another writer's own extra info
+            continue
+        if isinstance(extra, dict) and extra.get("dynamic_table") == d.name \
+                and extra.get("definition") == d.definition_id and isinstance(extra.get("read"), int):
+            return extra["read"]
+    return None
+
+
+def reflected(lake: Lake, d: Definition) -> int | None:
+    """The snapshot of the sources the table reflects now: the later of the metadata's record and the lake's."""
+    recorded = [s for s in (d.data_snapshot, lake_record(lake, d, d.data_snapshot)) if s is not None]
+    return max(recorded) if recorded else None
+
+
+def snapshot_time(lake: Lake, snapshot: int) -> datetime:
+    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
+    return lake.scalar(f"SELECT snapshot_time FROM {meta}.ducklake_snapshot WHERE snapshot_id = ?", [snapshot])
+
+
+@dataclass
+class Work:
+    """What one refresh decided and did."""
+
+    mode: str
+    reason: str
+    inserted: int = 0
+    deleted: int = 0
+    statements: list[str] = field(default_factory=list)  # what ran in the lake transaction, for `show --sql`
+
+
+class Refresher:
+    """Refreshes dynamic tables of one lake; `full_share`: see FULL_REFRESH_SHARE."""
+
+    def __init__(self, lake: Lake, meta: Metadata, *, full_share: float = FULL_REFRESH_SHARE):
+        self.lake, self.meta, self.full_share = lake, meta, full_share
+        self.con = lake.con
+
+    # ---- the lake side ---------------------------------------------------------------------------------------
+
+    def _temp(self, name: str, query: str) -> int:
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE {quote_ident(name)} AS {query}")
+        return int(self.con.execute(f"SELECT count(*) FROM temp.main.{quote_ident(name)}").fetchone()[0])
+
+    def _drop_temps(self, names: list[str]) -> None:
+        for n in names:
+            self.con.execute(f"DROP TABLE IF EXISTS temp.main.{quote_ident(n)}")
+
+    def _changes(self, source: str, start: int, end: int, kinds: tuple[str, ...], name: str) -> int:
+        """The source's changed rows of `kinds` in snapshots start..end into temporary table `name` (the source's
+        own columns only); how many."""
+        kinds_sql = ", ".join(quote_literal(k) for k in kinds)
+        return self._temp(name, f"SELECT * EXCLUDE ({', '.join(META_COLUMNS)}) FROM "
+                                f"{changes_sql(self.lake, source, start, end)} WHERE change_type IN ({kinds_sql})")
+
+    def sources_changed(self, sources: list[str], start: int, end: int) -> bool:
+        for s in sources:
+            if self.con.execute(f"SELECT 1 FROM {changes_sql(self.lake, s, start, end)} LIMIT 1").fetchone():
+                return True
+        return False
+
+    def _full(self, query: exp.Expression, snapshot: int, reason: str) -> tuple[Work, list]:
+        new = sql(planner.pinned(query, self.lake.alias, snapshot))
+        return Work(FULL, reason), [("delete_all", None), ("insert", new)]
+
+    def decide(self, d: Definition, query: exp.Expression, plan: planner.Plan, prev: int | None, now: int,
+               temps: list[str]) -> tuple[Work, list] | None:
+        """The refresh's mode and the statements it needs (None: nothing to do)."""
+        if prev is None:
+            return self._full(query, now, "INITIAL: the first refresh")
+        if d.refresh_mode == FULL or not plan.incremental:
+            if not self.sources_changed(plan.sources or planner.all_sources(query, self.lake.alias), prev + 1, now):
+                return None
+            why = "REFRESH_MODE = FULL" if d.refresh_mode == FULL else plan.explain()
+            return self._full(query, now, why)
+        select = query
+        pre: dict[str, str] = {}
+        post: dict[str, str] = {}
+        counts: dict[str, tuple[int, int]] = {}
+        try:
+            for j, source in enumerate(plan.sources):
+                pre[source], post[source] = f"__dt_pre_{j}", f"__dt_post_{j}"
+                temps += [pre[source], post[source]]
+                counts[source] = (self._changes(source, prev + 1, now, PRE, pre[source]),
+                                  self._changes(source, prev + 1, now, POST, post[source]))
+        except duckdb.Error as exc:
+            if d.refresh_mode == INCREMENTAL:
+                raise KitError(f"the change feed of {d.name}'s sources cannot be read ({first_line(exc)})",
+                               "re-create it with REFRESH_MODE = AUTO or FULL (CREATE OR REPLACE DYNAMIC TABLE ...)") from None
+            return self._full(query, now, f"CHANGE_FEED_UNREADABLE: {first_line(exc)}")
+        if not any(a or b for a, b in counts.values()):
+            return None
+        insert_only = not any(a for a, _ in counts.values())
+
+        def terms(images: dict[str, str], before: int, after: int) -> list[exp.Select]:
+            out = []
+            for o in plan.occurrences:
+                if counts[o.source][0 if images is pre else 1]:
+                    bound = {o.index: planner.temp_table(images[o.source], o.ref)}
+                    out.append(planner.term(select, self.lake.alias, bound, before, after))
+            return out
+
+        statements: list[tuple[str, str | None]] = []
+        if plan.kind == planner.ROWS and insert_only:
+            new = " UNION ALL ".join(sql(t) for t in terms(post, prev, now))
+            return Work(INCREMENTAL, "inserts appended"), [("insert", new)]
+        if plan.kind == planner.AGGREGATE and insert_only and plan.merge is not None:
+            return self._merge(d, plan, terms(post, prev, now), temps)
+        # affected keys: pre-images against the old snapshot, post-images against the new one
+        keys = plan.keys if plan.kind == planner.AGGREGATE else [planner.Key(c, exp.column(c, "__q", quoted=True))
+                                                                 for c in plan.columns]
+        if plan.kind == planner.AGGREGATE:
+            parts = [planner.key_select(t, keys) for t in terms(pre, prev, prev) + terms(post, now, now)]
+            affected_sql = " UNION ".join(sql(p) for p in parts)
+        else:  # the affected rows, compared whole: their columns become the keys __k0, __k1, ...
+            union = " UNION ".join(sql(p) for p in terms(pre, prev, prev) + terms(post, now, now))
+            renamed = ", ".join(f"{quote_ident(k.column)} AS {planner.key_column(i)}" for i, k in enumerate(keys))
+            affected_sql = f"SELECT {renamed} FROM ({union}) AS __a"
+        affected = self._temp("__dt_keys", affected_sql)
+        temps.append("__dt_keys")
+        size = int(self.con.execute(f"SELECT count(*) FROM {target(self.lake, d.name)}").fetchone()[0])
+        what = "groups" if plan.kind == planner.AGGREGATE else "distinct rows"
+        if d.refresh_mode != INCREMENTAL and affected > self.full_share * max(size, 1) and size > 0:
+            return self._full(query, now, f"AFFECTED_KEYS_SHARE: {affected} affected {what} of {size} rows "
+                                          f"(> {self.full_share:.0%})")
+        if plan.kind == planner.AGGREGATE:
+            new = sql(planner.restricted(planner.pinned(select, self.lake.alias, now), keys, "__dt_keys"))
+        else:
+            inner = planner.pinned(select, self.lake.alias, now).subquery("__q")
+            new = sql(planner.restricted(exp.select("*").from_(inner), keys, "__dt_keys"))
+        statements += [("delete_keys", ("__dt_keys", [(k.column, planner.key_column(i)) for i, k in enumerate(keys)])),
+                       ("insert", new)]
+        return Work(INCREMENTAL, f"{affected} affected {what} recomputed"), statements
+
+    def _merge(self, d: Definition, plan: planner.Plan, terms: list[exp.Select], temps: list[str]) -> tuple[Work, list]:
+        """Insert-only changes to a SUM/COUNT/MIN/MAX aggregate: each touched group's new value from its old row
+        and the aggregates of the new rows alone."""
+        keys = [quote_ident(k.column) for k in plan.keys]
+        combine = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
+        cols = ", ".join(keys + [f"{combine[m.function]}({quote_ident(m.column)}) AS {quote_ident(m.column)}"
+                                 for m in plan.merge])
+        union = " UNION ALL ".join(sql(t) for t in terms)
+        groups = self._temp("__dt_delta", f"SELECT {cols} FROM ({union}) AS __d GROUP BY ALL")
+        temps.append("__dt_delta")
+        on = " AND ".join(f"__d.{k} IS NOT DISTINCT FROM __o.{k}" for k in keys) or "TRUE"
+        merged = {"sum": "CASE WHEN __o.{c} IS NULL THEN __d.{c} WHEN __d.{c} IS NULL THEN __o.{c} "
+                         "ELSE __o.{c} + __d.{c} END",
+                  "count": "coalesce(__o.{c}, 0) + __d.{c}", "min": "least(__o.{c}, __d.{c})",
+                  "max": "greatest(__o.{c}, __d.{c})"}
+        how = {m.column: merged[m.function] for m in plan.merge}
+        select = ", ".join(how[c].format(c=quote_ident(c)) if c in how else f"__d.{quote_ident(c)}"
+                           for c in plan.columns)
+        new = (f"SELECT {select} FROM temp.main.__dt_delta AS __d "
+               f"LEFT JOIN {target(self.lake, d.name)} AS __o ON {on}")
+        self._temp("__dt_merged", new)
+        temps.append("__dt_merged")
+        return (Work(INCREMENTAL, f"inserts merged into {groups} groups"),
+                [("delete_keys", ("__dt_delta", [(k.column, k.column) for k in plan.keys])),
+                 ("insert", "SELECT * FROM temp.main.__dt_merged")])
+
+    def apply(self, d: Definition, work: Work, statements: list, read: int) -> int | None:
+        """The deletes and inserts in one lake transaction; the snapshot it made."""
+        tgt = target(self.lake, d.name)
+
+        def run(con: duckdb.DuckDBPyConnection) -> None:
+            for kind, arg in statements:
+                if kind == "delete_all":
+                    text = f"DELETE FROM {tgt}"
+                elif kind == "delete_keys":  # (temporary table, [(table column, its key column)])
+                    table, cols = arg
+                    on = " AND ".join(f"{tgt}.{quote_ident(c)} IS NOT DISTINCT FROM __k.{quote_ident(k)}"
+                                      for c, k in cols) or "TRUE"
+                    text = f"DELETE FROM {tgt} USING temp.main.{quote_ident(table)} AS __k WHERE {on}"
+                else:
+                    text = f"INSERT INTO {tgt} {arg}"
+                work.statements.append(text)
+                count = int(con.execute(text).fetchone()[0])
+                if kind == "insert":
+                    work.inserted += count
+                else:
+                    work.deleted += count
+
+        made = commit_with(self.lake, run, f"dynamic table {d.name}: {work.mode.lower()} refresh",
+                           extra={"dynamic_table": d.name, "definition": d.definition_id, "read": read})
+        return made.snapshot_id
+
+    # ---- one refresh, recorded ------------------------------------------------------------------------------
+
+    def refresh(self, d: Definition, trigger: str = "manual") -> Refresh:
+        """Refresh `d` once and record the outcome (FAILED ones too: the error is in the returned Refresh)."""
+        started = datetime.now(timezone.utc)
+        t0 = time.perf_counter()
+        out = Refresh(d.name, d.definition_id, trigger, FAILED, started, started)
+        temps: list[str] = []
+        try:
+            busy = KitError(f"dynamic table {d.name} is being refreshed by another process for over {LOCK_WAIT_S} s",
+                            "wait for it, or stop the other `dynamic run`")
+            with advisory_lock(self.lake.endpoints, lock_key(d.name), timeout_s=LOCK_WAIT_S, busy=busy):
+                query = parse_query(d)
+                plan = planner.analyze(query, d.columns, self.lake.alias)
+                query = named(query, d.columns)
+                now = self.lake.current_snapshot()
+                prev = reflected(self.lake, d)
+                out.read_snapshot = now
+                out.snapshots_read = {s: now for s in (plan.sources or planner.all_sources(query, self.lake.alias))}
+                out.data_timestamp = snapshot_time(self.lake, now)
+                decided = None if prev == now else self.decide(d, query, plan, prev, now, temps)
+                if decided is None:
+                    out.status, out.mode, out.reason = NO_DATA, None, "no source changed since the last refresh"
+                else:
+                    work, statements = decided
+                    out.commit_snapshot = self.apply(d, work, statements, now)
+                    out.status, out.mode, out.reason = SUCCEEDED, work.mode, work.reason
+                    out.rows_inserted, out.rows_deleted = work.inserted, work.deleted
+        except (KitError, duckdb.Error) as exc:
+            out.error = exc.line() if isinstance(exc, KitError) else first_line(exc)
+            out.status = FAILED
+        finally:
+            self._drop_temps(temps)
+            out.finished_at = datetime.now(timezone.utc)
+            out.duration_ms = round((time.perf_counter() - t0) * 1000, 1)
+        return self.meta.record(out)
+
+
+def new_definition_id() -> str:
+    return uuid.uuid4().hex[:12]

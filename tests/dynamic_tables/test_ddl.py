@@ -1,0 +1,165 @@
+"""The dynamic-table language and the planner, without services: every statement form, every refusal as one line,
+and for each query shape the plan (with its named reason) and the keys traced to the sources' own columns."""
+
+from __future__ import annotations
+
+import pytest
+import sqlglot
+
+from ducklake_kit.dynamic_tables import ddl
+from ducklake_kit.dynamic_tables import plan as planner
+
+
+def one(text: str):
+    [stmt] = ddl.parse(text)
+    return stmt
+
+
+def test_create_with_every_property():
+    s = one("CREATE OR REPLACE DYNAMIC TABLE Sales.Daily TARGET_LAG = '5 minutes' REFRESH_MODE = incremental "
+            "INITIALIZE = ON_SCHEDULE AS SELECT d, sum(x) AS s FROM t GROUP BY d")
+    assert (s.name, s.lag.seconds, s.refresh_mode, s.initialize, s.or_replace) == \
+        ("sales.daily", 300, "INCREMENTAL", "ON_SCHEDULE", True)
+    assert s.query == "SELECT d, sum(x) AS s FROM t GROUP BY d"
+    assert isinstance(s.select, sqlglot.exp.Select)
+
+
+def test_defaults_downstream_and_main_schema():
+    s = one("create dynamic table daily target_lag = downstream as select 1 as one")
+    assert (s.name, s.lag.downstream, s.refresh_mode, s.initialize, s.or_replace) == \
+        ("main.daily", True, "AUTO", "ON_CREATE", False)
+    assert str(s.lag) == "DOWNSTREAM"
+
+
+def test_semicolons_and_comments_inside_the_query_are_not_separators():
+    text = """CREATE DYNAMIC TABLE a TARGET_LAG = '1 hour' AS SELECT 'x;y' AS s -- a comment; with a semicolon
+              FROM t;
+              /* ; */ CREATE DYNAMIC TABLE b TARGET_LAG = '2 days' AS SELECT 2 AS two;"""
+    a, b = ddl.parse(text)
+    assert a.name == "main.a" and "'x;y'" in a.query and a.query.rstrip().endswith("FROM t")
+    assert (b.name, b.lag.seconds, str(b.lag)) == ("main.b", 2 * 86400, "2 days")
+
+
+@pytest.mark.parametrize("text, action, lag", [
+    ("ALTER DYNAMIC TABLE s.x SUSPEND", "SUSPEND", None),
+    ("alter dynamic table x resume", "RESUME", None),
+    ("ALTER DYNAMIC TABLE x REFRESH", "REFRESH", None),
+    ("ALTER DYNAMIC TABLE x SET TARGET_LAG = '30 seconds'", "SET_LAG", 30),
+])
+def test_alter(text, action, lag):
+    s = one(text)
+    assert isinstance(s, ddl.AlterDynamicTable) and s.action == action
+    assert (s.lag.seconds if s.lag else None) == lag
+
+
+def test_drop_and_show():
+    assert one("DROP DYNAMIC TABLE IF EXISTS s.x") == ddl.DropDynamicTable("s.x", True)
+    assert one("SHOW DYNAMIC TABLES") == ddl.ShowDynamicTables()
+
+
+def test_is_dynamic_tells_dynamic_ddl_from_other_sql():
+    assert ddl.has_dynamic("SELECT 1; CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' AS SELECT 1 AS a")
+    assert not ddl.has_dynamic("CREATE TABLE dynamic (x INT); SELECT 'CREATE DYNAMIC TABLE'")
+    assert not ddl.has_dynamic("CREATE OR REPLACE TABLE t AS SELECT 1")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("CREATE DYNAMIC TABLE x AS SELECT 1", "dynamic table main.x has no TARGET_LAG"),
+    ("CREATE DYNAMIC TABLE x TARGET_LAG = '5 fortnights' AS SELECT 1", "TARGET_LAG '5 fortnights' is not a lag"),
+    ("CREATE DYNAMIC TABLE x TARGET_LAG = '0 minutes' AS SELECT 1", "TARGET_LAG '0 minutes' is not a lag"),
+    ("CREATE DYNAMIC TABLE x TARGET_LAG = 5 AS SELECT 1", "TARGET_LAG = 5 is not a lag"),
+    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' REFRESH_MODE = LAZY AS SELECT 1", "REFRESH_MODE = LAZY is not a mode"),
+    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' TARGET_LAG = '2 minutes' AS SELECT 1", "TARGET_LAG is given twice"),
+    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' WAREHOUSE = w AS SELECT 1", "unknown property 'WAREHOUSE'"),
+    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' AS", "has no query after AS"),
+    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' AS SELECT FROM WHERE (", "does not parse"),
+    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' AS DELETE FROM t", "is defined by a DELETE statement"),
+    ("CREATE DYNAMIC TABLE a.b.c TARGET_LAG = '1 minute' AS SELECT 1", "'a.b.c' is not a dynamic table name"),
+    ("ALTER DYNAMIC TABLE x EXPLODE", "expected SET TARGET_LAG but found 'EXPLODE'"),
+    ("DROP DYNAMIC TABLE x y", "unexpected 'y'"),
+    ("SELECT 1", "`SELECT 1` is not a dynamic-table statement"),
+    ("", "no statement given"),
+])
+def test_bad_statements_are_one_clear_line(text, message):
+    with pytest.raises(ddl.DdlError) as info:
+        ddl.parse(text)
+    line = info.value.line()
+    assert message in line and "Try:" in line and "\n" not in line
+
+
+# ---- the planner ---------------------------------------------------------------------------------------------
+
+def plan_of(query: str, names: list[str] | None = None) -> planner.Plan:
+    """The plan, the result's column names being the select items' own unless given (DuckDB names them in the kit)."""
+    parsed = sqlglot.parse_one(query, read="duckdb")
+    if names is None:
+        names = [s.alias_or_name for s in parsed.selects] if isinstance(parsed, sqlglot.exp.Select) else ["a"]
+    return planner.analyze(parsed, names, "lake")
+
+
+@pytest.mark.parametrize("query, reason", [
+    ("SELECT a FROM t UNION ALL SELECT a FROM u", "SET_OPERATION"),
+    ("WITH c AS (SELECT a FROM t) SELECT a FROM c", "WITH_CLAUSE"),
+    ("SELECT a FROM t WHERE a IN (SELECT a FROM u)", "SUBQUERY"),
+    ("SELECT a, row_number() OVER (ORDER BY a) AS r FROM t", "WINDOW_FUNCTION"),
+    ("SELECT DISTINCT a FROM t", "DISTINCT"),
+    ("SELECT a FROM t LIMIT 5", "LIMIT"),
+    ("SELECT t.a FROM t LEFT JOIN u ON t.a = u.a", "OUTER_JOIN"),
+    ("SELECT t.a FROM t ANTI JOIN u ON t.a = u.a", "OUTER_JOIN"),
+    ("SELECT a, random() AS r FROM t", "NONDETERMINISTIC_FUNCTION"),
+    ("SELECT a, now() AS r FROM t", "NONDETERMINISTIC_FUNCTION"),
+    ("SELECT a FROM read_parquet('x.parquet')", "TABLE_FUNCTION"),
+    ("SELECT a, sum(b) AS s FROM t GROUP BY ROLLUP (a)", "GROUPING_SETS"),
+    ("SELECT sum(b) AS s FROM t GROUP BY a", "GROUP_KEY_NOT_SELECTED"),
+    ("SELECT count(*) AS n FROM t", "GLOBAL_AGGREGATE"),
+])
+def test_shapes_refreshed_in_full_have_a_named_reason(query, reason):
+    p = plan_of(query)
+    assert (p.kind, p.reason) == (planner.FULL, reason)
+    assert reason in p.explain()
+
+
+def test_keys_are_traced_through_aliases_ordinals_and_expressions():
+    p = plan_of("SELECT z.borough AS b, date_trunc('day', t.pickup) AS day, sum(t.fare) AS s, count(*) AS n "
+                "FROM trips AS t JOIN zones AS z ON t.zone = z.id GROUP BY 1, day",
+                ["b", "day", "s", "n"])
+    assert p.kind == planner.AGGREGATE
+    assert [(k.column, k.expr.sql("duckdb")) for k in p.keys] == [("b", "z.borough"),
+                                                                   ("day", "DATE_TRUNC('DAY', t.pickup)")]
+    assert [(o.source, o.ref) for o in p.occurrences] == [("main.trips", "t"), ("main.zones", "z")]
+    assert [(m.column, m.function) for m in p.merge] == [("s", "sum"), ("n", "count")]
+
+
+def test_group_by_expression_matches_the_selected_expression():
+    p = plan_of("SELECT k % 3 AS bucket, max(v) AS m FROM s.facts GROUP BY k % 3", ["bucket", "m"])
+    assert [(k.column, k.expr.sql("duckdb")) for k in p.keys] == [("bucket", "k % 3")]
+    assert p.sources == ["s.facts"]
+
+
+def test_group_by_all_takes_the_non_aggregates():
+    p = plan_of("SELECT a, b, min(c) AS m FROM t GROUP BY ALL", ["a", "b", "m"])
+    assert [k.column for k in p.keys] == ["a", "b"]
+
+
+@pytest.mark.parametrize("query, why", [
+    ("SELECT a, avg(b) AS x FROM t GROUP BY a", "x is not a plain SUM, COUNT, MIN or MAX"),
+    ("SELECT a, sum(b) / count(*) AS x FROM t GROUP BY a", "x is not a plain SUM"),
+    ("SELECT a, count(DISTINCT b) AS x FROM t GROUP BY a", "x aggregates DISTINCT values"),
+    ("SELECT a, sum(b) AS x FROM t GROUP BY a HAVING sum(b) > 1", "HAVING"),
+])
+def test_aggregates_that_cannot_merge_inserts_still_refresh_incrementally(query, why):
+    p = plan_of(query, ["a", "x"])
+    assert p.kind == planner.AGGREGATE and p.merge is None and p.merge_reason.startswith(why)
+
+
+def test_a_table_of_another_catalog_is_refused():
+    with pytest.raises(ddl.DdlError, match="not a table of the lake"):
+        plan_of("SELECT a FROM other.main.t", ["a"])
+
+
+def test_pinned_reads_every_table_at_the_snapshot_but_not_ctes():
+    q = sqlglot.parse_one("WITH c AS (SELECT a FROM s.t) SELECT * FROM c JOIN u AS x ON c.a = x.a", read="duckdb")
+    out = planner.pinned(q, "lake", 7).sql("duckdb")
+    assert "lake.s.t AS t AT (VERSION => 7)" in out and "lake.main.u AS x AT (VERSION => 7)" in out
+    assert "FROM c JOIN" in out
+    assert planner.all_sources(q, "lake") == ["main.u", "s.t"]
