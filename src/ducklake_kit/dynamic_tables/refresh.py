@@ -18,6 +18,7 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -119,6 +120,9 @@ class Refresher:
     def __init__(self, lake: Lake, meta: Metadata, *, full_share: float = FULL_REFRESH_SHARE):
         self.lake, self.meta, self.full_share = lake, meta, full_share
         self.con = lake.con
+        # where tests step in: right after the refresh read the lake's snapshot, and just before its COMMIT
+        self.after_read: Callable[[int], None] | None = None
+        self.before_commit: Callable[[], None] | None = None
 
     # ---- the lake side ---------------------------------------------------------------------------------------
 
@@ -265,8 +269,21 @@ class Refresher:
                     work.deleted += count
 
         made = commit_with(self.lake, run, f"dynamic table {d.name}: {work.mode.lower()} refresh",
-                           extra={"dynamic_table": d.name, "definition": d.definition_id, "read": read})
+                           before_commit=self.before_commit, extra={"dynamic_table": d.name, "definition": d.definition_id, "read": read})
         return made.snapshot_id
+
+    def _bind(self, d: Definition, query: exp.Expression, now: int) -> None:
+        """The query still binds at `now`, with the table's columns: a source's schema may have changed without any
+        row changing (a renamed or dropped column), and the change feed alone would not say so."""
+        try:
+            described = self.con.execute(f"DESCRIBE {sql(planner.pinned(query, self.lake.alias, now))}").fetchall()
+        except duckdb.Error as exc:
+            raise KitError(f"the query of {d.name} fails at snapshot {now}: {first_line(exc)}",
+                           "fix the sources, or re-create it (CREATE OR REPLACE DYNAMIC TABLE ...)") from None
+        columns = [r[0] for r in described]
+        if columns != d.columns:
+            raise KitError(f"the query of {d.name} now gives the columns {', '.join(columns)}, not "
+                           f"{', '.join(d.columns)}", "re-create it (CREATE OR REPLACE DYNAMIC TABLE ...)")
 
     # ---- one refresh, recorded ------------------------------------------------------------------------------
 
@@ -284,6 +301,9 @@ class Refresher:
                 plan = planner.analyze(query, d.columns, self.lake.alias)
                 query = named(query, d.columns)
                 now = self.lake.current_snapshot()
+                if self.after_read is not None:
+                    self.after_read(now)
+                self._bind(d, query, now)
                 prev = reflected(self.lake, d)
                 out.read_snapshot = now
                 out.snapshots_read = {s: now for s in (plan.sources or planner.all_sources(query, self.lake.alias))}
