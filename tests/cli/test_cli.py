@@ -32,6 +32,8 @@ def test_all_runs_the_flow_and_every_check_holds(stack, cli):
     names = [c["name"] for c in doc["result"]["checks"]]
     assert "the load made exactly one snapshot" in names and "re-running the load skips every file" in names
     assert sum(n.startswith("pipeline: marts.") and "equals the same figure computed from trips" in n for n in names) == 5
+    assert "dynamic: main.daily_revenue_by_borough refreshed incrementally" in names
+    assert sum(n.startswith("dynamic: ") and "equals its query run in full at snapshot" in n for n in names) == 3
     assert doc["catalog_info"]["snapshot_id"] >= doc["result"]["load"]["snapshot_id"]
     # re-running the whole flow is safe: the foundation table is rebuilt, the load is skipped, the checks hold again
     again = cli(stack.env, "all")

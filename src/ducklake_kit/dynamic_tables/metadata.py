@@ -152,7 +152,10 @@ class Metadata:
                 self.conn.execute(f"INSERT INTO {SCHEMA}.dependencies VALUES (%s, %s)", [d.name, dep])
 
     def drop(self, name: str) -> None:
-        self.conn.execute(f"DELETE FROM {SCHEMA}.definitions WHERE name = %s", [name])
+        """The definition, its sources, dependencies and history."""
+        with self.conn.transaction():
+            self.conn.execute(f"DELETE FROM {SCHEMA}.refresh_history WHERE name = %s", [name])
+            self.conn.execute(f"DELETE FROM {SCHEMA}.definitions WHERE name = %s", [name])
 
     def set(self, name: str, **values: Any) -> None:
         cols = ", ".join(f"{k} = %s" for k in values)
@@ -189,6 +192,8 @@ class Metadata:
         return r
 
     def history(self, name: str, limit: int = 20) -> list[Refresh]:
-        rows = self.conn.execute(f"SELECT * FROM {SCHEMA}.refresh_history WHERE name = %s ORDER BY id DESC LIMIT %s",
-                                 [name, limit]).fetchall()
+        """The refreshes of the table's current definition (a CREATE OR REPLACE starts a new one), newest first."""
+        rows = self.conn.execute(
+            f"SELECT h.* FROM {SCHEMA}.refresh_history h JOIN {SCHEMA}.definitions d USING (name, definition_id) "
+            "WHERE h.name = %s ORDER BY h.id DESC LIMIT %s", [name, limit]).fetchall()
         return [Refresh(**r) for r in rows]

@@ -42,7 +42,6 @@ FULL, INCREMENTAL = "FULL", "INCREMENTAL"
 FULL_REFRESH_SHARE = 0.5
 LOCK_NAMESPACE = int.from_bytes(b"D\x00", "big") << 48
 LOCK_WAIT_S = 600
-META_COLUMNS = ("snapshot_id", "rowid", "change_type")
 PRE, POST = ("delete", "update_preimage"), ("insert", "update_postimage")
 
 
@@ -134,12 +133,20 @@ class Refresher:
         for n in names:
             self.con.execute(f"DROP TABLE IF EXISTS temp.main.{quote_ident(n)}")
 
-    def _changes(self, source: str, start: int, end: int, kinds: tuple[str, ...], name: str) -> int:
-        """The source's changed rows of `kinds` in snapshots start..end into temporary table `name` (the source's
-        own columns only); how many."""
-        kinds_sql = ", ".join(quote_literal(k) for k in kinds)
-        return self._temp(name, f"SELECT * EXCLUDE ({', '.join(META_COLUMNS)}) FROM "
-                                f"{changes_sql(self.lake, source, start, end)} WHERE change_type IN ({kinds_sql})")
+    def _changes(self, source: str, start: int, end: int, pre: str, post: str) -> tuple[int, int]:
+        """The source's net change in snapshots start..end (its own columns only): the rows it lost into temporary
+        table `pre`, the rows it gained into `post`; how many of each. A row deleted and inserted again unchanged
+        (a dimension table rewritten whole, an UPDATE that set a column to its own value) is in neither: as a
+        multiset, the table's change is post minus pre, and equal rows cancel."""
+        raw = f"{pre}_feed"
+        self._temp(raw, f"SELECT * EXCLUDE (snapshot_id, rowid) FROM {changes_sql(self.lake, source, start, end)}")
+        try:
+            feed = f"temp.main.{quote_ident(raw)}"
+            lost = f"SELECT * EXCLUDE (change_type) FROM {feed} WHERE change_type IN ({', '.join(map(quote_literal, PRE))})"
+            gained = f"SELECT * EXCLUDE (change_type) FROM {feed} WHERE change_type IN ({', '.join(map(quote_literal, POST))})"
+            return (self._temp(pre, f"{lost} EXCEPT ALL {gained}"), self._temp(post, f"{gained} EXCEPT ALL {lost}"))
+        finally:
+            self._drop_temps([raw])
 
     def sources_changed(self, sources: list[str], start: int, end: int) -> bool:
         for s in sources:
@@ -169,8 +176,7 @@ class Refresher:
             for j, source in enumerate(plan.sources):
                 pre[source], post[source] = f"__dt_pre_{j}", f"__dt_post_{j}"
                 temps += [pre[source], post[source]]
-                counts[source] = (self._changes(source, prev + 1, now, PRE, pre[source]),
-                                  self._changes(source, prev + 1, now, POST, post[source]))
+                counts[source] = self._changes(source, prev + 1, now, pre[source], post[source])
         except duckdb.Error as exc:
             if d.refresh_mode == INCREMENTAL:
                 raise KitError(f"the change feed of {d.name}'s sources cannot be read ({first_line(exc)})",
@@ -310,7 +316,7 @@ class Refresher:
                 out.data_timestamp = snapshot_time(self.lake, now)
                 decided = None if prev == now else self.decide(d, query, plan, prev, now, temps)
                 if decided is None:
-                    out.status, out.mode, out.reason = NO_DATA, None, "no source changed since the last refresh"
+                    out.status, out.mode, out.reason = NO_DATA, None, "no net change in the sources since the last refresh"
                 else:
                     work, statements = decided
                     out.commit_snapshot = self.apply(d, work, statements, now)

@@ -10,6 +10,8 @@ workers     the worker plane: every worker attached, per-month counts from tasks
 pipeline    pipelines/taxi_marts.sql as a DAG on the workers: every mart equals the same figure computed
             directly from trips, the worker-local step on w1, lineage recorded
 steps       steps/distributed_loop.yaml by the step runner: every batch inserted once, by the worker reported
+dynamic     the dynamic tables of dynamic_tables/*.sql created, one more month loaded through PySpark, refreshed:
+            each refresh incremental and equal to its query run in full, the new month's trips all there
 bench       a short concurrency benchmark (3 writers x 100 inserts: processes, and worker plane tasks), counts checked
 
 Exit 0 only if every check of every stage holds.
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ducklake_kit.bench import concurrency as bench_concurrency
-from ducklake_kit.lessons import foundation, maintain, pipeline, queries, steps, timetravel, workers
+from ducklake_kit.lessons import dynamic, foundation, maintain, pipeline, queries, steps, timetravel, workers
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.base import Platform
@@ -82,6 +84,10 @@ def run_all(platform: Platform, state: State, checks: CheckRun, *, source: str =
 
     with checks.stage("steps"):
         result["steps"] = steps.run_steps(platform, state, checks, scheduler=scheduler, on_step=on_step)
+
+    with checks.stage("dynamic"):
+        result["dynamic"] = dynamic.run_dynamic(platform, state, checks, source=source,
+                                                rows_per_month=all_rows_per_month(), on_step=on_step)
 
     if bench:
         with checks.stage("bench"):

@@ -1,0 +1,102 @@
+"""`dynamic ...` and `sql` with dynamic-table DDL, as a user runs them: exit codes, one-line errors, the JSON shape,
+and `refresh --check` (the full-recompute comparison a lab's Verify uses) failing when a table is wrong."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+S = "dt_cli"
+
+
+def _json(result) -> dict:
+    return json.loads(result.stdout)
+
+
+@pytest.fixture
+def cli_env(stack, cli):
+    def run(*args: str):
+        return cli(stack.env, *args)
+
+    run("sql", f"DROP SCHEMA IF EXISTS {S} CASCADE")  # a leftover of an earlier run
+    for name in ("over", "per_g"):
+        run("dynamic", "drop", f"{S}.{name}", "--if-exists")
+    run("sql", f"CREATE SCHEMA {S}; CREATE TABLE {S}.t AS SELECT range % 4 AS g, range AS v FROM range(40)")
+    yield run
+    for name in ("over", "per_g"):
+        run("dynamic", "drop", f"{S}.{name}", "--if-exists")
+    run("sql", f"DROP SCHEMA IF EXISTS {S} CASCADE")
+
+
+def test_create_show_refresh_check_and_history(cli_env, tmp_path):
+    f = tmp_path / "per_g.sql"
+    f.write_text(f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '5 minutes' AS\n"
+                 f"  SELECT g, sum(v) AS s, count(*) AS n FROM {S}.t GROUP BY g;\n")
+    made = cli_env("dynamic", "create", str(f))
+    assert made.exit_code == 0, made.output
+    assert f"created {S}.per_g (lag 5 minutes, AUTO): 4 rows" in made.output
+    shown = _json(cli_env("dynamic", "show", f"{S}.per_g", "--json"))["result"]
+    assert (shown["plan"], shown["lag"], shown["columns"]) == ("aggregate", "5 minutes", ["g", "s", "n"])
+    assert list(shown["sources"]) == [f"{S}.t"] and shown["sources"][f"{S}.t"] == shown["data_snapshot"]
+    assert cli_env("sql", f"INSERT INTO {S}.t VALUES (1, 1000), (9, 1)").exit_code == 0
+    refreshed = cli_env("dynamic", "refresh", f"{S}.per_g", "--check", "--json")
+    assert refreshed.exit_code == 0, refreshed.output
+    doc = _json(refreshed)["result"]
+    [r] = doc["refreshes"]
+    assert (r["status"], r["mode"], r["rows_inserted"], r["rows_deleted"]) == ("SUCCEEDED", "INCREMENTAL", 2, 1)
+    assert doc["checks"] == {f"{S}.per_g": {"only_in_table": 0, "only_in_query": 0}}
+    history = _json(cli_env("dynamic", "history", f"{S}.per_g", "--json"))["result"]["refreshes"]
+    assert [(h["trigger"], h["mode"]) for h in history] == [("manual", "INCREMENTAL"), ("create", "FULL")]
+
+
+def test_refresh_check_fails_when_a_table_is_wrong(cli_env):
+    assert cli_env("sql", f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 hour' AS SELECT g, count(*) AS n "
+                          f"FROM {S}.t GROUP BY g").exit_code == 0
+    cli_env("sql", f"UPDATE {S}.per_g SET n = n + 1 WHERE g = 0")  # someone wrote into it behind the refresher's back
+    result = cli_env("dynamic", "refresh", f"{S}.per_g", "--check")
+    assert result.exit_code == 1, result.output
+    assert f"FAIL: {S}.per_g differs from its query run in full (1 rows only in the table, 1 only in the query)" \
+        in result.output
+
+
+def test_sql_takes_the_ddl_among_other_statements(cli_env):
+    result = cli_env("sql", f"INSERT INTO {S}.t VALUES (7, 7); "
+                            f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = DOWNSTREAM AS SELECT g, max(v) AS hi FROM {S}.t GROUP BY g; "
+                            f"CREATE DYNAMIC TABLE {S}.over TARGET_LAG = '1 minute' AS SELECT g, hi FROM {S}.per_g WHERE hi > 30; "
+                            "SHOW DYNAMIC TABLES", "--json")
+    assert result.exit_code == 0, result.output
+    statements = _json(result)["result"]["statements"]
+    assert statements[0]["affected_rows"] == 1
+    assert [s["rows"][0][:2] for s in statements[1:3]] == [[f"{S}.per_g", 5], [f"{S}.over", 4]]
+    listed = {r[0]: r for r in statements[3]["rows"]}
+    assert listed[f"{S}.per_g"][2] == "DOWNSTREAM" and listed[f"{S}.over"][2] == "1 minute"
+    refused = cli_env("dynamic", "drop", f"{S}.per_g")
+    assert refused.exit_code == 3
+    assert refused.stderr.strip() == f"Error: dynamic table {S}.per_g is read by {S}.over. Try: drop those first."
+    altered = cli_env("dynamic", "alter", f"{S}.over", "lag", "2 hours")
+    assert altered.exit_code == 0 and f"{S}.over: ACTIVE, lag 2 hours" in altered.output
+    suspended = cli_env("sql", f"ALTER DYNAMIC TABLE {S}.over SUSPEND", "--json")
+    assert _json(suspended)["result"]["statements"][0]["rows"][0][1] == "SUSPENDED"
+    ran = cli_env("dynamic", "run", "--once", "--json")
+    assert ran.exit_code == 0, ran.output
+    assert all(r["name"] != f"{S}.over" for r in _json(ran)["result"]["refreshes"])  # suspended: not scheduled
+
+
+@pytest.mark.parametrize("args, message", [
+    (["dynamic", "create", "--sql", "CREATE DYNAMIC TABLE x TARGET_LAG = 'soon' AS SELECT 1 AS a"],
+     "Error: TARGET_LAG 'soon' is not a lag. Try: give a positive whole number and a unit"),
+    (["dynamic", "create", "--sql", f"CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' AS SELECT * FROM {S}.nope"],
+     f"Error: dynamic table main.x reads {S}.nope, which does not exist in the lake."),
+    (["dynamic", "create", "--sql", "CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL AS "
+      f"SELECT DISTINCT g FROM {S}.t"],
+     "Error: dynamic table main.x cannot be refreshed incrementally: DISTINCT: SELECT DISTINCT."),
+    (["dynamic", "show", "no_such_table"], "Error: there is no dynamic table main.no_such_table"),
+    (["dynamic", "alter", "whatever", "explode"], "Error: `explode` is not an alteration."),
+    (["dynamic", "run", "--once", "--for", "3"], "Error: give --once or --for, not both."),
+])
+def test_bad_input_is_one_line_and_exit_3(cli_env, args, message):
+    result = cli_env(*args)
+    assert result.exit_code == 3, result.output
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
