@@ -16,17 +16,18 @@ from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 @command
 def bench(
     ctx: typer.Context,
-    suite: Annotated[str, typer.Option(help="load (DuckLake vs plain Parquet writes), queries (DuckLake vs Parquet on S3 vs Spark SQL), concurrency (many writers) or pipeline (the DAG runner vs its bound).")] = "load",
-    rows: Annotated[Optional[list[int]], typer.Option(help="Rows (load: repeat to compare sizes; queries: one size). Default 1,000,000.")] = None,
-    runs: Annotated[int, typer.Option(help="queries: timed runs per query and engine, after one warm-up.")] = 5,
+    suite: Annotated[str, typer.Option(help="load (DuckLake vs plain Parquet writes), queries (DuckLake vs Parquet on S3 vs Spark SQL), concurrency (many writers), pipeline (the DAG runner vs its bound), steps (the step runner vs direct inserts) or dynamic (incremental vs full refresh of a dynamic table).")] = "load",
+    rows: Annotated[Optional[list[int]], typer.Option(help="Rows (load: repeat to compare sizes; queries: one size; dynamic: rows per month, default 100,000). Default 1,000,000.")] = None,
+    runs: Annotated[Optional[int], typer.Option(help="queries: timed runs per query and engine, after one warm-up (default 5); dynamic: months appended and refreshed per base (default 2).")] = None,
+    months: Annotated[int, typer.Option(help="dynamic: months in the first base (the second base has twice as many).")] = 12,
     workers: Annotated[Optional[int], typer.Option(help="concurrency: writers (processes, and worker plane workers), default 3; pipeline: workers, default 2; steps: workers, default 3.")] = None,
     ops: Annotated[int, typer.Option(help="concurrency: inserts per writer; steps: loop iterations (inserts in all).")] = 100,
     out_file: Annotated[Optional[Path], typer.Option("--out", help="Also write the results to this JSON file.")] = None,
     png_file: Annotated[Optional[Path], typer.Option("--png", help="queries/concurrency: also draw a bar chart to this PNG file.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure, in one run, and print the figures (commands, not timed tests): --suite load, queries, concurrency, pipeline or steps."""
-    suites = ("load", "queries", "concurrency", "pipeline", "steps")
+    """Measure, in one run, and print the figures (commands, not timed tests): --suite load, queries, concurrency, pipeline, steps or dynamic."""
+    suites = ("load", "queries", "concurrency", "pipeline", "steps", "dynamic")
     if suite not in suites:
         raise KitError(f"unknown suite '{suite}'", f"choose one of: {', '.join(suites)}")
     c: Ctx = ctx.obj
@@ -36,7 +37,7 @@ def bench(
         # each suite loads only when asked for (Spark, matplotlib)
         from ducklake_kit.bench.queries import GOAL_LAKE_TO_PARQUET, GOAL_SPEEDUP_VS_SPARK, bench_queries
 
-        r = bench_queries(c.platform(), c.state, rows=(rows or [1_000_000])[0], runs=runs, on_step=step,
+        r = bench_queries(c.platform(), c.state, rows=(rows or [1_000_000])[0], runs=runs or 5, on_step=step,
                           json_path=out_file, png_path=png_file)
         t = r.totals
         out.print(table(f"bench --suite queries: {r.table_rows:,} trips, median of {r.runs} runs ({r.machine.cores} cores; "
@@ -65,6 +66,9 @@ def bench(
         return
     if suite == "steps":
         _bench_steps(c, workers or 3, ops, step, out, out_file, as_json)
+        return
+    if suite == "dynamic":
+        _bench_dynamic(c, months, (rows or [100_000])[0], runs or 2, step, out, out_file, as_json)
         return
     if suite == "concurrency":
         from ducklake_kit.bench.concurrency import bench_concurrency  # each suite loads only when asked for
@@ -172,3 +176,26 @@ def _bench_steps(c: Ctx, workers: int, iterations: int, step, out, out_file: Opt
         raise KitError(defect, "see the JSON results (--out FILE)", exit_code=EXIT_CHECK_FAILED)
     out.print(f"PASS: all {f.iterations} iterations inserted their row exactly once ({f.rows_counted} rows counted)",
               markup=False)
+
+
+def _bench_dynamic(c: Ctx, months: int, rows_per_month: int, runs: int, step, out, out_file: Optional[Path],
+                   as_json: bool) -> None:
+    from ducklake_kit.bench.dynamic import bench_dynamic  # each suite loads only when asked for
+
+    r = bench_dynamic(c.platform(), c.state, months=months, rows_per_month=rows_per_month, runs=runs, on_step=step,
+                      json_path=out_file)
+    g = r.goals()
+    out.print(table(f"bench --suite dynamic: daily revenue by borough, one month appended then refreshed, median of "
+                    f"{runs} ({r.machine.cores} cores; load average {r.machine.load_average_before[0]})",
+                    ["base months", "base rows", "rows appended", "incremental s", "full s", "incremental / full"],
+                    [[b.months, f"{b.base_rows:,}", f"{b.change_rows:,}", b.incremental_median_s, b.full_median_s, b.ratio]
+                     for b in r.bases]))
+    size_note = "" if g["at_goal_size"] else f" (the goal is set at {g['goal_base_rows']:,} base rows: --rows 1000000)"
+    out.print(f"incremental / full at {g['first_base_rows']:,} rows: {g['ratio_at_first_base']} (goal <= {g['ratio_goal']}: "
+              f"{'met' if g['ratio_met'] else 'NOT met'}){size_note}; the base doubled, the incremental time changed by "
+              f"{g['growth_when_doubled']:+.0%} (goal under {g['growth_goal']:.0%}: {'met' if g['growth_met'] else 'NOT met'})",
+              markup=False)
+    out.print(f"PASS: both tables equal their query run in full after every refresh; incremental: {r.bases[0].incremental_how}",
+              markup=False)
+    if as_json:
+        print_json("ok", r.as_dict())

@@ -144,6 +144,9 @@ class Refresher:
             feed = f"temp.main.{quote_ident(raw)}"
             lost = f"SELECT * EXCLUDE (change_type) FROM {feed} WHERE change_type IN ({', '.join(map(quote_literal, PRE))})"
             gained = f"SELECT * EXCLUDE (change_type) FROM {feed} WHERE change_type IN ({', '.join(map(quote_literal, POST))})"
+            any_lost = self.con.execute(f"SELECT count(*) FROM ({lost} LIMIT 1)").fetchone()[0]
+            if not any_lost:  # inserts only (a month appended): nothing to net, and no hash table of the inserts
+                return self._temp(pre, lost), self._temp(post, gained)
             return (self._temp(pre, f"{lost} EXCEPT ALL {gained}"), self._temp(post, f"{gained} EXCEPT ALL {lost}"))
         finally:
             self._drop_temps([raw])
