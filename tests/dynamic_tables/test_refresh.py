@@ -5,7 +5,7 @@ Everything lives in the schema `dt_tests` of the kit's catalog."""
 
 from __future__ import annotations
 
-from decimal import Decimal
+import time
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -363,7 +363,6 @@ def test_on_schedule_waits_for_the_scheduler_which_refreshes_what_is_stale(clean
     clean.equal(name)
     assert scheduler.run(clean.lake, clean.meta, once=True).refreshes == []  # fresh: younger than its lag
     clean.sql(f"INSERT INTO {t} VALUES (1, 'x', 99)")
-    import time
     time.sleep(1.2)
     ran = scheduler.run(clean.lake, clean.meta, seconds=1.0, tick_s=0.2)
     assert [(r.status, r.mode) for r in ran.refreshes][:1] == [(SUCCEEDED, INCREMENTAL)]

@@ -20,6 +20,7 @@ def bench(
     rows: Annotated[Optional[list[int]], typer.Option(help="Rows (load: repeat to compare sizes; queries: one size; dynamic: rows per month, default 100,000). Default 1,000,000.")] = None,
     runs: Annotated[Optional[int], typer.Option(help="queries: timed runs per query and engine, after one warm-up (default 5); dynamic: months appended and refreshed per base (default 2).")] = None,
     months: Annotated[int, typer.Option(help="dynamic: months in the first base (the second base has twice as many).")] = 12,
+    file_cache: Annotated[bool, typer.Option(help="dynamic: keep DuckDB's external file cache on (the full recompute then reads the base from memory).")] = False,
     workers: Annotated[Optional[int], typer.Option(help="concurrency: writers (processes, and worker plane workers), default 3; pipeline: workers, default 2; steps: workers, default 3.")] = None,
     ops: Annotated[int, typer.Option(help="concurrency: inserts per writer; steps: loop iterations (inserts in all).")] = 100,
     out_file: Annotated[Optional[Path], typer.Option("--out", help="Also write the results to this JSON file.")] = None,
@@ -68,7 +69,7 @@ def bench(
         _bench_steps(c, workers or 3, ops, step, out, out_file, as_json)
         return
     if suite == "dynamic":
-        _bench_dynamic(c, months, (rows or [100_000])[0], runs or 2, step, out, out_file, as_json)
+        _bench_dynamic(c, months, (rows or [100_000])[0], runs or 2, file_cache, step, out, out_file, as_json)
         return
     if suite == "concurrency":
         from ducklake_kit.bench.concurrency import bench_concurrency  # each suite loads only when asked for
@@ -178,15 +179,16 @@ def _bench_steps(c: Ctx, workers: int, iterations: int, step, out, out_file: Opt
               markup=False)
 
 
-def _bench_dynamic(c: Ctx, months: int, rows_per_month: int, runs: int, step, out, out_file: Optional[Path],
-                   as_json: bool) -> None:
+def _bench_dynamic(c: Ctx, months: int, rows_per_month: int, runs: int, file_cache: bool, step, out,
+                   out_file: Optional[Path], as_json: bool) -> None:
     from ducklake_kit.bench.dynamic import bench_dynamic  # each suite loads only when asked for
 
-    r = bench_dynamic(c.platform(), c.state, months=months, rows_per_month=rows_per_month, runs=runs, on_step=step,
-                      json_path=out_file)
+    r = bench_dynamic(c.platform(), c.state, months=months, rows_per_month=rows_per_month, runs=runs,
+                      file_cache=file_cache, on_step=step, json_path=out_file)
     g = r.goals()
     out.print(table(f"bench --suite dynamic: daily revenue by borough, one month appended then refreshed, median of "
-                    f"{runs} ({r.machine.cores} cores; load average {r.machine.load_average_before[0]})",
+                    f"{runs} ({r.machine.cores} cores; load average {r.machine.load_average_before[0]}; file cache "
+                    f"{'on' if file_cache else 'off'})",
                     ["base months", "base rows", "rows appended", "incremental s", "full s", "incremental / full"],
                     [[b.months, f"{b.base_rows:,}", f"{b.change_rows:,}", b.incremental_median_s, b.full_median_s, b.ratio]
                      for b in r.bases]))
