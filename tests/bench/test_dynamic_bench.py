@@ -1,0 +1,31 @@
+"""`bench --suite dynamic` at a tiny size on the real lake: both bases built, each refresh of the AUTO table
+incremental and of the FULL table full (the suite raises otherwise), both tables equal to their query run in full
+(the suite raises otherwise), the figures and ratios computed from the same run, and the suite's tables dropped
+afterwards. Nothing here is timed against a goal."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ducklake_kit.bench.dynamic import INC, TRIPS, bench_dynamic
+from ducklake_kit.lake import Lake
+from ducklake_kit.lake.sql import table_exists
+
+
+def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp_path):
+    out = tmp_path / "dynamic.json"
+    r = bench_dynamic(stack.platform, stack.state, months=1, rows_per_month=2000, runs=1, json_path=out)
+    assert [(b.months, b.base_rows) for b in r.bases] == [(1, 2000), (2, 4000)]
+    for b in r.bases:
+        assert b.change_rows == 2000 and len(b.incremental_s) == len(b.full_s) == 1
+        assert b.incremental_how.startswith("inserts merged into")
+        assert b.ratio == pytest.approx(b.incremental_median_s / b.full_median_s, abs=0.01)
+    assert r.growth == pytest.approx(r.bases[1].incremental_median_s / r.bases[0].incremental_median_s - 1, abs=0.01)
+    goals = json.loads(out.read_text())["goals"]
+    assert goals["at_goal_size"] is False and goals["ratio_goal"] == 0.1 and goals["growth_goal"] == 0.2
+    with Lake(stack.platform.endpoints()) as lake:
+        for name in (TRIPS, INC):
+            schema, table = name.split(".")
+            assert not table_exists(lake.con, lake.alias, schema, table)
