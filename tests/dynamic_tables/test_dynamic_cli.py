@@ -4,10 +4,17 @@ and `refresh --check` (the full-recompute comparison a lab's Verify uses) failin
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 S = "dt_cli"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _json(result) -> dict:
@@ -100,3 +107,24 @@ def test_bad_input_is_one_line_and_exit_3(cli_env, args, message):
     assert result.exit_code == 3, result.output
     assert result.stderr.startswith(message), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_run_stops_on_sigterm_after_the_round_under_way(stack, cli_env):
+    """`dynamic run` as its own process: it refreshes a stale table, and SIGTERM stops it cleanly (exit 0)."""
+    assert cli_env("sql", f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 second' INITIALIZE = ON_SCHEDULE AS "
+                          f"SELECT g, sum(v) AS s FROM {S}.t GROUP BY g").exit_code == 0
+    proc = subprocess.Popen([sys.executable, "ducklake_test.py", "dynamic", "run", "--for", "120", "--tick", "0.2"],
+                            cwd=ROOT, env={**os.environ, **stack.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # the first round fills the table (ON_SCHEDULE: empty until then)
+            if cli_env("sql", f"SELECT count(*) FROM {S}.per_g", "--expect", "4").exit_code == 0:
+                break
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert f"{S}.per_g: SUCCEEDED full" in out and "stopped (signal)" in out
