@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.refresh_history (
     started_at timestamptz NOT NULL, finished_at timestamptz NOT NULL, duration_ms double precision, error text);
 CREATE INDEX IF NOT EXISTS refresh_history_name ON {SCHEMA}.refresh_history (name, id);
 """
+DDL_LOCK = int.from_bytes(b"dyn-ddl", "big")  # held while the schema is created (if missing)
 ACTIVE, SUSPENDED = "ACTIVE", "SUSPENDED"
 # refresh outcomes
 SUCCEEDED, FAILED, SKIPPED, NO_DATA = "SUCCEEDED", "FAILED", "SKIPPED", "NO_DATA"
@@ -109,7 +110,9 @@ class Metadata:
     def __init__(self, ep: Endpoints):
         self.conn = postgres.connect(ep.pg, timeout=10)
         self.conn.row_factory = dict_row
-        self.conn.execute(DDL)
+        with self.conn.transaction():  # two processes creating the schema at once would collide in pg_namespace
+            self.conn.execute("SELECT pg_advisory_xact_lock(%s)", [DDL_LOCK])
+            self.conn.execute(DDL)
 
     def close(self) -> None:
         self.conn.close()
