@@ -89,12 +89,14 @@ def test_bad_statements_are_one_clear_line(text, message):
 
 # ---- the planner ---------------------------------------------------------------------------------------------
 
-def plan_of(query: str, names: list[str] | None = None) -> planner.Plan:
-    """The plan, the result's column names being the select items' own unless given (DuckDB names them in the kit)."""
+def plan_of(query: str, names: list[str] | None = None, *, types: dict[str, str] | None = None,
+            columns: set[str] | None = frozenset()) -> planner.Plan:
+    """The plan, the result's column names being the select items' own unless given (DuckDB names them in the kit);
+    `columns`: the sources' column names (the kit reads them from the catalog)."""
     parsed = sqlglot.parse_one(query, read="duckdb")
     if names is None:
         names = [s.alias_or_name for s in parsed.selects] if isinstance(parsed, sqlglot.exp.Select) else ["a"]
-    return planner.analyze(parsed, names, "lake")
+    return planner.analyze(parsed, names, "lake", types=types, source_columns=columns)
 
 
 @pytest.mark.parametrize("query, reason", [
@@ -112,6 +114,8 @@ def plan_of(query: str, names: list[str] | None = None) -> planner.Plan:
     ("SELECT a, sum(b) AS s FROM t GROUP BY ROLLUP (a)", "GROUPING_SETS"),
     ("SELECT sum(b) AS s FROM t GROUP BY a", "GROUP_KEY_NOT_SELECTED"),
     ("SELECT count(*) AS n FROM t", "GLOBAL_AGGREGATE"),
+    ("SELECT sum(v) AS s, count(*) AS n FROM t GROUP BY ALL", "GLOBAL_AGGREGATE"),
+    ("SELECT a FROM t USING SAMPLE 5", "SAMPLE"),
 ])
 def test_shapes_refreshed_in_full_have_a_named_reason(query, reason):
     p = plan_of(query)
@@ -122,7 +126,7 @@ def test_shapes_refreshed_in_full_have_a_named_reason(query, reason):
 def test_keys_are_traced_through_aliases_ordinals_and_expressions():
     p = plan_of("SELECT z.borough AS b, date_trunc('day', t.pickup) AS day, sum(t.fare) AS s, count(*) AS n "
                 "FROM trips AS t JOIN zones AS z ON t.zone = z.id GROUP BY 1, day",
-                ["b", "day", "s", "n"])
+                ["b", "day", "s", "n"], columns={"pickup", "fare", "zone", "id", "borough"})
     assert p.kind == planner.AGGREGATE
     assert [(k.column, k.expr.sql("duckdb")) for k in p.keys] == [("b", "z.borough"),
                                                                    ("day", "DATE_TRUNC('DAY', t.pickup)")]
@@ -141,7 +145,36 @@ def test_group_by_all_takes_the_non_aggregates():
     assert [k.column for k in p.keys] == ["a", "b"]
 
 
+def test_a_group_by_name_that_is_a_column_means_the_column_not_the_alias():
+    """DuckDB groups `SELECT k % 3 AS k ... GROUP BY k` by the column k: the key is not in the result."""
+    p = plan_of("SELECT k % 3 AS k, sum(v) AS s FROM t GROUP BY k", columns={"k", "v"})
+    assert (p.kind, p.reason) == (planner.FULL, "GROUP_KEY_NOT_SELECTED")
+    assert plan_of("SELECT k % 3 AS bucket, sum(v) AS s FROM t GROUP BY bucket", columns={"k", "v"}).kind == \
+        planner.AGGREGATE
+
+
+def test_sources_of_a_full_plan_include_subqueries_and_ctes():
+    p = plan_of("WITH x AS (SELECT k FROM s.u) SELECT k FROM x WHERE k IN (SELECT k FROM t)")
+    assert (p.kind, p.sources) == (planner.FULL, ["main.t", "s.u"])
+
+
+@pytest.mark.parametrize("query, message", [
+    ("SELECT k FROM t AT (VERSION => 2)", "at a version of its own"),
+    ('SELECT k FROM "x.y"', "a name with a dot in it"),
+])
+def test_sources_the_kit_cannot_keep_fresh_are_refused(query, message):
+    with pytest.raises(ddl.DdlError, match=message):
+        plan_of(query)
+
+
+def test_a_parenthesized_query_and_a_dotted_name():
+    assert one("CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' AS (SELECT 1 AS a)").select.sql() == "SELECT 1 AS a"
+    with pytest.raises(ddl.DdlError, match="is not a dynamic table name"):
+        ddl.parse('CREATE DYNAMIC TABLE "a.b" TARGET_LAG = \'1 hour\' AS SELECT 1 AS a')
+
+
 @pytest.mark.parametrize("query, why", [
+    ("SELECT a, max(b, 2) AS x FROM t GROUP BY a", "x is not a plain SUM, COUNT, MIN or MAX of one argument"),
     ("SELECT a, avg(b) AS x FROM t GROUP BY a", "x is not a plain SUM, COUNT, MIN or MAX"),
     ("SELECT a, sum(b) / count(*) AS x FROM t GROUP BY a", "x is not a plain SUM"),
     ("SELECT a, count(DISTINCT b) AS x FROM t GROUP BY a", "x aggregates DISTINCT values"),
@@ -150,6 +183,11 @@ def test_group_by_all_takes_the_non_aggregates():
 def test_aggregates_that_cannot_merge_inserts_still_refresh_incrementally(query, why):
     p = plan_of(query, ["a", "x"])
     assert p.kind == planner.AGGREGATE and p.merge is None and p.merge_reason.startswith(why)
+
+
+def test_a_floating_point_sum_is_not_merged():
+    p = plan_of("SELECT a, sum(b) AS s, max(b) AS m FROM t GROUP BY a", types={"a": "INTEGER", "s": "DOUBLE", "m": "DOUBLE"})
+    assert p.kind == planner.AGGREGATE and p.merge is None and p.merge_reason.startswith("s sums floating point")
 
 
 def test_a_table_of_another_catalog_is_refused():

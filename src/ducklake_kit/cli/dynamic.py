@@ -246,7 +246,8 @@ def run_cmd(
                        + (f" ({r.error or r.reason})" if (r.error or r.reason) else ""))
 
     with _open(ctx) as (lake, meta):
-        result = scheduler.run(lake, meta, once=once, seconds=for_seconds, tick_s=tick, on_refresh=say)
+        result = scheduler.run(lake, meta, once=once, seconds=for_seconds, tick_s=tick, on_refresh=say,
+                               on_error=lambda e: typer.echo(f"round failed, trying again next round: {e}", err=True))
     failed = [r for r in result.refreshes if r.status == "FAILED"]
     if as_json:
         print_json("error" if failed else "ok", {"rounds": result.ticks, "stopped_by": result.stopped_by,

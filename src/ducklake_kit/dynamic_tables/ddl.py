@@ -174,6 +174,9 @@ class _Reader:
             tok = self.take()
             if tok is None or tok.token_type not in (TokenType.VAR, TokenType.IDENTIFIER) and not tok.text.isidentifier():
                 raise DdlError(f"expected a table name ([schema.]name) in `{self.text[:80]}`")
+            if "." in tok.text or not tok.text:
+                raise DdlError(f"'{tok.text}' is not a dynamic table name",
+                               "name it as table or schema.table of the lake, without dots inside a name")
             parts.append(tok.text)
             if _word(self.peek()) != ".":
                 break
@@ -255,6 +258,8 @@ def parse_statement(text: str, tokens: list[Token] | None = None) -> Statement:
     except ParseError as exc:
         raise DdlError(f"the query of dynamic table {name} does not parse ({str(exc).splitlines()[0]})",
                        "fix the SELECT after AS") from None
+    while isinstance(select, exp.Subquery) and not select.alias:  # AS (SELECT ...)
+        select = select.this
     if not isinstance(select, exp.Query):
         raise DdlError(f"dynamic table {name} is defined by a {select.key.upper()} statement, not a query",
                        "write AS SELECT ...")

@@ -5,6 +5,7 @@ reason and the others go on."""
 from __future__ import annotations
 
 import graphlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -14,19 +15,19 @@ from ducklake_kit.dynamic_tables import ddl
 from ducklake_kit.dynamic_tables import plan as planner
 from ducklake_kit.dynamic_tables.metadata import (ACTIVE, FAILED, SKIPPED, SUCCEEDED, SUSPENDED, Definition,
                                                   Metadata, Refresh)
-from ducklake_kit.dynamic_tables.refresh import (FULL, Refresher, named, new_definition_id, parse_query, reflected,
-                                                 snapshot_time, sql, target)
+from ducklake_kit.dynamic_tables.refresh import (FULL, LOCK_WAIT_S, Refresher, columns_of, lock_key, named, new_definition_id,
+                                                 parse_query, reflected, snapshot_time, sql, target)
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, StatementResult
-from ducklake_kit.lake.sql import quote_ident, schema_exists, table_exists
+from ducklake_kit.lake.sql import quote_ident, schema_exists
+from ducklake_kit.lake.locks import advisory_lock
 from ducklake_kit.lake.transactions import commit_with
 
 SUSPEND_AFTER_FAILURES = 5  # consecutive failed refreshes that suspend a table (ALTER ... RESUME starts it again)
 
 
 def _exists(lake: Lake, name: str) -> bool:
-    schema, table = name.split(".")
-    return table_exists(lake.con, lake.alias, schema, table)
+    return bool(columns_of(lake, name))  # DuckDB's names are case-insensitive: `Trips` is `trips`
 
 
 def get(meta: Metadata, name: str) -> Definition:
@@ -52,9 +53,22 @@ def upstream(meta: Metadata, name: str) -> set[str]:
     return seen
 
 
+@contextmanager
+def _locked(lake: Lake, name: str):
+    """The table's advisory lock, as a refresh holds it: no refresh of an old definition runs meanwhile."""
+    busy = KitError(f"dynamic table {name} is being refreshed for over {LOCK_WAIT_S} s", "wait for it, and try again")
+    with advisory_lock(lake.endpoints, lock_key(name), timeout_s=LOCK_WAIT_S, busy=busy):
+        yield
+
+
 def create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh | None:
-    """Create the table (filled at once unless INITIALIZE = ON_SCHEDULE) and record its definition. Nothing is
-    written when the statement is refused."""
+    """Create the table (filled at once unless INITIALIZE = ON_SCHEDULE) and record its definition, under the
+    table's lock. Nothing is written when the statement is refused."""
+    with _locked(lake, stmt.name):
+        return _create(lake, meta, stmt)
+
+
+def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh | None:
     name = stmt.name
     old = meta.get(name)
     if old is not None and not stmt.or_replace:
@@ -77,11 +91,13 @@ def create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh 
     if len({c.lower() for c in columns}) != len(columns):
         raise KitError(f"the query of dynamic table {name} gives two columns of one name ({', '.join(columns)})",
                        "give each column its own alias")
-    plan = planner.analyze(stmt.select, columns, lake.alias)
+    types = {r[0]: r[1] for r in described}
+    source_columns = {c.lower() for s in planner.all_sources(stmt.select, lake.alias) for c, _ in columns_of(lake, s)}
+    plan = planner.analyze(stmt.select, columns, lake.alias, types=types, source_columns=source_columns)
     if stmt.refresh_mode == "INCREMENTAL" and not plan.incremental:
         raise KitError(f"dynamic table {name} cannot be refreshed incrementally: {plan.explain()}",
                        "use REFRESH_MODE = AUTO (a full refresh) or rewrite the query")
-    sources = plan.sources or planner.all_sources(stmt.select, lake.alias)
+    sources = plan.sources
     depends_on = [s for s in sources if meta.get(s) is not None]
     for dep in depends_on:
         if name in upstream(meta, dep) | {dep}:
@@ -112,7 +128,12 @@ def create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh 
     read = now if stmt.initialize == "ON_CREATE" else None
     made = commit_with(lake, make, f"dynamic table {name}: created",
                        extra={"dynamic_table": name, "definition": d.definition_id, "read": read})
-    meta.create(d, replace=old is not None)
+    try:
+        meta.create(d, replace=old is not None)
+    except Exception:  # a table nobody knows is a dynamic table would block the name: take it back
+        commit_with(lake, lambda con: con.execute(f"DROP TABLE IF EXISTS {target(lake, name)}"),
+                    f"dynamic table {name}: creation undone (its definition could not be recorded)")
+        raise
     if read is None:
         return None
     finished = datetime.now(timezone.utc)
@@ -134,10 +155,11 @@ def drop(lake: Lake, meta: Metadata, name: str, *, if_exists: bool = False) -> b
     readers = meta.dependents(d.name)
     if readers:
         raise KitError(f"dynamic table {d.name} is read by {', '.join(readers)}", "drop those first")
-    if _exists(lake, d.name):
-        commit_with(lake, lambda con: con.execute(f"DROP TABLE {target(lake, d.name)}"),
-                    f"dynamic table {d.name}: dropped")
-    meta.drop(d.name)
+    with _locked(lake, d.name):
+        if _exists(lake, d.name):
+            commit_with(lake, lambda con: con.execute(f"DROP TABLE {target(lake, d.name)}"),
+                        f"dynamic table {d.name}: dropped")
+        meta.drop(d.name)
     return True
 
 
@@ -171,7 +193,8 @@ def refresh_many(lake: Lake, meta: Metadata, names: list[str] | None = None, *, 
     transaction. A table whose upstream failed is skipped (recorded with the reason); the others go on."""
     refresher = refresher or Refresher(lake, meta)
     every = {d.name: d for d in meta.all()}
-    chosen = set(every) if names is None else {get(meta, n).name for n in names}
+    asked = set(every) if names is None else {get(meta, n).name for n in names}
+    chosen = set(asked)
     for n in list(chosen):
         chosen |= upstream(meta, n)
     graph = graphlib.TopologicalSorter({n: [x for x in every[n].depends_on if x in chosen] for n in chosen})
@@ -186,13 +209,14 @@ def refresh_many(lake: Lake, meta: Metadata, names: list[str] | None = None, *, 
             batch.refreshes.append(meta.record(Refresh(n, d.definition_id, trigger, SKIPPED, now, now, reason=why)))
             broken[n] = "was skipped"
             continue
-        r = refresher.refresh(d, trigger if n in (names or every) else "downstream")
+        r = refresher.refresh(d, trigger if names is None or n in asked else "downstream")
         batch.refreshes.append(r)
         if r.status == FAILED:
             broken[n] = "failed"
             if meta.get(n).consecutive_failures >= SUSPEND_AFTER_FAILURES:
                 meta.set(n, status=SUSPENDED)
                 r.reason = f"suspended after {SUSPEND_AFTER_FAILURES} consecutive failures (ALTER ... RESUME)"
+                meta.note(r, r.reason)
     return batch
 
 

@@ -194,6 +194,10 @@ class Metadata:
                                   f"updated_at = now() WHERE {current}", [r.name, r.definition_id])
         return r
 
+    def note(self, r: Refresh, reason: str) -> None:
+        """Replace the reason a recorded refresh gives (what happened after it, e.g. the table suspended)."""
+        self.conn.execute(f"UPDATE {SCHEMA}.refresh_history SET reason = %s WHERE id = %s", [reason, r.id])
+
     def history(self, name: str, limit: int = 20) -> list[Refresh]:
         """The refreshes of the table's current definition (a CREATE OR REPLACE starts a new one), newest first."""
         rows = self.conn.execute(

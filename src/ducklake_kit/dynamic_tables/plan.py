@@ -40,6 +40,7 @@ REASONS = {
     "GLOBAL_AGGREGATE": "an aggregate without GROUP BY",
     "STAR_WITH_AGGREGATE": "SELECT * with GROUP BY",
     "QUALIFY": "QUALIFY",
+    "SAMPLE": "USING SAMPLE / TABLESAMPLE (a different sample each time)",
 }
 MERGEABLE = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Count: "count"}
 NONDETERMINISTIC = (exp.Rand, exp.CurrentTimestamp, exp.CurrentDate, exp.CurrentTime, exp.Uuid)
@@ -78,10 +79,11 @@ class Plan:
     keys: list[Key] = field(default_factory=list)  # AGGREGATE: the group keys
     merge: list[MergeColumn] | None = None  # AGGREGATE: when inserts can be merged, how each other column is
     merge_reason: str | None = None  # why inserts cannot be merged (AGGREGATE)
+    read: list[str] = field(default_factory=list)  # every lake table the query reads, subqueries and CTEs included
 
     @property
     def sources(self) -> list[str]:
-        return sorted({o.source for o in self.occurrences})
+        return self.read or sorted({o.source for o in self.occurrences})
 
     @property
     def incremental(self) -> bool:
@@ -98,11 +100,19 @@ class Plan:
 
 
 def source_name(table: exp.Table, lake_alias: str) -> str:
-    catalog = table.catalog
+    catalog, db = table.catalog, table.db
+    if not catalog and db and db.lower() == lake_alias.lower():  # `lake.trips`: the lake's main.trips
+        catalog, db = db, ""
     if catalog and catalog.lower() != lake_alias.lower():
         raise DdlError(f"the query reads {table.sql(DIALECT)}, which is not a table of the lake",
                        f"a dynamic table reads tables of `{lake_alias}`: name them as table or schema.table")
-    return f"{(table.db or 'main').lower()}.{table.name.lower()}"
+    if "." in table.name or "." in (db or ""):
+        raise DdlError(f"the query reads {table.sql(DIALECT)}, a name with a dot in it",
+                       "name the lake's tables as table or schema.table, without dots inside a name")
+    if table.args.get("when") is not None:
+        raise DdlError(f"the query reads {table.sql(DIALECT)} at a version of its own",
+                       "drop the AT (...) clause: a dynamic table reads every source as of each refresh")
+    return f"{(db or 'main').lower()}.{table.name.lower()}"
 
 
 def occurrences(select: exp.Select, lake_alias: str) -> list[Occurrence]:
@@ -130,7 +140,8 @@ def _from_tables(select: exp.Select) -> list[exp.Table]:
 def _check_shape(query: exp.Expression) -> exp.Select:
     if isinstance(query, exp.SetOperation):
         raise _Full("SET_OPERATION")
-    assert isinstance(query, exp.Select)
+    if not isinstance(query, exp.Select):
+        raise _Full("SUBQUERY")
     if query.args.get("with_") or query.args.get("with"):
         raise _Full("WITH_CLAUSE")
     if query.args.get("distinct"):
@@ -144,6 +155,8 @@ def _check_shape(query: exp.Expression) -> exp.Select:
             raise _Full("SUBQUERY")
         if isinstance(node, exp.Window):
             raise _Full("WINDOW_FUNCTION")
+        if isinstance(node, exp.TableSample):
+            raise _Full("SAMPLE")
         if isinstance(node, NONDETERMINISTIC) or (
                 isinstance(node, exp.Anonymous) and str(node.this).lower() in NONDETERMINISTIC_NAMES):
             raise _Full("NONDETERMINISTIC_FUNCTION")
@@ -158,11 +171,17 @@ def _is_aggregate(node: exp.Expression) -> bool:
     return any(isinstance(n, exp.AggFunc) for n in node.walk())
 
 
-def _group_keys(select: exp.Select, names: list[str]) -> list[Key]:
+def _group_keys(select: exp.Select, names: list[str], source_columns: set[str] | None) -> list[Key]:
+    """`source_columns`: the names of every column of the query's tables (lower case); a GROUP BY name that is one
+    of them means that column, as DuckDB reads it, even when a select item has it as its alias. None: unknown, and
+    a GROUP BY name that is also an alias of another expression is refused."""
     group = select.args.get("group")
     items = [s.unalias() for s in select.selects]
     if group.args.get("all"):
-        return [Key(names[i], items[i]) for i, e in enumerate(items) if not _is_aggregate(e)]
+        keys = [Key(names[i], items[i]) for i, e in enumerate(items) if not _is_aggregate(e)]
+        if not keys:
+            raise _Full("GLOBAL_AGGREGATE")
+        return keys
     if any(group.args.get(k) for k in ("grouping_sets", "cube", "rollup")) \
             or any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group.expressions):
         raise _Full("GROUPING_SETS")
@@ -173,6 +192,8 @@ def _group_keys(select: exp.Select, names: list[str]) -> list[Key]:
             i = int(g.this) - 1
         elif isinstance(g, exp.Column) and not g.table and g.name.lower() in aliases \
                 and not any(e == g for e in items):
+            if source_columns is None or g.name.lower() in source_columns:
+                raise _Full("GROUP_KEY_NOT_SELECTED")  # the column, not the alias: it is not in the result
             i = aliases[g.name.lower()]
         else:
             matches = [i for i, e in enumerate(items) if e == g]
@@ -183,7 +204,11 @@ def _group_keys(select: exp.Select, names: list[str]) -> list[Key]:
     return keys
 
 
-def _merge_columns(select: exp.Select, names: list[str], keys: list[Key]) -> tuple[list[MergeColumn] | None, str | None]:
+FLOATING = {"DOUBLE", "FLOAT", "REAL"}
+
+
+def _merge_columns(select: exp.Select, names: list[str], keys: list[Key],
+                   types: dict[str, str] | None) -> tuple[list[MergeColumn] | None, str | None]:
     if select.args.get("having"):
         return None, "HAVING"
     key_columns = {k.column for k in keys}
@@ -193,35 +218,37 @@ def _merge_columns(select: exp.Select, names: list[str], keys: list[Key]) -> tup
             continue
         agg = item.unalias()
         function = MERGEABLE.get(type(agg))
-        if function is None:
-            return None, f"{name} is not a plain SUM, COUNT, MIN or MAX"
+        extra = {k: v for k, v in agg.args.items() if k not in ("this", "big_int") and v not in (None, [])}
+        if function is None or extra:  # max(v, 2) is a list of the 2 largest, not mergeable by greatest()
+            return None, f"{name} is not a plain SUM, COUNT, MIN or MAX of one argument"
         if isinstance(agg.this, exp.Distinct):
             return None, f"{name} aggregates DISTINCT values"
+        if function == "sum" and (types or {}).get(name, "").upper() in FLOATING:
+            return None, f"{name} sums floating point ({types[name]}): added month by month it rounds differently"
         out.append(MergeColumn(name, function))
     return out, None
 
 
-def analyze(query: exp.Expression, names: list[str], lake_alias: str) -> Plan:
-    """The plan of `query` (parsed by sqlglot), whose result has the columns `names` (as DuckDB names them)."""
+def analyze(query: exp.Expression, names: list[str], lake_alias: str, *, types: dict[str, str] | None = None,
+            source_columns: set[str] | None = None) -> Plan:
+    """The plan of `query` (parsed by sqlglot), whose result has the columns `names` (as DuckDB names them) of
+    `types` (column -> DuckDB type), reading tables whose columns are `source_columns` (lower case)."""
+    read = all_sources(query, lake_alias)
     try:
         select = _check_shape(query)
         occ = occurrences(select, lake_alias)
         if not select.args.get("group"):
             if any(_is_aggregate(s) for s in select.selects) or select.args.get("having"):
                 raise _Full("GLOBAL_AGGREGATE")
-            return Plan(ROWS, occurrences=occ, columns=names)
+            return Plan(ROWS, occurrences=occ, columns=names, read=read)
         if any(isinstance(s, exp.Star) or isinstance(s.unalias(), exp.Star) for s in select.selects) \
                 or len(select.selects) != len(names):
             raise _Full("STAR_WITH_AGGREGATE")
-        keys = _group_keys(select, names)
-        merge, why = _merge_columns(select, names, keys)
-        return Plan(AGGREGATE, occurrences=occ, columns=names, keys=keys, merge=merge, merge_reason=why)
+        keys = _group_keys(select, names, source_columns)
+        merge, why = _merge_columns(select, names, keys, types)
+        return Plan(AGGREGATE, occurrences=occ, columns=names, keys=keys, merge=merge, merge_reason=why, read=read)
     except _Full as full:
-        try:
-            occ = occurrences(query, lake_alias) if isinstance(query, exp.Select) else []
-        except _Full:
-            occ = []
-        return Plan(FULL, full.reason, occ, names)
+        return Plan(FULL, full.reason, [], names, read=read)
 
 
 def all_sources(query: exp.Expression, lake_alias: str) -> list[str]:
@@ -268,6 +295,7 @@ def term(select: exp.Select, lake_alias: str, bound: dict[int, exp.Table], befor
     """The query with occurrence i read from `bound[i]` (a temporary table of changes), the occurrences before
     the first bound one at snapshot `before` and the others at snapshot `after`."""
     out = select.copy()
+    out.set("order", None)  # terms are joined with UNION ALL; the order of a table's rows means nothing anyway
     first = min(bound)
     for i, t in enumerate(_from_tables(out)):
         new = bound[i] if i in bound else _pinned_table(t, lake_alias, before if i < first else after)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 import duckdb
+import psycopg
 import sqlglot
 from sqlglot import exp
 
@@ -89,6 +90,36 @@ def lake_record(lake: Lake, d: Definition, after: int | None = None) -> int | No
                 and extra.get("definition") == d.definition_id and isinstance(extra.get("read"), int):
             return extra["read"]
     return None
+
+
+def columns_of(lake: Lake, name: str) -> list[tuple[str, str]]:
+    """(column, DuckDB type) of lake table `schema.table` now, in order (names matched case-insensitively)."""
+    schema, table = name.split(".")
+    return [(r[0], r[1]) for r in lake.con.execute(
+        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = ? AND lower(schema_name) = ? "
+        "AND lower(table_name) = ? ORDER BY column_index", [lake.alias, schema.lower(), table.lower()]).fetchall()]
+
+
+def analyze(lake: Lake, query: exp.Expression, name: str, columns: list[str]) -> planner.Plan:
+    """The plan of a dynamic table's query, with the types of its result (as table `name` has them, when it
+    exists) and its sources' column names (a GROUP BY name that is a column means the column)."""
+    types = dict(columns_of(lake, name))
+    source_columns = {c.lower() for s in planner.all_sources(query, lake.alias) for c, _ in columns_of(lake, s)}
+    return planner.analyze(query, columns, lake.alias, types=types, source_columns=source_columns)
+
+
+def table_id_at(lake: Lake, source: str, snapshot: int) -> int | None:
+    """The catalog's id of table `source` at `snapshot` (None: no such table then). A table dropped and created
+    again under the same name has a new id, and its change feed knows nothing of the old one's rows."""
+    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
+    schema, table = source.split(".")
+    row = lake.con.execute(f"""
+        SELECT t.table_id FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s USING (schema_id)
+        WHERE lower(s.schema_name) = ? AND lower(t.table_name) = ?
+          AND t.begin_snapshot <= ? AND (t.end_snapshot IS NULL OR t.end_snapshot > ?)
+          AND s.begin_snapshot <= ? AND (s.end_snapshot IS NULL OR s.end_snapshot > ?)""",
+                           [schema.lower(), table.lower(), snapshot, snapshot, snapshot, snapshot]).fetchone()
+    return int(row[0]) if row else None
 
 
 def reflected(lake: Lake, d: Definition) -> int | None:
@@ -161,24 +192,33 @@ class Refresher:
         finally:
             self._drop_temps([feed])
 
-    def _read_columns(self, source: str, select: exp.Expression, plan: planner.Plan) -> list[str]:
-        """The source's columns the query can read: all of them under a `*`, else those it names (unqualified, or
-        qualified by one of the source's names in the query). The change feed is asked for these only."""
-        schema, table = source.split(".")
-        every = [r[0] for r in self.con.execute(
-            "SELECT column_name FROM duckdb_columns() WHERE database_name = ? AND schema_name = ? AND table_name = ? "
-            "ORDER BY column_index", [self.lake.alias, schema, table]).fetchall()]
+    def _read_columns(self, source: str, select: exp.Select, plan: planner.Plan) -> list[str]:
+        """The source's columns the query reads: those it names (unqualified, or qualified by one of the source's
+        names in the query). All of them whenever that cannot be told for sure: a `*` or COLUMNS(...) (COUNT(*)
+        aside), a USING join, a table's name used as a value (the whole row as a struct), a dotted name whose
+        qualifier is no table of the query (a struct's field). The change feed is asked for these only."""
+        every = [c for c, _ in columns_of(self.lake, source)]
         refs = {o.ref for o in plan.occurrences if o.source == source}
-        if any(isinstance(s.unalias(), exp.Star) or (isinstance(s.unalias(), exp.Column) and s.unalias().is_star)
-               for s in select.selects):
-            return every
+        all_refs = {o.ref for o in plan.occurrences}
+        for node in select.walk():
+            if isinstance(node, exp.Star) and not isinstance(node.parent, exp.Count) or isinstance(node, exp.Columns):
+                return every
+            if isinstance(node, exp.Join) and node.args.get("using"):
+                return every
+            if isinstance(node, exp.Column) and ((node.table and node.table.lower() not in all_refs)
+                                                 or (not node.table and node.name.lower() in all_refs)):
+                return every
         named = {c.name.lower() for c in select.find_all(exp.Column)
                  if not c.table or c.table.lower() in refs}
         return [c for c in every if c.lower() in named] or every
 
     def sources_changed(self, sources: list[str], start: int, end: int) -> bool:
+        """Whether any source has a change in snapshots start..end (a feed that cannot be read counts as one)."""
         for s in sources:
-            if self.con.execute(f"SELECT 1 FROM {changes_sql(self.lake, s, start, end)} LIMIT 1").fetchone():
+            try:
+                if self.con.execute(f"SELECT 1 FROM {changes_sql(self.lake, s, start, end)} LIMIT 1").fetchone():
+                    return True
+            except duckdb.Error:
                 return True
         return False
 
@@ -191,8 +231,12 @@ class Refresher:
         """The refresh's mode and the statements it needs (None: nothing to do)."""
         if prev is None:
             return self._full(query, now, "INITIAL: the first refresh")
+        replaced = [s for s in plan.sources if table_id_at(self.lake, s, prev) != table_id_at(self.lake, s, now)]
+        if replaced:  # dropped and created again: its change feed knows nothing of the old table's rows
+            return self._full(query, now, f"SOURCE_REPLACED: {', '.join(replaced)} is not the table it was at "
+                                          f"snapshot {prev}")
         if d.refresh_mode == FULL or not plan.incremental:
-            if not self.sources_changed(plan.sources or planner.all_sources(query, self.lake.alias), prev + 1, now):
+            if not self.sources_changed(plan.sources, prev + 1, now):
                 return None
             why = "REFRESH_MODE = FULL" if d.refresh_mode == FULL else plan.explain()
             return self._full(query, now, why)
@@ -333,7 +377,7 @@ class Refresher:
                             "wait for it, or stop the other `dynamic run`")
             with advisory_lock(self.lake.endpoints, lock_key(d.name), timeout_s=LOCK_WAIT_S, busy=busy):
                 query = parse_query(d)
-                plan = planner.analyze(query, d.columns, self.lake.alias)
+                plan = analyze(self.lake, query, d.name, d.columns)
                 query = named(query, d.columns)
                 now = self.lake.current_snapshot()
                 if self.after_read is not None:
@@ -341,7 +385,7 @@ class Refresher:
                 self._bind(d, query, now)
                 prev = reflected(self.lake, d)
                 out.read_snapshot = now
-                out.snapshots_read = {s: now for s in (plan.sources or planner.all_sources(query, self.lake.alias))}
+                out.snapshots_read = {s: now for s in plan.sources}
                 out.data_timestamp = snapshot_time(self.lake, now)
                 decided = None if prev == now else self.decide(d, query, plan, prev, now, temps)
                 if decided is None:
@@ -351,7 +395,7 @@ class Refresher:
                     out.commit_snapshot = self.apply(d, work, statements, now)
                     out.status, out.mode, out.reason = SUCCEEDED, work.mode, work.reason
                     out.rows_inserted, out.rows_deleted = work.inserted, work.deleted
-        except (KitError, duckdb.Error) as exc:
+        except (KitError, duckdb.Error, psycopg.Error) as exc:  # the table fails, the batch goes on
             out.error = exc.line() if isinstance(exc, KitError) else first_line(exc)
             out.status = FAILED
         finally:

@@ -17,9 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+import duckdb
+import psycopg
+
 from ducklake_kit.dynamic_tables import manage
 from ducklake_kit.dynamic_tables.metadata import ACTIVE, Definition, Metadata, Refresh
 from ducklake_kit.dynamic_tables.refresh import Refresher, reflected, snapshot_time
+from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 
 TICK_S = 1.0
@@ -40,11 +44,13 @@ def stale(lake: Lake, d: Definition, current: int, now: datetime) -> bool:
 class RunResult:
     ticks: int = 0
     refreshes: list[Refresh] = field(default_factory=list)
+    errors: int = 0  # rounds that could not ask the lake or the catalog
     stopped_by: str = ""  # once | time | signal
 
 
 def run(lake: Lake, meta: Metadata, *, once: bool = False, seconds: float | None = None, tick_s: float = TICK_S,
-        on_refresh: Callable[[Refresh], None] = lambda r: None) -> RunResult:
+        on_refresh: Callable[[Refresh], None] = lambda r: None,
+        on_error: Callable[[str], None] = lambda e: None) -> RunResult:
     """Refresh stale tables every `tick_s` seconds: one round (`once`), for `seconds`, or until a signal."""
     out = RunResult()
     stop = {"asked": False}
@@ -60,15 +66,19 @@ def run(lake: Lake, meta: Metadata, *, once: bool = False, seconds: float | None
     try:
         while True:
             out.ticks += 1
-            current = lake.current_snapshot()
-            now = datetime.now(timezone.utc)
-            due = [d.name for d in meta.all() if stale(lake, d, current, now)]
-            if due:
+            try:
+                current = lake.current_snapshot()
+                now = datetime.now(timezone.utc)
+                due = [d.name for d in meta.all() if stale(lake, d, current, now)]
                 batch = manage.refresh_many(lake, meta, due, trigger="schedule", refresher=refresher,
-                                            include_suspended=False)
-                for r in batch.refreshes:
-                    out.refreshes.append(r)
-                    on_refresh(r)
+                                            include_suspended=False) if due else manage.Batch()
+            except (KitError, duckdb.Error, psycopg.Error) as exc:  # the catalog went away a moment: try next round
+                on_error(exc.line() if isinstance(exc, KitError) else first_line(exc))
+                out.errors += 1
+                batch = manage.Batch()
+            for r in batch.refreshes:
+                out.refreshes.append(r)
+                on_refresh(r)
             if once:
                 out.stopped_by = "once"
                 break
