@@ -169,7 +169,6 @@ def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack):
     """issue 16: a killed load's files stayed for `--older-than` (7 days), and nothing said why. Each load holds a
     lock in the catalog for its whole life and names its files for itself: `--dead-loads` removes now the files of
     a load whose lock is free, and never those of a load that is running (here: files written, commit paused)."""
-    import time
 
     from ducklake_kit.lessons.maintain import unreferenced_files
     from ducklake_kit.taxi.load import load_id_of
@@ -189,15 +188,14 @@ def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack):
     running = subprocess.Popen(argv + ["--months", "2021-08"], env={**env, "DUCKLAKE_FAULT": "pause-before-commit=45"},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 300
-        while True:  # until the running load has written its files
-            with Lake(ep) as lake:
-                left = unreferenced_files(lake, ep)
-            if left["running"]:
+        for line in running.stdout:  # until the running load has written all its files (seeing one is not enough:
+            if "pausing 45 s before the commit" in line:  # its executors may still be writing the next)
                 break
-            assert running.poll() is None and time.monotonic() < deadline, running.stderr.read() if running.poll() else ""
-            time.sleep(1)
+        assert running.poll() is None, running.stderr.read()
+        with Lake(ep) as lake:
+            left = unreferenced_files(lake, ep)
         alive = left["running"]
+        assert alive, left
         checks = CheckRun()
         plain = run_maintain(fresh_stack.platform, checks)  # without the option: they stay, and it says why
         assert checks.ok and plain["unreferenced_left"] == {"running": len(alive), "dead": len(dead), "other": len(other)}

@@ -341,7 +341,9 @@ def run_load(
 
         by_table = {TRIPS: [r for r in written if r.tbl == TRIPS], QUARANTINE: [r for r in written if r.tbl == QUARANTINE]}
         if fault.startswith("pause-before-commit="):  # a load that is alive with its files written, uncommitted
-            time.sleep(float(fault.split("=", 1)[1]))
+            pause = float(fault.split("=", 1)[1])
+            on_step(f"test hook: every file written, pausing {pause:g} s before the commit")  # a test waits for this
+            time.sleep(pause)
         on_step(f"registering {len(written)} data files in one DuckLake transaction")
         t = time.perf_counter()
         with commit_lock(ep):
