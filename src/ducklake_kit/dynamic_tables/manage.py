@@ -103,7 +103,7 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
         if name in upstream(meta, dep) | {dep}:
             raise KitError(f"dynamic table {name} would read itself through {dep}", "break the cycle")
     if old is not None:
-        blockers = [x for x in meta.dependents(name)]
+        blockers = meta.dependents(name)
         if blockers:
             raise KitError(f"dynamic table {name} is read by {', '.join(blockers)}", "drop or replace those first")
     d = Definition(name=name, definition_id=new_definition_id(), query=stmt.query, ddl=stmt.text.strip(),

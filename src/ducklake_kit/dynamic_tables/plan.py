@@ -116,10 +116,8 @@ def source_name(table: exp.Table, lake_alias: str) -> str:
 
 
 def occurrences(select: exp.Select, lake_alias: str) -> list[Occurrence]:
-    tables = [select.args.get("from_") or select.args.get("from")]
-    tables = [t.this for t in tables if t is not None] + [j.this for j in select.args.get("joins") or []]
     out = []
-    for i, t in enumerate(tables):
+    for i, t in enumerate(_from_tables(select)):
         if not isinstance(t, exp.Table) or not isinstance(t.this, exp.Identifier):
             raise _Full("TABLE_FUNCTION" if not isinstance(t, exp.Subquery) else "SUBQUERY")
         out.append(Occurrence(i, source_name(t, lake_alias), (t.alias_or_name).lower()))
@@ -132,9 +130,10 @@ class _Full(Exception):
         self.reason = reason
 
 
-def _from_tables(select: exp.Select) -> list[exp.Table]:
+def _from_tables(select: exp.Select) -> list[exp.Expression]:
+    """The FROM item and each JOIN's, in order (none for a SELECT without FROM)."""
     first = select.args.get("from_") or select.args.get("from")
-    return [first.this] + [j.this for j in select.args.get("joins") or []]
+    return ([first.this] if first is not None else []) + [j.this for j in select.args.get("joins") or []]
 
 
 def _check_shape(query: exp.Expression) -> exp.Select:

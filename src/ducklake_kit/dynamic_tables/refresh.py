@@ -19,7 +19,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import duckdb
@@ -141,7 +141,6 @@ class Work:
     reason: str
     inserted: int = 0
     deleted: int = 0
-    statements: list[str] = field(default_factory=list)  # what ran in the lake transaction, for `show --sql`
 
 
 class Refresher:
@@ -267,7 +266,6 @@ class Refresher:
                     out.append(planner.term(select, self.lake.alias, bound, before, after))
             return out
 
-        statements: list[tuple[str, str | None]] = []
         if plan.kind == planner.ROWS and insert_only:
             new = " UNION ALL ".join(sql(t) for t in terms(post, prev, now))
             return Work(INCREMENTAL, "inserts appended"), [("insert", new)]
@@ -295,8 +293,8 @@ class Refresher:
         else:
             inner = planner.pinned(select, self.lake.alias, now).subquery("__q")
             new = sql(planner.restricted(exp.select("*").from_(inner), keys, "__dt_keys"))
-        statements += [("delete_keys", ("__dt_keys", [(k.column, planner.key_column(i)) for i, k in enumerate(keys)])),
-                       ("insert", new)]
+        statements = [("delete_keys", ("__dt_keys", [(k.column, planner.key_column(i)) for i, k in enumerate(keys)])),
+                      ("insert", new)]
         return Work(INCREMENTAL, f"{affected} affected {what} recomputed"), statements
 
     def _merge(self, d: Definition, plan: planner.Plan, terms: list[exp.Select], temps: list[str]) -> tuple[Work, list]:
@@ -340,7 +338,6 @@ class Refresher:
                     text = f"DELETE FROM {tgt} USING temp.main.{quote_ident(table)} AS __k WHERE {on}"
                 else:
                     text = f"INSERT INTO {tgt} {arg}"
-                work.statements.append(text)
                 count = int(con.execute(text).fetchone()[0])
                 if kind == "insert":
                     work.inserted += count
