@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ducklake_kit.cli import core, workers, data, steps, pipeline, dynamic, bench  # noqa: F401,I001  (each registers its commands on `app`, in this order)
+from ducklake_kit.cli import core, workers, spark, data, steps, pipeline, dynamic, bench  # noqa: F401,I001  (each registers its commands on `app`, in this order)
 from ducklake_kit.cli.common import Ctx, app
 from ducklake_kit.platforms import PLATFORMS
 from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT, K3D_PG_PORT, K3D_S3_PORT

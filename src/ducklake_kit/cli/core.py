@@ -77,11 +77,14 @@ def up(ctx: typer.Context, workers: WorkersOpt = None, as_json: JsonOpt = False)
 @app.command()
 @command
 def down(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Stop the worker plane and the services the kit started. Data stays (see `reset`)."""
+    """Stop the worker plane, the Spark cluster (`spark up`) and the services the kit started. Data stays (see `reset`)."""
     from ducklake_kit.workers import plane as plane_mod
 
     c: Ctx = ctx.obj
+    from ducklake_kit.platforms.spark_cluster import SparkCluster
+
     msgs = [] if c.scheduler else plane_mod.down(c.state)  # a user's Dask cluster is theirs to stop
+    msgs += SparkCluster(c.state).down()
     msgs += c.platform().down()
     if as_json:
         print_json("ok", {"stopped": msgs})
@@ -129,7 +132,10 @@ def reset(
         raise KitError("reset cancelled; nothing was deleted", "pass --yes to reset without asking")
     from ducklake_kit.workers import plane as plane_mod
 
+    from ducklake_kit.platforms.spark_cluster import SparkCluster
+
     msgs = [] if c.scheduler else plane_mod.down(c.state)
+    msgs += SparkCluster(c.state).down()
     msgs += c.platform().reset()
     if as_json:
         print_json("ok", {"reset": msgs})

@@ -67,7 +67,8 @@ def load(
     rows_per_month: Annotated[int, typer.Option(help="Rows a synthetic month holds.")] = sources.DEFAULT_ROWS_PER_MONTH,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic generator (same seed, same data).")] = 0,
     mode: Annotated[str, typer.Option(help="skip (a file already loaded is not loaded again), append, or replace.")] = "skip",
-    spark_master: Annotated[Optional[str], typer.Option(help="Spark master URL (default local[*]); SPARK_REMOTE for Spark Connect.")] = None,
+    spark_master: Annotated[Optional[str], typer.Option(help="Where Spark runs: local[*] (default), spark://host:port, sc://host:port (Spark Connect; "
+                                                               "or SPARK_REMOTE), or standalone / connect: the cluster `spark up` started.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Load NYC taxi trips through PySpark into the lake: one load, one snapshot; re-running is a no-op."""

@@ -10,6 +10,7 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.base import Platform
 from ducklake_kit.platforms.state import State
 from ducklake_kit.taxi import sources
+from ducklake_kit.taxi import spark as spark_mod
 from ducklake_kit.taxi.load import MODES, LoadResult, load_snapshots, rows_snapshots, run_load
 from ducklake_kit.taxi.verify import verify_file
 
@@ -36,12 +37,13 @@ def load_and_verify(
         raise KitError(f"unknown mode '{mode}'", f"choose one of: {', '.join(MODES)}")
     checks = checks if checks is not None else CheckRun()
     ep = platform.endpoints()
+    target = spark_mod.target(spark_master, state)  # before any file is made: `standalone` must be running
     cache = state.cache_dir
     files, note = sources.resolve(source, cache, months=months, paths=paths or [], rows_per_month=rows_per_month, seed=seed)
     on_step(f"source: {note}; {len(files)} file(s)")
     zones_path, zones_note = sources.zone_lookup(cache, [f.path for f in files])
     result = run_load(ep, files, zones_path=zones_path, zones_note=zones_note, source_note=note, mode=mode,
-                      spark_master=spark_master, on_step=on_step, spark_log=state.log_dir / SPARK_LOG)
+                      spark_master=target, on_step=on_step, spark_log=state.log_dir / SPARK_LOG)
     with Lake(ep) as lake:
         loaded = [f for f in result.files if f.status == "loaded"]
         # the load's own snapshots, found by its commit message: other writers (another load, maintain, the worker

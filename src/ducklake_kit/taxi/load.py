@@ -293,12 +293,13 @@ def run_load(
     zones_note: str,
     source_note: str,
     mode: str = "skip",
-    spark_master: str | None = None,
+    spark_master: "str | spark_mod.SparkTarget | None" = None,
     schema_name: str = "main",
     on_step: Callable[[str], None] = lambda _msg: None,
     spark_log: Path | None = None,
 ) -> LoadResult:
-    """`spark_log`: the file the JVM's own output goes to when this load starts it (see spark.jvm_output)."""
+    """`spark_master`: where Spark runs (see `spark.target`); `spark_log`: the file the JVM's own output goes to when
+    this load starts it (see spark.jvm_output)."""
     load_id = uuid.uuid4().hex[:12]
     result = LoadResult(load_id, mode, source_note, zones=zones_note)
     started = time.time()
@@ -316,13 +317,22 @@ def run_load(
         # whose lock is free belong to a load that can never commit them (`maintain --dead-loads` removes them)
         life_session = life.enter_context(held_for_life(ep, load_life_key(load_id)))
 
-        # what can be known before anything is landed: a Spark that cannot start must not leave raw objects behind
-        if not os.environ.get("SPARK_REMOTE"):
+        # what can be known before anything is landed: a Spark that cannot start, or executors that lack what the
+        # writer needs, must not leave raw objects behind
+        spark_target = spark_master if isinstance(spark_master, spark_mod.SparkTarget) else spark_mod.target(spark_master)
+        if spark_target.kind != "connect":  # a Connect client needs no JVM of its own
             from ducklake_kit.platforms.doctor import JAVA_FIX, java_problem
 
             why = java_problem()
             if why:
                 raise KitError(f"{why}, so nothing was landed or loaded", JAVA_FIX)
+        on_step(f"Spark on {spark_target.url}: asking the executors for what the load needs")
+        t = time.perf_counter()
+        spark = spark_mod.session(spark_target, log_path=spark_log)
+        from ducklake_kit.taxi.executors import check_executors  # pyspark-side code: only when a load runs
+
+        check_executors(spark, ep, [str(f.path) for f in todo] + [str(zones_path)])
+        result.timings["spark_start"] = round(time.perf_counter() - t, 2)
         on_step("landing raw files in s3://raw")
         t = time.perf_counter()
         landed = {f.path: land_raw(ep, f)[0] for f in todo}
@@ -330,7 +340,6 @@ def run_load(
 
         on_step("Spark: conform, flag quality, derive, write Parquet from the executors")
         t = time.perf_counter()
-        spark = spark_mod.session(spark_master, log_path=spark_log)
         df = build_frame(spark, todo, zones_path, load_id)
         try:
             written = df.mapInArrow(make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt", load_id),

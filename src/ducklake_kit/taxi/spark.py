@@ -7,8 +7,13 @@ import sys
 from pathlib import Path
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ducklake_kit.errors import KitError, first_line
+
+if TYPE_CHECKING:
+    from ducklake_kit.platforms.state import State
 
 LOCAL_CONF = {
     "spark.ui.enabled": "false",  # no web UI: nothing to open, one less port
@@ -51,31 +56,122 @@ def jvm_output(log_path: Path | None = None) -> Iterator[None]:
             os.close(log)
 
 
-def session(master: str | None = None, app_name: str = "ducklake-kit", *, log_path: Path | None = None):
-    """Start (or reuse) a SparkSession. Needs Java 17+ (checked by `doctor`). `log_path`: where the JVM's own output
-    goes (see `jvm_output`)."""
+@dataclass(frozen=True)
+class SparkTarget:
+    """Where a load's Spark job runs. `url` is what is shown (never a token); `env` what the session needs set."""
+
+    kind: str  # local | cluster | connect
+    url: str
+    env: tuple[tuple[str, str], ...] = field(default=(), repr=False)
+    kit: bool = False  # the cluster `spark up` started in this state folder
+    remote: str = field(default="", repr=False)  # Spark Connect: the whole URL, which may carry `;token=...`
+
+    @property
+    def loopback(self) -> bool:
+        return self.kind == "local" or self.url.startswith(("spark://127.0.0.1:", "spark://localhost:"))
+
+
+KIT_WORDS = ("standalone", "connect")
+
+
+def target(master: str | None = None, state: "State | None" = None) -> SparkTarget:
+    """The Spark a load uses: `master` (local[N], spark://host:port, sc://host:port, or `standalone` / `connect`:
+    the cluster `spark up` started), else SPARK_REMOTE (Spark Connect), else SPARK_MASTER, else local[*]."""
+    if master in KIT_WORDS:
+        from ducklake_kit.platforms.spark_cluster import SparkCluster
+        from ducklake_kit.platforms.state import State
+
+        cluster = SparkCluster(state or State())
+        status = cluster.status()
+        if master == "connect":
+            if not status.connect_url:
+                raise KitError("the kit's Spark Connect server is not running", "start it with `spark up --mode connect`")
+            return SparkTarget("connect", status.connect_url, tuple(cluster.client_env(connect=True).items()), kit=True,
+                               remote=status.connect_url)
+        if not status.master_url or status.alive_workers == 0:
+            raise KitError("the kit's standalone Spark cluster is not running (no master with ALIVE workers)",
+                           "start it with `spark up` (then `spark status`)")
+        return SparkTarget("cluster", status.master_url, tuple(cluster.client_env(connect=False).items()), kit=True)
+    if master and master.startswith("sc://"):
+        return SparkTarget("connect", master.split("/;", 1)[0], remote=master)
+    if not master and os.environ.get("SPARK_REMOTE"):
+        remote = os.environ["SPARK_REMOTE"]
+        return SparkTarget("connect", remote.split("/;", 1)[0], remote=remote)
+    url = master or os.environ.get("SPARK_MASTER", "local[*]")
+    if state is not None and url.startswith("spark://"):
+        from ducklake_kit.platforms.spark_cluster import SparkCluster
+
+        if url.rstrip("/") == SparkCluster(state).master_url:
+            return target("standalone", state)  # the kit's own cluster, given by its URL: it needs the secret
+    if not url.startswith(("local", "spark://", "yarn", "k8s://")):
+        raise KitError(f"'{url}' is not a Spark master", "give local[*], spark://host:port, sc://host:port (Spark "
+                       "Connect), or `standalone` / `connect` for the cluster `spark up` started")
+    return SparkTarget("local" if url.startswith("local") else "cluster", url)
+
+
+def session(master: "str | SparkTarget | None" = None, app_name: str = "ducklake-kit", *, log_path: Path | None = None):
+    """Start (or reuse) a SparkSession on `master` (see `target`). Needs Java 17+ (checked by `doctor`) unless it is
+    Spark Connect. `log_path`: where the JVM's own output goes (see `jvm_output`)."""
     from pyspark.sql import SparkSession
 
-    remote = os.environ.get("SPARK_REMOTE")
+    t = master if isinstance(master, SparkTarget) else target(master)
     # the executors' Python workers must be this interpreter: they import duckdb and the extension wheels
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    env = dict(t.env)
     try:
-        if remote and not master:
-            return SparkSession.builder.remote(remote).appName(app_name).getOrCreate()
-        url = master or os.environ.get("SPARK_MASTER", "local[*]")
-        builder = SparkSession.builder.master(url).appName(app_name)
+        if t.kind == "connect":
+            os.environ.update(env)  # the kit's token: the client reads it from the environment
+            return SparkSession.builder.remote(t.remote).appName(app_name).getOrCreate()
+        _stop_other(t.url)
+        builder = SparkSession.builder.master(t.url).appName(app_name)
         for k, v in LOCAL_CONF.items():
             builder = builder.config(k, v)
-        if url.startswith("local"):
+        if t.loopback:
             # loopback only, and no dependence on the host name resolving (containers, CI); SPARK_LOCAL_IP
             # also stops the JVM's "hostname resolves to a loopback address" warning at start
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config("spark.driver.host", "127.0.0.1")
+        if t.kit:
+            from pyspark import SparkContext
+
+            if SparkContext._gateway is None:
+                # the JVM starts now and reads spark-defaults.conf (the cluster's secret) from SPARK_CONF_DIR: the
+                # secret never appears in its arguments
+                os.environ.update(env)
+            else:
+                # this process's JVM already runs (it read its defaults at start): the secret goes in through py4j
+                for k, v in _read_defaults(Path(env["SPARK_CONF_DIR"]) / "spark-defaults.conf").items():
+                    builder = builder.config(k, v)
         with jvm_output(log_path):
             spark = builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - JVM start failures surface as several exception types
         msg = first_line(exc)
+        if t.kind == "connect":
+            raise KitError(f"the Spark Connect server at {t.url} did not answer ({msg})",
+                           "run `spark status`, or check SPARK_REMOTE and its token") from None
         raise KitError(f"Spark did not start ({msg})", "run `doctor`: Spark 4 needs Java 17+ (JAVA_HOME or java on PATH)") from None
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _stop_other(url: str) -> None:
+    """One SparkContext per process: a session on another cluster than asked for is stopped first (getOrCreate
+    would otherwise hand it back). A local session is reused for any local[N]."""
+    from pyspark import SparkContext
+
+    active = SparkContext._active_spark_context
+    if active is not None and active.master != url and not (active.master.startswith("local") and url.startswith("local")):
+        from pyspark.sql import SparkSession
+
+        current = SparkSession.getActiveSession()
+        (current or active).stop()
+
+
+def _read_defaults(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            k, _, v = line.partition(" ")
+            out[k] = v.strip()
+    return out

@@ -1,0 +1,417 @@
+"""The Spark cluster `spark up` starts on this machine, from PySpark's own package (no Spark download):
+
+    standalone   a master and N workers (1 core and WORKER_MEMORY each), separate JVMs started with
+                 `spark-class org.apache.spark.deploy.master.Master` / `...deploy.worker.Worker` (the wheel has no
+                 start-master.sh); ready when the master reports N workers ALIVE
+    connect      a Spark Connect server (`spark-submit --class ...SparkConnectServer`, what
+                 sbin/start-connect-server.sh runs, kept in the foreground so the kit supervises it) on the standalone
+                 cluster when that is up, else on local[*]; ready when a client session answers a query
+
+Same discipline as PostgreSQL, S3 and the worker plane: a pid file with the start time, logs in the state folder
+(executors' work folders too, never inside site-packages), loopback only, busy ports named, `spark down` stops
+exactly these. Generated credentials (0600): the standalone cluster's shared secret (`spark.authenticate`: an
+application without it is refused) and the Connect server's token; both reach the JVMs through a properties file
+and the environment, never through process arguments.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import sys
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.platforms import procs
+from ducklake_kit.platforms.state import State, write_private
+
+MODES = ("standalone", "connect")
+DEFAULT_WORKERS = 2
+DEFAULT_MASTER_PORT = 57077
+DEFAULT_MASTER_UI_PORT = 58080  # the master's status page; its /json/ says which workers are ALIVE
+DEFAULT_CONNECT_PORT = 55002
+WORKER_CORES = 1
+WORKER_MEMORY = "2g"  # what a worker offers its executors (by default a worker claims all of the machine's RAM)
+EXECUTOR_MEMORY = "1g"
+READY_TIMEOUT_S = float(os.environ.get("DUCKLAKE_SPARK_READY_TIMEOUT", "120"))
+MASTER, CONNECT = "spark-master", "spark-connect"  # pid and log file names; workers: spark-worker-w1, ...
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+PORT_OPTIONS = {"master": "DUCKLAKE_SPARK_MASTER_PORT", "ui": "DUCKLAKE_SPARK_UI_PORT", "connect": "DUCKLAKE_SPARK_CONNECT_PORT"}
+
+
+def spark_home() -> Path:
+    """PySpark's package folder: it carries bin/spark-class, bin/spark-submit and the jars."""
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def _worker_service(name: str) -> str:
+    return f"spark-worker-{name}"
+
+
+@dataclass
+class SparkSecrets:
+    auth_secret: str  # spark.authenticate.secret, shared by the master, the workers and every application
+    connect_token: str  # the Spark Connect server's token (SPARK_CONNECT_AUTHENTICATE_TOKEN)
+
+
+@dataclass
+class ProcessStatus:
+    name: str  # master | w1.. | connect
+    running: bool
+    pid: int | None
+    detail: str
+    port: int | None = None
+
+
+@dataclass
+class ClusterStatus:
+    master_url: str | None  # spark://127.0.0.1:PORT when the standalone master runs
+    ui_url: str | None
+    connect_url: str | None  # sc://localhost:PORT (the token is not part of it) when the Connect server runs
+    connect_master: str | None  # what the Connect server runs its jobs on
+    alive_workers: int
+    processes: list[ProcessStatus] = field(default_factory=list)
+    healthy: bool = True
+    detail: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{k: v for k, v in asdict(self).items() if k != "processes"},
+                "processes": [asdict(p) for p in self.processes]}
+
+
+class SparkCluster:
+    """The kit's Spark processes in one state folder."""
+
+    def __init__(self, state: State, *, master_port: int | None = None, ui_port: int | None = None,
+                 connect_port: int | None = None):
+        self.state = state
+        saved = state.settings()
+
+        def port(given: int | None, key: str, default: int) -> int:
+            return int(given or os.environ.get(PORT_OPTIONS[key]) or saved.get(f"spark_{key}_port") or default)
+
+        self.master_port = port(master_port, "master", DEFAULT_MASTER_PORT)
+        self.ui_port = port(ui_port, "ui", DEFAULT_MASTER_UI_PORT)
+        self.connect_port = port(connect_port, "connect", DEFAULT_CONNECT_PORT)
+
+    # -- layout ---------------------------------------------------------------------------------------------
+    @property
+    def root(self) -> Path:
+        return self.state.home / "spark"
+
+    @property
+    def conf_dir(self) -> Path:
+        """SPARK_CONF_DIR of every JVM of this cluster and of the drivers that use it: spark-defaults.conf (0600)."""
+        return self.root / "conf"
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://127.0.0.1:{self.master_port}"
+
+    @property
+    def connect_url(self) -> str:
+        # `localhost`, not 127.0.0.1: the client sends a token over a plain channel only to localhost
+        return f"sc://localhost:{self.connect_port}"
+
+    def secrets(self) -> SparkSecrets:
+        """Generated once, like the lake's credentials; kept 0600 in the state folder."""
+        path = self.root / "secrets.json"
+        if path.exists():
+            return SparkSecrets(**json.loads(path.read_text()))
+        made = SparkSecrets(secrets.token_urlsafe(32), secrets.token_urlsafe(32))
+        write_private(path, json.dumps(asdict(made), indent=2))
+        return made
+
+    def client_env(self, *, connect: bool) -> dict[str, str]:
+        """What a driver (or a Connect client) in another process needs to use this cluster."""
+        if connect:
+            return {"SPARK_CONNECT_AUTHENTICATE_TOKEN": self.secrets().connect_token}
+        return {"SPARK_CONF_DIR": str(self.conf_dir), "SPARK_LOCAL_IP": "127.0.0.1"}
+
+    def defaults(self) -> dict[str, str]:
+        """spark-defaults.conf: read by the master, the workers, the Connect server and the kit's own drivers."""
+        return {
+            "spark.authenticate": "true",
+            "spark.authenticate.secret": self.secrets().auth_secret,
+            "spark.master.rest.enabled": "false",  # no REST submission port (6066)
+            "spark.ui.killEnabled": "false",
+            "spark.driver.host": "127.0.0.1",
+            "spark.driver.bindAddress": "127.0.0.1",
+            "spark.executor.memory": EXECUTOR_MEMORY,
+            "spark.pyspark.python": sys.executable,  # executors start `python3` otherwise: it lacks duckdb
+            "spark.local.dir": str(self.root / "local"),
+            "spark.worker.cleanup.enabled": "true",  # old applications' work folders go after a while
+        }
+
+    def _write_conf(self) -> None:
+        for d in (self.root, self.conf_dir, self.root / "local", self.root / "work"):
+            d.mkdir(parents=True, exist_ok=True)
+            os.chmod(d, 0o700)
+        text = "".join(f"{k} {v}\n" for k, v in self.defaults().items())
+        write_private(self.conf_dir / "spark-defaults.conf", text)
+
+    def _env(self, service: str) -> dict[str, str]:
+        # SPARK_NO_DAEMONIZE marks the cluster's own processes (and the executors and Python workers they start,
+        # which inherit it) for `leftovers`; PYSPARK_PYTHON is what the Connect server's executors run
+        env = {"SPARK_HOME": str(spark_home()), "SPARK_CONF_DIR": str(self.conf_dir), "SPARK_LOCAL_IP": "127.0.0.1",
+               "SPARK_LOCAL_DIRS": str(self.root / "local"), "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
+        if service == CONNECT:
+            env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = self.secrets().connect_token
+        return env
+
+    def _bin(self, name: str) -> str:
+        path = spark_home() / "bin" / name
+        if not path.exists():
+            raise KitError(f"PySpark's package has no bin/{name} ({path})", "run `just setup` to reinstall the pinned pyspark")
+        return str(path)
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+    def up(self, mode: str = "standalone", workers: int | None = None) -> ClusterStatus:
+        """Start what `mode` needs and is not running; reuse what answers. Idempotent."""
+        if mode not in MODES:
+            raise KitError(f"unknown Spark mode '{mode}'", f"choose one of: {', '.join(MODES)}")
+        n = int(self.state.settings().get("spark_workers", DEFAULT_WORKERS)) if workers is None else workers
+        if n < 1:
+            raise KitError(f"--workers must be 1 or more, not {n}", "e.g. --workers 2")
+        from ducklake_kit.platforms.doctor import JAVA_FIX, java_problem
+
+        why = java_problem()
+        if why:
+            raise KitError(why, JAVA_FIX)
+        self.state.ensure_dirs()
+        with self.state.lock():
+            self._write_conf()
+            self.state.save_settings(spark_master_port=self.master_port, spark_ui_port=self.ui_port,
+                                     spark_connect_port=self.connect_port)
+            if mode == "standalone":
+                self._ensure_master()
+                self._ensure_workers(n)
+                self.state.save_settings(spark_workers=n)
+            else:
+                self._ensure_connect()
+        return self.status()
+
+    def _busy(self, port: int, what: str, key: str) -> None:
+        if procs.port_in_use(port):
+            raise KitError(f"port {port} for {what} is already in use by another program",
+                           f"stop that program or choose another port with {PORT_OPTIONS[key]}")
+
+    def _reuse(self, service: str, port: int, ping) -> bool:
+        """True when the process in `service`'s pid file runs on `port` and answers; anything else is stopped."""
+        pid_file = self.state.pid_file(service)
+        rec = procs.live_pid(pid_file)
+        if rec and rec.port == port:
+            try:
+                procs.wait_until(ping, what=f"{service} (pid {rec.pid})", timeout=READY_TIMEOUT_S,
+                                 log_file=self.state.log_file(service))
+                return True
+            except KitError:
+                pass
+        procs.stop(pid_file)
+        return False
+
+    def _ensure_master(self) -> None:
+        if self._reuse(MASTER, self.master_port, self._master_json):
+            return
+        self._busy(self.master_port, "the Spark master", "master")
+        self._busy(self.ui_port, "the Spark master's status page", "ui")
+        argv = [self._bin("spark-class"), MASTER_CLASS, "--host", "127.0.0.1", "--port", str(self.master_port),
+                "--webui-port", str(self.ui_port)]
+        self._start(MASTER, argv, self.master_port, self._master_json, "the Spark master")
+
+    def _start(self, service: str, argv: list[str], port: int, ping, what: str) -> None:
+        pid_file, log_file = self.state.pid_file(service), self.state.log_file(service)
+        _rec, proc = procs.start(service, argv, pid_file=pid_file, log_file=log_file, port=port, env=self._env(service), umask=0o077)
+        try:
+            procs.wait_until(ping, what=f"{what} on port {port}", timeout=READY_TIMEOUT_S, proc=proc, log_file=log_file)
+        except KitError:
+            procs.stop(pid_file)
+            raise
+
+    def _master_json(self) -> dict[str, Any] | None:
+        """A real round trip: the master's own account of itself and its workers."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=3) as resp:
+            data = json.loads(resp.read())
+        return data if data.get("status") == "ALIVE" else None
+
+    def _alive(self) -> int:
+        try:
+            data = self._master_json() or {}
+        except OSError:
+            return 0
+        return sum(1 for w in data.get("workers", []) if w.get("state") == "ALIVE")
+
+    def kit_workers(self) -> list[str]:
+        """w1.. : the workers started in this state folder (by pid file, alive or not)."""
+        names = [p.name.removeprefix(f"{_worker_service('')}").removesuffix(".pid.json")
+                 for p in self.state.run_dir.glob(f"{_worker_service('*')}.pid.json")]
+        return sorted(names, key=lambda n: int(n[1:]) if n[1:].isdigit() else 0)
+
+    def _ensure_workers(self, n: int) -> None:
+        wanted = [f"w{i}" for i in range(1, n + 1)]
+        extra = [w for w in self.kit_workers() if w not in wanted]
+        procs.stop_all([self.state.pid_file(_worker_service(w)) for w in extra])
+        started = []
+        for name in wanted:
+            pid_file = self.state.pid_file(_worker_service(name))
+            if procs.live_pid(pid_file):
+                continue
+            pid_file.unlink(missing_ok=True)
+            work = self.root / "work" / name
+            work.mkdir(parents=True, exist_ok=True)
+            argv = [self._bin("spark-class"), WORKER_CLASS, "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
+                    "--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY, "--work-dir", str(work), self.master_url]
+            procs.start(_worker_service(name), argv, pid_file=pid_file, log_file=self.state.log_file(_worker_service(name)),
+                        port=0, env=self._env(_worker_service(name)), umask=0o077)
+            started.append(name)
+
+        def ready() -> bool | None:
+            for name in started:
+                if procs.live_pid(self.state.pid_file(_worker_service(name))) is None:
+                    log = self.state.log_file(_worker_service(name))
+                    raise procs.GiveUp(KitError(f"Spark worker {name} exited while starting", f"read {log}",
+                                                detail=f"last lines of {log}:\n{procs.log_tail(log)}"))
+            return True if self._alive() >= n else None
+
+        procs.wait_until(ready, what=f"{n} ALIVE Spark worker(s) at the master", timeout=READY_TIMEOUT_S,
+                         fix="read the workers' logs (spark-worker-w*.log) in the state folder's logs/")
+
+    def _connect_master(self) -> str:
+        """What the Connect server runs on: the kit's standalone cluster when its master answers, else local[*]."""
+        if procs.live_pid(self.state.pid_file(MASTER)):
+            try:
+                if self._master_json():
+                    return self.master_url
+            except OSError:
+                pass
+        return "local[*]"
+
+    def _ensure_connect(self) -> None:
+        master = self._connect_master()
+        if self.state.settings().get("spark_connect_master") == master and self._reuse(CONNECT, self.connect_port, self._connect_ping):
+            return
+        procs.stop(self.state.pid_file(CONNECT))  # a server on another master than wanted now is replaced
+        self._busy(self.connect_port, "the Spark Connect server", "connect")
+        argv = [self._bin("spark-submit"), "--class", CONNECT_CLASS, "--name", "Spark Connect server", "--master", master,
+                "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+                "--conf", f"spark.connect.grpc.binding.port={self.connect_port}",
+                "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
+                # on the standalone cluster, a long-lived server must give its executors back when idle, or a load
+                # from another driver would wait for cores forever
+                "--conf", "spark.dynamicAllocation.enabled=true",
+                "--conf", "spark.dynamicAllocation.shuffleTracking.enabled=true",
+                "--conf", "spark.dynamicAllocation.executorIdleTimeout=15s"]
+        self._start(CONNECT, argv, self.connect_port, self._connect_ping, "the Spark Connect server")
+        self.state.save_settings(spark_connect_master=master)
+
+    def _connect_ping(self) -> bool | None:
+        """A real round trip: a client session (with the token) answers a query."""
+        from pyspark.sql import SparkSession
+
+        if not procs.port_in_use(self.connect_port):
+            return None  # not listening yet: a client would retry for a long while
+        url = f"{self.connect_url}/;token={self.secrets().connect_token}"
+        session = SparkSession.builder.remote(url).create()
+        try:
+            return True if session.sql("SELECT 1 AS one").collect()[0][0] == 1 else None
+        finally:
+            session.stop()
+
+    def down(self) -> list[str]:
+        """Stop the Connect server, the workers and the master (exactly the processes the kit started), then any
+        process they left behind (an executor or its Python workers)."""
+        if not self.state.run_dir.exists():
+            return ["spark: not running"]
+        with self.state.lock():
+            workers = self.kit_workers()
+            files = [self.state.pid_file(s) for s in (CONNECT, MASTER)]
+            if not workers and not any(f.exists() for f in files) and not self.leftovers():
+                return ["spark: not running"]
+            msgs = [f"spark connect: {procs.stop(self.state.pid_file(CONNECT))}"]
+            stopped = procs.stop_all([self.state.pid_file(_worker_service(w)) for w in workers])
+            msgs += [f"spark worker {w}: {m}" for w, m in zip(workers, stopped)]
+            msgs.append(f"spark master: {procs.stop(self.state.pid_file(MASTER))}")
+            left = self.leftovers()
+            for proc in left:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                except psutil.Error:
+                    pass
+            _gone, alive = psutil.wait_procs(left, timeout=10)
+            for proc in alive:
+                proc.kill()
+            if left:
+                msgs.append(f"spark: stopped {len(left)} process(es) left behind (executors, Python workers)")
+        return msgs
+
+    def leftovers(self) -> list[psutil.Process]:
+        """This user's processes started for this cluster: every JVM and Python worker of it has SPARK_CONF_DIR set
+        to this state folder's conf folder (a driver that merely used the cluster is not one: see `client_env`)."""
+        me, conf = os.getpid(), str(self.conf_dir)
+        out = []
+        for proc in psutil.process_iter(["pid", "uids"]):
+            try:
+                if proc.pid == me or proc.info["uids"].real != os.getuid():
+                    continue
+                env = proc.environ()
+                if env.get("SPARK_CONF_DIR") == conf and env.get("SPARK_NO_DAEMONIZE") == "1":
+                    out.append(proc)
+            except (psutil.Error, TypeError):
+                continue
+        return out
+
+    # -- status -------------------------------------------------------------------------------------------------
+    def status(self) -> ClusterStatus:
+        procs_out: list[ProcessStatus] = []
+        master_rec = procs.live_pid(self.state.pid_file(MASTER))
+        data: dict[str, Any] = {}
+        master_detail = "not running"
+        if master_rec:
+            try:
+                data = self._master_json() or {}
+                master_detail = f"ALIVE, {sum(1 for w in data.get('workers', []) if w.get('state') == 'ALIVE')} worker(s) ALIVE"
+            except OSError as exc:
+                master_detail = f"running but not answering ({first_line(exc)})"
+        elif procs.read_pid(self.state.pid_file(MASTER)):
+            master_detail = "gone (its pid is not running): run `spark up`"
+        procs_out.append(ProcessStatus("master", bool(master_rec and data), master_rec.pid if master_rec else None,
+                                       master_detail, self.master_port))
+        alive = sum(1 for w in data.get("workers", []) if w.get("state") == "ALIVE")
+        for name in self.kit_workers():
+            rec = procs.live_pid(self.state.pid_file(_worker_service(name)))
+            procs_out.append(ProcessStatus(name, rec is not None, rec.pid if rec else None,
+                                           f"{WORKER_CORES} core, {WORKER_MEMORY}" if rec else "gone: run `spark up`"))
+        connect_rec = procs.live_pid(self.state.pid_file(CONNECT))
+        connect_ok = False
+        connect_detail = "not running"
+        if connect_rec:
+            try:
+                connect_ok = bool(self._connect_ping())
+                connect_detail = "answers a query"
+            except Exception as exc:  # noqa: BLE001 - any failure of the round trip means not answering
+                connect_detail = f"running but not answering ({first_line(exc)[:120]})"
+        elif procs.read_pid(self.state.pid_file(CONNECT)):
+            connect_detail = "gone (its pid is not running): run `spark up --mode connect`"
+        procs_out.append(ProcessStatus("connect", connect_ok, connect_rec.pid if connect_rec else None, connect_detail,
+                                       self.connect_port))
+        started = [p for p in procs_out if p.pid is not None or "gone" in p.detail]
+        healthy = all(p.running for p in started)
+        running = [p.name for p in procs_out if p.running]
+        return ClusterStatus(
+            master_url=self.master_url if master_rec and data else None,
+            ui_url=f"http://127.0.0.1:{self.ui_port}" if master_rec and data else None,
+            connect_url=self.connect_url if connect_ok else None,
+            connect_master=self.state.settings().get("spark_connect_master") if connect_ok else None,
+            alive_workers=alive, processes=procs_out, healthy=healthy,
+            detail=("running: " + ", ".join(running)) if running else "not running (start it with `spark up`)")

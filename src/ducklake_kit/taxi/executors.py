@@ -1,0 +1,108 @@
+"""What the load's executors need, asked of them before anything is landed: one small Spark job whose tasks report,
+from inside the executors' own Python, what the lake writer (`load.make_writer`) will need there:
+
+- the kit's Python: pyarrow and pandas (mapInArrow), duckdb at the pinned version, the kit itself (the writer
+  imports it), the DuckDB extension wheels (loaded from the executor's own site-packages);
+- the S3 endpoint the lake's files go to (a TCP connection from the executor's host);
+- the source files Spark reads by path (on a cluster of several machines, a shared folder at the same path).
+
+A gap becomes one line naming what the executors lack, and the load stops with nothing landed or written.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.platforms.base import Endpoints
+
+PROBE_SCHEMA = "host string, python string, problem string"
+FIX = ("give every executor the kit's Python environment (`uv sync` of this project, or `pip install` of it with the "
+       "same pins) and name it with spark.pyspark.python / PYSPARK_PYTHON; see the README, \"Taking the load to a "
+       "real cluster\"")
+
+
+def make_probe(s3_host: str, s3_port: int, paths: list[str], duckdb_version: str) -> Callable[[Iterator], Iterator]:
+    """A mapInArrow function that yields one row per task: (host, its Python, the first thing missing or '')."""
+
+    def probe(batches: Iterator) -> Iterator:
+        # imports inside: the function is shipped by value and must import nothing of the kit before it has checked
+        # that the kit is there
+        import os
+        import socket
+        import sys
+
+        import pyarrow as pa
+
+        for _ in batches:
+            pass
+        problem = ""
+        try:
+            import duckdb
+
+            if duckdb.__version__ != duckdb_version:
+                problem = f"duckdb {duckdb.__version__} (the lake needs {duckdb_version}, the version its extension wheels are built for)"
+        except ImportError:
+            problem = "the duckdb module"
+        if not problem:
+            try:
+                from ducklake_kit.lake import load_statements
+            except ImportError as exc:
+                problem = f"the ducklake_kit package ({exc})"
+        if not problem:
+            try:
+                con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+                for stmt in load_statements():
+                    con.execute(stmt)
+                con.close()
+            except Exception as exc:  # noqa: BLE001 - any failure to load an extension is the finding
+                problem = f"the DuckDB extension wheels ({str(exc).splitlines()[0][:200]})"
+        if not problem:
+            try:
+                socket.create_connection((s3_host, s3_port), timeout=5).close()
+            except OSError as exc:
+                problem = f"a connection to the lake's S3 endpoint {s3_host}:{s3_port} ({exc.strerror or exc})"
+        if not problem:
+            missing = [p for p in paths if not os.path.exists(p)]
+            if missing:
+                problem = (f"the source file {missing[0]} (Spark reads the sources by path: every executor must see "
+                           "the state folder's cache at the same path)")
+        yield pa.RecordBatch.from_pydict({"host": [socket.gethostname()], "python": [sys.executable],
+                                          "problem": [problem]})
+
+    return probe
+
+
+def check_executors(spark, ep: Endpoints, paths: list[str], parallelism: int = 4) -> None:
+    """Run the probe on the executors (a few tasks, so that on a cluster more than one executor answers); raise a
+    KitError naming the first gap."""
+    import duckdb
+
+    host, _, port = ep.s3.endpoint.rpartition(":")
+    probe = make_probe(host, int(port or 80), paths, duckdb.__version__)
+    try:
+        rows = spark.range(parallelism, numPartitions=parallelism).mapInArrow(probe, PROBE_SCHEMA).collect()
+    except Exception as exc:  # noqa: BLE001 - Spark surfaces executor failures as several exception types
+        raise executor_error(exc, os.environ.get("PYSPARK_PYTHON")) from None
+    for row in rows:
+        if row.problem:
+            raise KitError(f"the Spark executors lack {row.problem} (executor on {row.host}, Python {row.python}); "
+                           "nothing was landed or loaded", FIX)
+
+
+def executor_error(exc: BaseException, python: str | None = None) -> KitError:
+    """The probe job itself failed: most often the executors' Python cannot run a mapInArrow task at all."""
+    text = str(exc)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    missing = next((ln for ln in reversed(lines) if ln.startswith("ModuleNotFoundError")), None)
+    if missing:
+        module = missing.split("No module named", 1)[-1].strip(" '\"")
+        what = f"the Python module '{module}'"
+    elif "Cannot run program" in text:
+        ln = next(ln for ln in lines if "Cannot run program" in ln)
+        what = f"the Python they were told to run ({ln[ln.index('Cannot run program'):][:200]})"
+    else:
+        what = f"a working Python for the load's tasks ({first_line(exc)[:200]})"
+    told = f" (their Python: {python})" if python else ""
+    return KitError(f"the Spark executors lack {what}{told}; nothing was landed or loaded", FIX)
