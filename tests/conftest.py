@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from ducklake_kit.cli import app
 from ducklake_kit.platforms.local import LocalPlatform
 from ducklake_kit.platforms.procs import free_port
+from ducklake_kit.platforms.spark_cluster import PORT_OPTIONS, SparkCluster
 from ducklake_kit.platforms.state import State
 from ducklake_kit.workers import plane
 
@@ -29,7 +30,8 @@ os.environ.setdefault("DUCKLAKE_ALL_ROWS_PER_MONTH", "20000")
 os.environ["DUCKLAKE_TLC_BASE_URL"] = "http://127.0.0.1:9"
 # each test stack saves its own worker plane ports; these (set by .ci/run for `just ducklake-test`, or by a user's
 # shell) would override them and send every stack to one port, or the tests to a user's Dask cluster
-for _var in ("DUCKLAKE_SCHEDULER", "DUCKLAKE_SCHEDULER_PORT", "DUCKLAKE_DASHBOARD_PORT"):
+for _var in ("DUCKLAKE_SCHEDULER", "DUCKLAKE_SCHEDULER_PORT", "DUCKLAKE_DASHBOARD_PORT", "SPARK_REMOTE", "SPARK_MASTER",
+             "DUCKLAKE_SPARK_MASTER_PORT", "DUCKLAKE_SPARK_UI_PORT", "DUCKLAKE_SPARK_CONNECT_PORT"):
     os.environ.pop(_var, None)
 PG_IMAGE = "postgres:16.6"
 RCLONE_IMAGE = "rclone/rclone:1.75.2"
@@ -53,6 +55,9 @@ class LocalStack:
         # the worker plane's ports, saved so that library calls and CLI runs find the same ones
         self.scheduler_port, self.dashboard_port = free_port(), free_port()
         self.state.save_settings(scheduler_port=self.scheduler_port, dashboard_port=self.dashboard_port)
+        # the Spark cluster's (`spark up`): never a user's default ports
+        self.spark_ports = {"master": free_port(), "ui": free_port(), "connect": free_port()}
+        self.state.save_settings(**{f"spark_{k}_port": v for k, v in self.spark_ports.items()})
         self.env = {
             "DUCKLAKE_PLATFORM": "local",
             "DUCKLAKE_HOME": str(self.home),
@@ -60,10 +65,12 @@ class LocalStack:
             "DUCKLAKE_S3_PORT": str(self.s3_port),
             "DUCKLAKE_SCHEDULER_PORT": str(self.scheduler_port),
             "DUCKLAKE_DASHBOARD_PORT": str(self.dashboard_port),
+            **{PORT_OPTIONS[k]: str(v) for k, v in self.spark_ports.items()},
         }
 
     def close(self) -> None:
         plane.down(self.state)  # a test or a lab may have started the worker plane (`up`)
+        SparkCluster(self.state).down()  # or `spark up`
         self.platform.down()
         shutil.rmtree(self.home, ignore_errors=True)
 

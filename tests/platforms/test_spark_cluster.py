@@ -1,0 +1,154 @@
+"""The kit's Spark cluster (`spark up`): a standalone master with two workers and a Spark Connect server, real JVMs
+started from PySpark's package, a month loaded through each with every check of a load, and nothing left running.
+
+The loads run in their own process, as a user runs them: a process has one SparkContext, and this one's belongs to
+the session fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ducklake_kit.errors import KitError
+from ducklake_kit.lake import Lake
+from ducklake_kit.platforms import s3
+from ducklake_kit.platforms.spark_cluster import SparkCluster
+from ducklake_kit.taxi import spark as spark_mod
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+
+def kit(env: dict[str, str], *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "ducklake_test.py"), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **env, **(extra_env or {}), "COLUMNS": "200"},
+                          stdin=subprocess.DEVNULL)
+
+
+def cluster_processes(home: Path) -> list[psutil.Process]:
+    """Every process of this user that belongs to a Spark cluster in `home`: found on its own, by the state folder
+    in its command line (the JVMs: `-cp <home>/spark/conf/`) or its environment (executors' Python workers)."""
+    mark = str(home / "spark")
+    out = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if proc.pid == os.getpid():
+                continue
+            if any(mark in part for part in proc.info["cmdline"] or []) or mark in proc.environ().get("SPARK_CONF_DIR", ""):
+                out.append(proc)
+        except (psutil.Error, TypeError):
+            continue
+    return out
+
+
+def load_month(stack, month: str, master: str) -> dict:
+    r = kit(stack.env, "load", "--source", "synthetic", "--months", month, "--rows-per-month", "20000", "--mode", "replace",
+            "--spark-master", master, "--json")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    body = json.loads(r.stdout)["result"]
+    assert body["failed"] == 0 and body["passed"] >= 7, body
+    assert [f["status"] for f in body["files"]] == ["loaded"] and body["files"][0]["rows_read"] == 20000
+    return body
+
+
+@pytest.fixture(scope="module")
+def cluster(stack):
+    c = SparkCluster(stack.state)
+    try:
+        yield c
+    finally:
+        c.down()
+
+
+def test_a_month_loads_through_a_two_worker_standalone_cluster(stack, local_only, cluster):
+    r = kit(stack.env, "spark", "up", "--workers", "2", "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    st = json.loads(r.stdout)["result"]
+    assert st["alive_workers"] == 2 and st["master_url"] == cluster.master_url
+    assert [p["name"] for p in st["processes"] if p["running"]] == ["master", "w1", "w2"]
+    # the master's own account: two workers, one core each
+    master = cluster._master_json()
+    assert [(w["state"], w["cores"]) for w in master["workers"]] == [("ALIVE", 1), ("ALIVE", 1)]
+
+    body = load_month(stack, "2019-05", "standalone")
+    # the tasks ran in executors the workers started (their work folders), not in a local[*] driver
+    for w in ("w1", "w2"):
+        assert list((cluster.root / "work" / w).glob("app-*/*/stderr")), f"no executor ran on worker {w}"
+    with Lake(stack.platform.endpoints()) as lake:
+        n = lake.con.execute("SELECT count(*) FROM trips WHERE load_id = ?", [body["load_id"]]).fetchone()[0]
+    assert n == body["files"][0]["rows_accepted"]
+
+
+def test_a_month_loads_through_spark_connect_with_its_token(stack, local_only, cluster):
+    r = kit(stack.env, "spark", "up", "--mode", "connect", "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    st = json.loads(r.stdout)["result"]
+    assert st["connect_url"] == cluster.connect_url
+    assert st["connect_master"] in (cluster.master_url, "local[*]")  # on the standalone cluster when that runs
+    token = cluster.secrets().connect_token
+    assert all(token not in " ".join(p.cmdline()) for p in cluster_processes(stack.home)), "the token is in a process's arguments"
+
+    load_month(stack, "2019-06", "connect")
+
+    # a client without the token is refused
+    probe = ("from pyspark.sql import SparkSession\n"
+             f"s = SparkSession.builder.remote('{cluster.connect_url}/;token=wrong').create()\n"
+             "s.sql('SELECT 1').collect()\n")
+    refused = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                             env={k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"})
+    assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stderr, refused.stderr[-2000:]
+
+    r = kit(stack.env, "spark", "down")
+    assert r.returncode == 0, r.stderr
+    assert "spark master: stopped" in r.stdout and "spark connect: stopped" in r.stdout, r.stdout
+    assert cluster_processes(stack.home) == [], "spark down left processes behind"
+    r = kit(stack.env, "spark", "status")
+    assert r.returncode == 0 and "not running" in r.stdout, r.stdout
+
+
+def test_executors_without_the_kits_python_stop_the_load_with_one_line_and_nothing_landed(stack, local_only, tmp_path):
+    bare = tmp_path / "bare"  # a Python with nothing installed: no pyarrow, no duckdb, no kit
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True, timeout=120)
+    ep = stack.platform.endpoints()
+    raw_before = s3.client(ep.s3).list_objects_v2(Bucket="raw").get("KeyCount", 0)
+    with Lake(ep) as lake:
+        snap = lake.current_snapshot()
+    r = kit(stack.env, "load", "--source", "synthetic", "--months", "2019-07", "--rows-per-month", "2000",
+            extra_env={"PYSPARK_PYTHON": str(bare / "bin" / "python")})
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
+    errors = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
+    assert errors == [f"Error: the Spark executors lack the Python module 'pyarrow' (their Python: {bare}/bin/python); "
+                      "nothing was landed or loaded. Try: " + errors[0].split("Try: ", 1)[1]] if errors else False, r.stderr
+    assert "spark.pyspark.python" in errors[0]
+    assert s3.client(ep.s3).list_objects_v2(Bucket="raw").get("KeyCount", 0) == raw_before
+    with Lake(ep) as lake:
+        assert lake.current_snapshot() == snap
+
+
+def test_the_kits_cluster_named_when_it_is_not_running_and_a_busy_port_named(stack, local_only):
+    c = SparkCluster(stack.state)
+    c.down()  # whatever an earlier test left
+    with pytest.raises(KitError, match=r"standalone Spark cluster is not running.*"):
+        spark_mod.target("standalone", stack.state)
+    with pytest.raises(KitError, match="Spark Connect server is not running"):
+        spark_mod.target("connect", stack.state)
+    with pytest.raises(KitError, match="'127.0.0.1:7077' is not a Spark master"):  # the scheme forgotten
+        spark_mod.target("127.0.0.1:7077")
+    t = spark_mod.target("sc://example:15002/;token=abc")
+    assert (t.kind, t.url) == ("connect", "sc://example:15002") and "abc" not in repr(t)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", c.master_port))
+        s.listen()
+        with pytest.raises(KitError) as busy:
+            c.up("standalone", 1)
+    assert busy.value.line() == (f"Error: port {c.master_port} for the Spark master is already in use by another program. "
+                                 "Try: stop that program or choose another port with DUCKLAKE_SPARK_MASTER_PORT.")
+    assert cluster_processes(stack.home) == []
