@@ -73,6 +73,21 @@ sql query platform="local": setup
 reset platform="local": setup
     {{kit}} --platform {{platform}} reset --yes
 
+# start the kit's Spark cluster: standalone (a master and N workers) or connect (a Spark Connect server), e.g. just spark-up connect
+[group('spark')]
+spark-up mode="standalone" workers="": setup
+    {{kit}} spark up --mode {{mode}} {{ if workers != "" { "--workers " + workers } else { "" } }}
+
+# the Spark master, its workers and the Connect server: pid, port, a real round trip
+[group('spark')]
+spark-status: setup
+    {{kit}} spark status
+
+# stop the Connect server, the workers and the master (and any executor they left)
+[group('spark')]
+spark-down: setup
+    {{kit}} spark down
+
 # open the guided notebooks in JupyterLab with the kit's environment (uv run installs JupyterLab on first use); args go to jupyter lab
 [group('lab')]
 notebooks *args:

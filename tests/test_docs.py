@@ -14,7 +14,7 @@ HEADING = re.compile(r"^#{1,6} (.+?)\s*$", re.M)
 # the terms the learning-material issue names; the glossary may hold more
 REQUIRED_TERMS = ["DuckLake", "Catalog", "Data path", "Snapshot", "Time travel", "Change feed", "Data inlining",
                   "Partitioning", "Parquet", "S3 path style", "rclone", "Port-forward", "Kustomize base and overlay",
-                  "k3d", "Spark driver and executor", "Dynamic table", "Target lag", "Incremental refresh",
+                  "k3d", "Driver", "Executor", "Spark master", "Spark worker", "Spark Connect", "Dynamic table", "Target lag", "Incremental refresh",
                   "Affected keys", "Full refresh"]
 
 

@@ -178,3 +178,11 @@ def test_k3d_tools_are_optional_for_local_and_required_for_k3d(machine):
     local, k3d = tools("local"), tools("k3d")
     assert not local["docker"].found and not local["docker"].required and local["docker"].ok
     assert not k3d["docker"].ok and not k3d["k3d"].ok
+
+
+def test_doctor_reports_the_spark_modes_and_a_missing_connect_client_module():
+    found = tools()
+    assert [found[m].found for m in ("spark local[*]", "spark standalone", "spark connect")] == [True, True, True]
+    assert "spark-connect_" in found["spark connect"].version
+    assert doctor._connect_client(("grpc", "no_such_module_for_the_test")) == (
+        "the Connect client's module no_such_module_for_the_test is missing")

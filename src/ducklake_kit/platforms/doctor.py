@@ -93,6 +93,7 @@ def check(platform: str) -> list[Tool]:
         version = f"{major} is too old ({java})"
     tools.append(Tool("java", java_ok, version, True, JAVA_FIX, "PySpark 4 runs on the JVM, Java 17 or newer"))
 
+    tools += spark_modes(java_ok)
     tools.append(find_uv())
     just = shutil.which("just")
     tools.append(Tool("just", bool(just), _first_version(_run([just, "--version"])) if just else "not found", True,
@@ -115,6 +116,61 @@ def check(platform: str) -> list[Tool]:
         args = [path, "version", "--client"] if name == "kubectl" else [path, "version"]
         tools.append(Tool(name, bool(path), _first_version(_run(args)) if path else "not found", k3d, hint, "the k3d platform"))
     return tools
+
+
+def spark_modes(java_ok: bool) -> list[Tool]:
+    """Where a load's Spark can run from here, each checked for what it needs (optional: local[*] is the default)."""
+    home = _spark_home()
+    jars = list((home / "jars").glob("spark-connect_*.jar")) if home else []
+    version = _pyspark_version() or "pyspark not installed"
+    local = Tool("spark local[*]", java_ok and home is not None, f"pyspark {version}, in this process's JVM", False,
+                 JAVA_FIX, "the default: the load's Spark runs inside the CLI's own JVM")
+    classes = home is not None and (home / "bin" / "spark-class").exists()
+    standalone = Tool("spark standalone", java_ok and classes,
+                      "`spark up`: a master and workers from bin/spark-class" if classes else "bin/spark-class not found",
+                      False, JAVA_FIX if not java_ok else "run `just setup` (the pinned pyspark carries bin/spark-class)",
+                      "`spark up`, then `load --spark-master standalone`")
+    client = _connect_client()
+    connect = Tool("spark connect", java_ok and bool(jars) and client is None,
+                   f"`spark up --mode connect`: {jars[0].name}" if jars and client is None else (client or "the Spark Connect server jar not found"),
+                   False, JAVA_FIX if not java_ok else "run `just setup` (pyspark[connect] and its pinned client packages)",
+                   "`spark up --mode connect`, then `load --spark-master connect` (or SPARK_REMOTE)")
+    return [local, standalone, connect]
+
+
+def _spark_home() -> Path | None:
+    try:
+        import pyspark
+    except ImportError:
+        return None
+    return Path(pyspark.__file__).resolve().parent
+
+
+def _pyspark_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("pyspark")
+    except Exception:  # noqa: BLE001 - not installed
+        return None
+
+
+CONNECT_CLIENT_MODULES = ("grpc", "grpc_status", "google.protobuf", "google.rpc", "zstandard")  # pyspark[connect]
+
+
+def _connect_client(modules: tuple[str, ...] = CONNECT_CLIENT_MODULES) -> str | None:
+    """Why the Spark Connect client cannot run here (a missing package), or None. Found, not imported: doctor stays
+    quick."""
+    import importlib.util
+
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # its parent package is missing
+            found = False
+        if not found:
+            return f"the Connect client's module {module} is missing"
+    return None
 
 
 UV_HINT = ("run `just setup`: scripts/uv.sh, which every recipe calls, installs the pinned uv with pip on first use "
