@@ -10,6 +10,7 @@ import typer
 
 from ducklake_kit.cli.common import Ctx, JsonOpt, app, command
 from ducklake_kit.cli.output import console, print_json, table
+from ducklake_kit.cli.spark import print_cluster
 from ducklake_kit.cli.workers import print_plane
 from ducklake_kit.errors import EXIT_CHECK_FAILED, EXIT_ERROR, KitError
 from ducklake_kit.lake import connect as connect_mod
@@ -96,8 +97,8 @@ def down(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 @app.command()
 @command
 def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Show each service's health (a real round trip), port, pid and data size, and the workers. Exit 1 when one
-    is down."""
+    """Show each service's health (a real round trip), port, pid and data size, the workers and the Spark cluster of
+    `spark up`. Exit 1 when one is down."""
     from ducklake_kit.workers import plane as plane_mod
 
     c: Ctx = ctx.obj
@@ -105,16 +106,24 @@ def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     statuses = platform.status()
     healthy = all(s.healthy for s in statuses)
     plane = plane_mod.status(c.state, platform.endpoints(), c.scheduler) if healthy else None
-    healthy = healthy and (plane is None or plane.healthy)
+    from ducklake_kit.platforms.spark_cluster import SparkCluster
+
+    spark = SparkCluster(c.state).status()  # only what `spark up` started counts for the health
+    healthy = healthy and (plane is None or plane.healthy) and spark.healthy
     if as_json:
         print_json("ok" if healthy else "error", {"services": [vars(s) for s in statuses],
-                                                  "worker_plane": plane.as_dict() if plane else None})
+                                                  "worker_plane": plane.as_dict() if plane else None,
+                                                  "spark": spark.as_dict()})
     else:
         console().print(_services_table(statuses))
         if plane is not None:
             print_plane(plane)
         else:
             console().print("worker plane: not checked (the catalog or S3 is down)", markup=False)
+        if any(p.pid is not None or not p.running and "gone" in p.detail for p in spark.processes):
+            print_cluster(spark)
+        else:
+            console().print("spark: local[*] in each load's own process (no cluster: `spark up` starts one)", markup=False)
     if not healthy:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
@@ -155,10 +164,12 @@ def _confirmed(question: str) -> bool:
 @app.command()
 @command
 def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Print how to reach the catalog (psql, DBeaver) and the lake (DuckDB CLI with an init SQL file)."""
+    """Print how to reach the catalog (psql, DBeaver), the lake (DuckDB CLI with an init SQL file), the worker plane and
+    the Spark cluster."""
     c: Ctx = ctx.obj
     info = connect_mod.describe(c.state, c.platform().endpoints())
     info["worker_plane"] = _plane_address(c)
+    info["spark"] = _spark_addresses(c)
     if as_json:
         print_json("ok", info)
         return
@@ -182,6 +193,10 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     out.print(f"  Dask scheduler {plane['scheduler']}", markup=False)
     if plane["dashboard"]:
         out.print(f"  dashboard (open in a browser): {plane['dashboard']}", markup=False)
+    sp = info["spark"]
+    out.print("[bold]Spark[/] (the cluster `spark up` starts):")
+    out.print(f"  standalone master {sp['master']}, status page {sp['status_page']}", markup=False)
+    out.print(f"  Spark Connect {sp['connect']} (the token: {sp['token_file']})", markup=False)
 
 
 def _plane_address(c: Ctx) -> dict[str, Any]:
@@ -189,6 +204,14 @@ def _plane_address(c: Ctx) -> dict[str, Any]:
 
     cfg = PlaneConfig.of(c.state, c.scheduler)
     return {"scheduler": cfg.address, "dashboard": cfg.dashboard}
+
+
+def _spark_addresses(c: Ctx) -> dict[str, Any]:
+    from ducklake_kit.platforms.spark_cluster import SparkCluster
+
+    cluster = SparkCluster(c.state)
+    return {"master": cluster.master_url, "status_page": f"http://127.0.0.1:{cluster.ui_port}",
+            "connect": cluster.connect_url, "token_file": str(cluster.root / "secrets.json")}
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
