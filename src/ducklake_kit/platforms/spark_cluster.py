@@ -55,6 +55,14 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
+def _cmdline(rec: procs.PidRecord) -> list[str]:
+    proc = rec.process()
+    try:
+        return proc.cmdline() if proc is not None else []
+    except psutil.Error:
+        return []
+
+
 def _worker_service(name: str) -> str:
     return f"spark-worker-{name}"
 
@@ -265,9 +273,10 @@ class SparkCluster:
         started = []
         for name in wanted:
             pid_file = self.state.pid_file(_worker_service(name))
-            if procs.live_pid(pid_file):
-                continue
-            pid_file.unlink(missing_ok=True)
+            rec = procs.live_pid(pid_file)
+            if rec is not None and self.master_url in _cmdline(rec):
+                continue  # alive and registered with this master (it registers again by itself if the master restarted)
+            procs.stop(pid_file)  # gone, or started for a master on another port
             work = self.root / "work" / name
             work.mkdir(parents=True, exist_ok=True)
             argv = [self._bin("spark-class"), WORKER_CLASS, "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
