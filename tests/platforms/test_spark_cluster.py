@@ -68,6 +68,11 @@ def cluster(stack):
         c.down()
 
 
+def app_folders(cluster: SparkCluster) -> set[Path]:
+    """The applications the workers ran executors for: one folder each under the worker's work folder."""
+    return {p for w in ("w1", "w2") for p in (cluster.root / "work" / w).glob("app-*")}
+
+
 def test_a_month_loads_through_a_two_worker_standalone_cluster(stack, local_only, cluster):
     r = kit(stack.env, "spark", "up", "--workers", "2", "--json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -77,29 +82,42 @@ def test_a_month_loads_through_a_two_worker_standalone_cluster(stack, local_only
     # the master's own account: two workers, one core each
     master = cluster._master_json()
     assert [(w["state"], w["cores"]) for w in master["workers"]] == [("ALIVE", 1), ("ALIVE", 1)]
+    # a Connect server on the same cluster, up while the standalone load runs: the two must not get in each
+    # other's way (a Connect client in the load's process, or the server holding every core)
+    r = kit(stack.env, "spark", "up", "--mode", "connect", "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert json.loads(r.stdout)["result"]["connect_master"] == cluster.master_url
 
+    before = app_folders(cluster)
     body = load_month(stack, "2019-05", "standalone")
-    # the tasks ran in executors the workers started (their work folders), not in a local[*] driver
-    for w in ("w1", "w2"):
-        assert list((cluster.root / "work" / w).glob("app-*/*/stderr")), f"no executor ran on worker {w}"
+    # the tasks ran in executors the workers started for this load's application, on both workers
+    new = app_folders(cluster) - before
+    assert {p.parent.name for p in new} == {"w1", "w2"}, new
     with Lake(stack.platform.endpoints()) as lake:
         n = lake.con.execute("SELECT count(*) FROM trips WHERE load_id = ?", [body["load_id"]]).fetchone()[0]
     assert n == body["files"][0]["rows_accepted"]
 
 
 def test_a_month_loads_through_spark_connect_with_its_token(stack, local_only, cluster):
-    r = kit(stack.env, "spark", "up", "--mode", "connect", "--json")
+    r = kit(stack.env, "spark", "status", "--json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     st = json.loads(r.stdout)["result"]
-    assert st["connect_url"] == cluster.connect_url
-    assert st["connect_master"] in (cluster.master_url, "local[*]")  # on the standalone cluster when that runs
-    token = cluster.secrets().connect_token
-    assert all(token not in " ".join(p.cmdline()) for p in cluster_processes(stack.home)), "the token is in a process's arguments"
+    # an application of the standalone cluster (it has no executors of its own): the load runs on the workers
+    assert (st["connect_url"], st["connect_master"]) == (cluster.connect_url, cluster.master_url)
+    secrets = cluster.secrets()
+    mine = cluster_processes(stack.home)
+    for proc in mine:
+        args = " ".join(proc.cmdline())
+        assert secrets.connect_token not in args and secrets.auth_secret not in args, f"a secret in {args[:200]}"
+        # loopback only: every port the cluster's processes listen on
+        for conn in proc.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN:
+                assert conn.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1"), (args[:200], conn)
 
     load_month(stack, "2019-06", "connect")
 
     # a client without the token is refused
-    probe = ("from pyspark.sql import SparkSession\n"
+    probe = ("from pyspark.sql.connect.session import SparkSession\n"
              f"s = SparkSession.builder.remote('{cluster.connect_url}/;token=wrong').create()\n"
              "s.sql('SELECT 1').collect()\n")
     refused = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
@@ -127,7 +145,7 @@ def test_executors_without_the_kits_python_stop_the_load_with_one_line_and_nothi
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
     assert errors == [f"Error: the Spark executors lack the Python module 'pyarrow' (their Python: {bare}/bin/python); "
                       "nothing was landed or loaded. Try: " + errors[0].split("Try: ", 1)[1]] if errors else False, r.stderr
-    assert "spark.pyspark.python" in errors[0]
+    assert "PYSPARK_PYTHON" in errors[0]
     assert s3.client(ep.s3).list_objects_v2(Bucket="raw").get("KeyCount", 0) == raw_before
     with Lake(ep) as lake:
         assert lake.current_snapshot() == snap

@@ -110,6 +110,7 @@ def start(
     env: dict[str, str] | None = None,
     run_as: str | None = None,
     umask: int | None = None,
+    cwd: Path | None = None,
 ) -> tuple[PidRecord, subprocess.Popen]:
     """Start `argv` in its own session (it outlives the CLI), output appended to `log_file`. `umask`: for the files
     and folders it creates (0o077: only their owner may read them)."""
@@ -126,6 +127,7 @@ def start(
             env={**os.environ, **(env or {})},
             preexec_fn=_preexec(run_as, umask),
             close_fds=True,
+            cwd=cwd,
         )
     rec = PidRecord(service, proc.pid, psutil.Process(proc.pid).create_time(), port, Path(argv[0]).name)
     pid_file.parent.mkdir(parents=True, exist_ok=True)

@@ -141,11 +141,15 @@ class SparkCluster:
         write_private(path, json.dumps(asdict(made), indent=2))
         return made
 
-    def client_env(self, *, connect: bool) -> dict[str, str]:
-        """What a driver (or a Connect client) in another process needs to use this cluster."""
-        if connect:
-            return {"SPARK_CONNECT_AUTHENTICATE_TOKEN": self.secrets().connect_token}
+    def client_env(self) -> dict[str, str]:
+        """What a driver in another process needs to use the standalone cluster: its spark-defaults.conf (the secret)."""
         return {"SPARK_CONF_DIR": str(self.conf_dir), "SPARK_LOCAL_IP": "127.0.0.1"}
+
+    def is_master_url(self, url: str) -> bool:
+        """`url` names this cluster's master (127.0.0.1 or localhost, this port)."""
+        rest = url.removeprefix("spark://").rstrip("/")
+        host, _, port = rest.rpartition(":")
+        return host in ("127.0.0.1", "localhost") and port == str(self.master_port)
 
     def defaults(self) -> dict[str, str]:
         """spark-defaults.conf: read by the master, the workers, the Connect server and the kit's own drivers."""
@@ -157,7 +161,6 @@ class SparkCluster:
             "spark.driver.host": "127.0.0.1",
             "spark.driver.bindAddress": "127.0.0.1",
             "spark.executor.memory": EXECUTOR_MEMORY,
-            "spark.pyspark.python": sys.executable,  # executors start `python3` otherwise: it lacks duckdb
             "spark.local.dir": str(self.root / "local"),
             "spark.worker.cleanup.enabled": "true",  # old applications' work folders go after a while
         }
@@ -171,7 +174,8 @@ class SparkCluster:
 
     def _env(self, service: str) -> dict[str, str]:
         # SPARK_NO_DAEMONIZE marks the cluster's own processes (and the executors and Python workers they start,
-        # which inherit it) for `leftovers`; PYSPARK_PYTHON is what the Connect server's executors run
+        # which inherit it) for `leftovers`; PYSPARK_PYTHON is what the Connect server's executors run (a driver not
+        # started by spark-submit reads no spark.pyspark.python: executors would start `python3`, without duckdb)
         env = {"SPARK_HOME": str(spark_home()), "SPARK_CONF_DIR": str(self.conf_dir), "SPARK_LOCAL_IP": "127.0.0.1",
                "SPARK_LOCAL_DIRS": str(self.root / "local"), "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
         if service == CONNECT:
@@ -189,6 +193,9 @@ class SparkCluster:
         """Start what `mode` needs and is not running; reuse what answers. Idempotent."""
         if mode not in MODES:
             raise KitError(f"unknown Spark mode '{mode}'", f"choose one of: {', '.join(MODES)}")
+        if mode == "connect" and workers is not None:
+            raise KitError("--workers is for --mode standalone (the Connect server uses the standalone cluster's "
+                           "workers when it runs)", "run `spark up --workers N` first, then `spark up --mode connect`")
         n = int(self.state.settings().get("spark_workers", DEFAULT_WORKERS)) if workers is None else workers
         if n < 1:
             raise KitError(f"--workers must be 1 or more, not {n}", "e.g. --workers 2")
@@ -240,7 +247,8 @@ class SparkCluster:
 
     def _start(self, service: str, argv: list[str], port: int, ping, what: str) -> None:
         pid_file, log_file = self.state.pid_file(service), self.state.log_file(service)
-        _rec, proc = procs.start(service, argv, pid_file=pid_file, log_file=log_file, port=port, env=self._env(service), umask=0o077)
+        _rec, proc = procs.start(service, argv, pid_file=pid_file, log_file=log_file, port=port, env=self._env(service),
+                                 umask=0o077, cwd=self.root)  # e.g. spark-warehouse/ lands in the state folder
         try:
             procs.wait_until(ping, what=f"{what} on port {port}", timeout=READY_TIMEOUT_S, proc=proc, log_file=log_file)
         except KitError:
@@ -282,7 +290,7 @@ class SparkCluster:
             argv = [self._bin("spark-class"), WORKER_CLASS, "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
                     "--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY, "--work-dir", str(work), self.master_url]
             procs.start(_worker_service(name), argv, pid_file=pid_file, log_file=self.state.log_file(_worker_service(name)),
-                        port=0, env=self._env(_worker_service(name)), umask=0o077)
+                        port=0, env=self._env(_worker_service(name)), umask=0o077, cwd=self.root)
             started.append(name)
 
         def ready() -> bool | None:
@@ -298,12 +306,8 @@ class SparkCluster:
 
     def _connect_master(self) -> str:
         """What the Connect server runs on: the kit's standalone cluster when its master answers, else local[*]."""
-        if procs.live_pid(self.state.pid_file(MASTER)):
-            try:
-                if self._master_json():
-                    return self.master_url
-            except OSError:
-                pass
+        if procs.live_pid(self.state.pid_file(MASTER)) and self._alive() >= 1:
+            return self.master_url
         return "local[*]"
 
     def _ensure_connect(self) -> None:
@@ -316,24 +320,24 @@ class SparkCluster:
                 "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
                 "--conf", f"spark.connect.grpc.binding.port={self.connect_port}",
                 "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
-                # on the standalone cluster, a long-lived server must give its executors back when idle, or a load
-                # from another driver would wait for cores forever
+                # on the standalone cluster, a long-lived server must give its executors back when idle (also those
+                # holding shuffle files), or a load from another driver would wait for cores
                 "--conf", "spark.dynamicAllocation.enabled=true",
                 "--conf", "spark.dynamicAllocation.shuffleTracking.enabled=true",
-                "--conf", "spark.dynamicAllocation.executorIdleTimeout=15s"]
+                "--conf", "spark.dynamicAllocation.executorIdleTimeout=15s",
+                "--conf", "spark.dynamicAllocation.shuffleTracking.timeout=30s"]
         self._start(CONNECT, argv, self.connect_port, self._connect_ping, "the Spark Connect server")
         self.state.save_settings(spark_connect_master=master)
 
     def _connect_ping(self) -> bool | None:
-        """A real round trip: a client session (with the token) answers a query."""
-        from pyspark.sql import SparkSession
+        """A real round trip: a client session (with the token) runs a query whose tasks need an executor."""
+        from pyspark.sql.connect.session import SparkSession  # the Connect client itself: sets no process-wide mode
 
         if not procs.port_in_use(self.connect_port):
             return None  # not listening yet: a client would retry for a long while
-        url = f"{self.connect_url}/;token={self.secrets().connect_token}"
-        session = SparkSession.builder.remote(url).create()
+        session = SparkSession.builder.remote(f"{self.connect_url}/;token={self.secrets().connect_token}").create()
         try:
-            return True if session.sql("SELECT 1 AS one").collect()[0][0] == 1 else None
+            return True if session.range(0, 4, 1, 2).selectExpr("sum(id)").collect()[0][0] == 6 else None
         finally:
             session.stop()
 
@@ -359,7 +363,10 @@ class SparkCluster:
                     pass
             _gone, alive = psutil.wait_procs(left, timeout=10)
             for proc in alive:
-                proc.kill()
+                try:
+                    proc.kill()
+                except psutil.Error:  # it exited meanwhile
+                    pass
             if left:
                 msgs.append(f"spark: stopped {len(left)} process(es) left behind (executors, Python workers)")
         return msgs
@@ -381,16 +388,20 @@ class SparkCluster:
         return out
 
     # -- status -------------------------------------------------------------------------------------------------
-    def status(self) -> ClusterStatus:
+    def status(self, *, connect: bool = True) -> ClusterStatus:
+        """`connect=False`: the Connect server is not asked (its round trip runs a query)."""
         procs_out: list[ProcessStatus] = []
         master_rec = procs.live_pid(self.state.pid_file(MASTER))
         data: dict[str, Any] = {}
         master_detail = "not running"
         if master_rec:
             try:
-                data = self._master_json() or {}
-                master_detail = f"ALIVE, {sum(1 for w in data.get('workers', []) if w.get('state') == 'ALIVE')} worker(s) ALIVE"
-            except OSError as exc:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=3) as resp:
+                    raw = json.loads(resp.read())
+                data = raw if raw.get("status") == "ALIVE" else {}
+                alive_now = sum(1 for w in raw.get("workers", []) if w.get("state") == "ALIVE")
+                master_detail = f"{raw.get('status')}, {alive_now} worker(s) ALIVE"
+            except (OSError, ValueError) as exc:
                 master_detail = f"running but not answering ({first_line(exc)})"
         elif procs.read_pid(self.state.pid_file(MASTER)):
             master_detail = "gone (its pid is not running): run `spark up`"
@@ -404,16 +415,18 @@ class SparkCluster:
         connect_rec = procs.live_pid(self.state.pid_file(CONNECT))
         connect_ok = False
         connect_detail = "not running"
-        if connect_rec:
+        if connect_rec and not connect:
+            connect_detail = "running (not asked)"
+        elif connect_rec:
             try:
                 connect_ok = bool(self._connect_ping())
-                connect_detail = "answers a query"
+                connect_detail = "answers a query" if connect_ok else "running but not listening yet"
             except Exception as exc:  # noqa: BLE001 - any failure of the round trip means not answering
                 connect_detail = f"running but not answering ({first_line(exc)[:120]})"
         elif procs.read_pid(self.state.pid_file(CONNECT)):
             connect_detail = "gone (its pid is not running): run `spark up --mode connect`"
-        procs_out.append(ProcessStatus("connect", connect_ok, connect_rec.pid if connect_rec else None, connect_detail,
-                                       self.connect_port))
+        procs_out.append(ProcessStatus("connect", connect_ok or bool(connect_rec and not connect),
+                                       connect_rec.pid if connect_rec else None, connect_detail, self.connect_port))
         started = [p for p in procs_out if p.pid is not None or "gone" in p.detail]
         healthy = all(p.running for p in started)
         running = [p.name for p in procs_out if p.running]

@@ -12,6 +12,8 @@ A gap becomes one line naming what the executors lack, and the load stops with n
 from __future__ import annotations
 
 import os
+import threading
+import uuid
 from collections.abc import Callable, Iterator
 
 from ducklake_kit.errors import KitError, first_line
@@ -19,8 +21,8 @@ from ducklake_kit.platforms.base import Endpoints
 
 PROBE_SCHEMA = "host string, python string, problem string"
 FIX = ("give every executor the kit's Python environment (`uv sync` of this project, or `pip install` of it with the "
-       "same pins) and name it with spark.pyspark.python / PYSPARK_PYTHON; see the README, \"Taking the load to a "
-       "real cluster\"")
+       "same pins) and name it with PYSPARK_PYTHON in the driver's environment (a Spark Connect server's own); see the "
+       "README, \"Taking the load to a real cluster\"")
 
 
 def make_probe(s3_host: str, s3_port: int, paths: list[str], duckdb_version: str) -> Callable[[Iterator], Iterator]:
@@ -74,17 +76,43 @@ def make_probe(s3_host: str, s3_port: int, paths: list[str], duckdb_version: str
     return probe
 
 
-def check_executors(spark, ep: Endpoints, paths: list[str], parallelism: int = 4) -> None:
+PROBE_TIMEOUT_S = float(os.environ.get("DUCKLAKE_EXECUTOR_PROBE_TIMEOUT", "180"))
+
+
+def check_executors(spark, ep: Endpoints, paths: list[str], *, python: str | None = None, parallelism: int = 4,
+                    timeout_s: float = PROBE_TIMEOUT_S) -> None:
     """Run the probe on the executors (a few tasks, so that on a cluster more than one executor answers); raise a
-    KitError naming the first gap."""
+    KitError naming the first gap. `python`: the executors' Python as this driver told them (None: not known here,
+    e.g. a Spark Connect server's). A cluster whose executors never take the tasks (its cores held by another
+    application, executors that cannot reach this driver) is cancelled after `timeout_s` with one line."""
     import duckdb
 
     host, _, port = ep.s3.endpoint.rpartition(":")
-    probe = make_probe(host, int(port or 80), paths, duckdb.__version__)
+    probe = make_probe(host.strip("[]"), int(port or 80), paths, duckdb.__version__)
+    tag = f"ducklake-probe-{uuid.uuid4().hex[:8]}"
+    timed_out = threading.Event()
+
+    def cancel() -> None:
+        timed_out.set()
+        try:
+            spark.interruptTag(tag)
+        except Exception:  # noqa: BLE001 - the job may have ended meanwhile
+            pass
+
+    timer = threading.Timer(timeout_s, cancel)
+    spark.addTag(tag)
+    timer.start()
     try:
         rows = spark.range(parallelism, numPartitions=parallelism).mapInArrow(probe, PROBE_SCHEMA).collect()
     except Exception as exc:  # noqa: BLE001 - Spark surfaces executor failures as several exception types
-        raise executor_error(exc, os.environ.get("PYSPARK_PYTHON")) from None
+        if timed_out.is_set():
+            raise KitError(f"no Spark executor ran the load's first tasks within {timeout_s:.0f} s; nothing was landed "
+                           "or loaded", "run `spark status` (a cluster's cores may be held by another application, "
+                           "e.g. the Connect server, for a while), and check that executors can reach this driver") from None
+        raise executor_error(exc, python) from None
+    finally:
+        timer.cancel()
+        spark.removeTag(tag)
     for row in rows:
         if row.problem:
             raise KitError(f"the Spark executors lack {row.problem} (executor on {row.host}, Python {row.python}); "

@@ -331,7 +331,10 @@ def run_load(
         spark = spark_mod.session(spark_target, log_path=spark_log)
         from ducklake_kit.taxi.executors import check_executors  # pyspark-side code: only when a load runs
 
-        check_executors(spark, ep, [str(f.path) for f in todo] + [str(zones_path)])
+        if spark_target.kind == "connect":  # a new session per load: given back to the server however the load ends
+            life.callback(spark.stop)
+        check_executors(spark, ep, [str(f.path) for f in todo] + [str(zones_path)],
+                        python=None if spark_target.kind == "connect" else os.environ.get("PYSPARK_PYTHON"))
         result.timings["spark_start"] = round(time.perf_counter() - t, 2)
         on_step("landing raw files in s3://raw")
         t = time.perf_counter()

@@ -82,26 +82,29 @@ def target(master: str | None = None, state: "State | None" = None) -> SparkTarg
         from ducklake_kit.platforms.state import State
 
         cluster = SparkCluster(state or State())
-        status = cluster.status()
+        status = cluster.status(connect=master == "connect")
         if master == "connect":
             if not status.connect_url:
                 raise KitError("the kit's Spark Connect server is not running", "start it with `spark up --mode connect`")
-            return SparkTarget("connect", status.connect_url, tuple(cluster.client_env(connect=True).items()), kit=True,
-                               remote=status.connect_url)
+            # the token travels in the URL, in this process's memory only: never in the environment, which a later
+            # session to another server would read
+            return SparkTarget("connect", status.connect_url, kit=True,
+                               remote=f"{status.connect_url}/;token={cluster.secrets().connect_token}")
         if not status.master_url or status.alive_workers == 0:
             raise KitError("the kit's standalone Spark cluster is not running (no master with ALIVE workers)",
                            "start it with `spark up` (then `spark status`)")
-        return SparkTarget("cluster", status.master_url, tuple(cluster.client_env(connect=False).items()), kit=True)
+        return SparkTarget("cluster", status.master_url, tuple(cluster.client_env().items()), kit=True)
     if master and master.startswith("sc://"):
         return SparkTarget("connect", master.split("/;", 1)[0], remote=master)
     if not master and os.environ.get("SPARK_REMOTE"):
         remote = os.environ["SPARK_REMOTE"]
         return SparkTarget("connect", remote.split("/;", 1)[0], remote=remote)
     url = master or os.environ.get("SPARK_MASTER", "local[*]")
-    if state is not None and url.startswith("spark://"):
+    if url.startswith("spark://"):
         from ducklake_kit.platforms.spark_cluster import SparkCluster
+        from ducklake_kit.platforms.state import State
 
-        if url.rstrip("/") == SparkCluster(state).master_url:
+        if SparkCluster(state or State()).is_master_url(url):
             return target("standalone", state)  # the kit's own cluster, given by its URL: it needs the secret
     if not url.startswith(("local", "spark://", "yarn", "k8s://")):
         raise KitError(f"'{url}' is not a Spark master", "give local[*], spark://host:port, sc://host:port (Spark "
@@ -111,18 +114,32 @@ def target(master: str | None = None, state: "State | None" = None) -> SparkTarg
 
 def session(master: "str | SparkTarget | None" = None, app_name: str = "ducklake-kit", *, log_path: Path | None = None):
     """Start (or reuse) a SparkSession on `master` (see `target`). Needs Java 17+ (checked by `doctor`) unless it is
-    Spark Connect. `log_path`: where the JVM's own output goes (see `jvm_output`)."""
+    Spark Connect, whose session is a new one each time (stop it when done). `log_path`: where the JVM's own output
+    goes (see `jvm_output`).
+
+    The executors' Python is PYSPARK_PYTHON of this process (a driver started by `python`, not by spark-submit,
+    takes no other setting): this interpreter unless the user set another; the kit's own cluster always gets this
+    one, since it runs on this machine."""
     from pyspark.sql import SparkSession
 
     t = master if isinstance(master, SparkTarget) else target(master)
-    # the executors' Python workers must be this interpreter: they import duckdb and the extension wheels
+    if t.kind == "connect":
+        _stop_classic()  # one kind of session per process
+        try:
+            # this builder also switches the process to Connect mode (pyspark.sql.functions build Connect columns)
+            return SparkSession.builder.remote(t.remote).appName(app_name).create()
+        except Exception as exc:  # noqa: BLE001 - gRPC and Spark errors
+            raise KitError(f"the Spark Connect server at {t.url} did not answer ({first_line(exc)[:300]})",
+                           "run `spark status`, or check SPARK_REMOTE and its token") from None
+    # an explicit classic master wins over SPARK_REMOTE (PySpark would refuse to start with both set)
+    for var in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
+        os.environ.pop(var, None)
+    if t.kit:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     env = dict(t.env)
     try:
-        if t.kind == "connect":
-            os.environ.update(env)  # the kit's token: the client reads it from the environment
-            return SparkSession.builder.remote(t.remote).appName(app_name).getOrCreate()
         _stop_other(t.url)
         builder = SparkSession.builder.master(t.url).appName(app_name)
         for k, v in LOCAL_CONF.items():
@@ -146,13 +163,23 @@ def session(master: "str | SparkTarget | None" = None, app_name: str = "ducklake
         with jvm_output(log_path):
             spark = builder.getOrCreate()
     except Exception as exc:  # noqa: BLE001 - JVM start failures surface as several exception types
-        msg = first_line(exc)
-        if t.kind == "connect":
-            raise KitError(f"the Spark Connect server at {t.url} did not answer ({msg})",
-                           "run `spark status`, or check SPARK_REMOTE and its token") from None
-        raise KitError(f"Spark did not start ({msg})", "run `doctor`: Spark 4 needs Java 17+ (JAVA_HOME or java on PATH)") from None
+        from ducklake_kit.platforms.doctor import JAVA_FIX, java_problem
+
+        why = java_problem()
+        if why:
+            raise KitError(f"Spark did not start: {why}", JAVA_FIX) from None
+        raise KitError(f"Spark did not start on {t.url} ({first_line(exc)[:300]})",
+                       "read logs/spark.log in the state folder; for the kit's cluster run `spark status`") from None
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _stop_classic() -> None:
+    from pyspark import SparkContext
+
+    active = SparkContext._active_spark_context
+    if active is not None:
+        active.stop()
 
 
 def _stop_other(url: str) -> None:
