@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -192,6 +193,9 @@ def spark():
 
     from ducklake_kit.taxi.transforms import SPARK_CONF
 
+    # the Python workers run this interpreter (with pyarrow and duckdb), whatever `python3` is on PATH: the loads the
+    # tests run in this process reuse this session, and Spark reads PYSPARK_PYTHON when the session starts
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.master("local[2]")
         .appName("ducklake-kit-taxi-tests")

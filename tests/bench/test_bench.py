@@ -237,3 +237,79 @@ def test_concurrency_rejects_nonsense_sizes(stack):
         bc.bench_concurrency(stack.platform, stack.state, workers=0, ops=10)
     with pytest.raises(KitError, match="unknown concurrency mode"):
         bc.bench_concurrency(stack.platform, stack.state, modes=("sqlite",))
+
+
+# -- the load suite: side (c) writes what the load writes; the figures' shape ----------------------------------
+
+
+def test_duckdb_alone_writes_the_rows_the_spark_load_wrote(stack):
+    """Side (c) against the load, every column of every row: the same rules, derived columns and zone names, computed
+    by two engines. A rule, a derived column or a join written differently in bench.duckdb_load makes the EXCEPT ALL
+    non-empty."""
+    from ducklake_kit.bench import duckdb_load as dd
+    from ducklake_kit.bench.load import remove_prefix
+    from ducklake_kit.lake import Lake
+    from ducklake_kit.taxi import sources
+    from ducklake_kit.taxi.load import run_load
+
+    ep = stack.platform.endpoints()
+    files = sources.synthetic_files(stack.state.cache_dir, [(2023, 5), (2023, 6)], 3000, seed=11)
+    zones, _ = sources.zone_lookup(stack.state.cache_dir)
+    result = run_load(ep, files, zones_path=zones, zones_note="", source_note="test", mode="replace",
+                      schema_name="bench_c_test")
+    out = dd.duckdb_load(ep, files, zones, "bench-duckdb-test", result.load_id)
+    try:
+        accepted, rejected = sum(f.rows_accepted for f in result.files), sum(f.rows_rejected for f in result.files)
+        assert (out.rows_accepted, out.rows_rejected) == (accepted, rejected)
+        assert accepted > 0 and rejected > 0  # the generator's quirks reach the quarantine
+        assert all(p.startswith(out.prefix + "/") for p in out.files)
+        with Lake(ep) as lake:
+            for table in ("trips", "quarantine"):
+                mine = [p for p in out.files if f"/{table}/" in p]
+                theirs = f"SELECT * FROM bench_c_test.{table} WHERE load_id = ?"
+                written = "SELECT * FROM read_parquet(?, hive_partitioning = false)"
+                for a, b, params in ((theirs, written, [result.load_id, mine]), (written, theirs, [mine, result.load_id])):
+                    extra = lake.con.execute(f"SELECT count(*) FROM ({a} EXCEPT ALL {b})", params).fetchone()[0]
+                    assert extra == 0, (table, a)
+            by_reason = lake.con.execute("SELECT reject_reason, count(*) FROM read_parquet(?) GROUP BY 1 ORDER BY 1",
+                                         [[p for p in out.files if "/quarantine/" in p]]).fetchall()
+            assert by_reason == lake.con.execute("SELECT reject_reason, count(*) FROM bench_c_test.quarantine "
+                                                 "WHERE load_id = ? GROUP BY 1 ORDER BY 1", [result.load_id]).fetchall()
+            assert lake.scalar(f"SELECT count(pu_zone) FROM bench_c_test.trips WHERE load_id = '{result.load_id}'") > 0
+    finally:
+        assert remove_prefix(ep, out.prefix) == len(out.files)
+
+
+def test_load_suite_on_local_spark_has_every_side_and_ratio(stack):
+    from ducklake_kit.bench import load as bl
+
+    r = bl.bench_load(stack.platform, stack.state, [4000], cluster=False)
+    (size,) = r.sizes
+    assert size.rows == 4000 and size.sides["a_cluster"] is None
+    for side in ("a", "b", "c"):
+        f = size.sides[side]
+        # the rate is computed from the unrounded time; seconds are shown rounded to 0.01 s
+        assert f.seconds > 0 and 4000 / (f.seconds + 0.006) <= f.rows_per_s <= 4000 / max(f.seconds - 0.006, 0.001)
+    a, c = size.sides["a"], size.sides["c"]
+    assert size.ratios["a_to_c"] == round(a.rows_per_s / c.rows_per_s, 3) and size.ratios["a_cluster_to_a"] is None
+    assert a.seconds == round(a.spark_s + a.commit_s, 2) and a.snapshot_id is not None
+    assert c.bytes > 0  # measured before its files were removed
+    assert bl.remove_prefix(stack.platform.endpoints(), f"{stack.platform.endpoints().data_path}{bl.DUCKDB_FOLDER}") == 0
+    assert [g.met for g in r.goals] == [None, None]  # judged at 10M rows only
+    doc = json.loads(json.dumps(r.as_dict()))
+    assert doc["sizes"][0]["sides"]["c"]["rows_per_s"] == c.rows_per_s and doc["goals"][0]["rows"] == bl.GOAL_ROWS
+
+
+def test_load_goals_are_judged_at_ten_million_rows():
+    from ducklake_kit.bench import load as bl
+
+    def side(rate: int) -> bl.PathFigures:
+        return bl.PathFigures(1.0, rate, 0, 0, 0)
+
+    small = bl.SizeFigures(1_000_000, 1, {"a": side(100), "b": side(50), "c": side(1000), "a_cluster": side(10)})
+    big = bl.SizeFigures(bl.GOAL_ROWS, 4, {"a": side(200), "b": side(100), "c": side(1000), "a_cluster": side(150)})
+    run = bl.LoadBench([small, big], bc.Machine(2, [0.0] * 3, [0.0] * 3), "test", {})
+    assert big.ratios == {"a_to_c": 0.2, "a_cluster_to_a": 0.75, "a_to_b": 2.0}
+    assert [(g.value, g.met) for g in run.goals] == [(0.2, True), (0.75, False)]
+    run = bl.LoadBench([small], bc.Machine(2, [0.0] * 3, [0.0] * 3), "test", {})
+    assert [g.met for g in run.goals] == [None, None]

@@ -31,7 +31,7 @@ def _lake_state(stack) -> tuple[int, int, int]:
     """(latest snapshot, trips rows, quarantine rows): what must not move when a load fails."""
     with Lake(stack.platform.endpoints()) as lake:
         snap = lake.current_snapshot()
-        tables = {r[0] for r in lake.con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake'").fetchall()}
+        tables = {r[0] for r in lake.con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake' AND schema_name = 'main'").fetchall()}
         trips = lake.scalar("SELECT count(*) FROM trips") if "trips" in tables else 0
         quarantine = lake.scalar("SELECT count(*) FROM quarantine") if "quarantine" in tables else 0
     return snap, trips, quarantine

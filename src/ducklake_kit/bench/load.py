@@ -1,14 +1,20 @@
 """Benchmarks: commands that print measured figures (never timed tests).
 
-`--suite load`: the same generated trips through the same Spark job, written (a) into DuckLake (executors
-write Parquet to S3, the driver registers the files in one transaction) and (b) as plain Parquet by Spark's
-own writer into a local folder, in one run. Reported: rows/s of each, the ratio a/b, and the peak memory
-(RSS) of the driver: the Python process and the JVM (which, in local mode, also hosts the executors).
+`--suite load`: the same generated trips, for each size, in one run:
+  (a)  Spark on local[*] -> DuckLake: conform, flag, derive; executors write Parquet to S3 with DuckDB, the driver
+       registers the files in one transaction (the load itself, `run_load`, with its checks);
+  (b)  the same Spark frame written as plain Parquet by Spark's own writer into a local folder;
+  (c)  DuckDB alone, one process: the same rules (`bench.duckdb_load`), Parquet to the lake's S3, nothing registered;
+  (a') the load of (a) on a standalone Spark cluster (master + 2 workers of 1 core), started for the run when
+       `spark up` has not started one, and stopped afterwards only then.
+Every side writes Snappy-compressed Parquet (DuckDB's and Spark's default codec). Reported: rows/s of each, the
+ratios a/c, a'/a and a/b, the two goals, the driver's peak memory and the load average before each side.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import tempfile
 import threading
@@ -22,15 +28,21 @@ from typing import Any
 import psutil
 
 from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average
-from ducklake_kit.errors import KitError
-from ducklake_kit.platforms.base import Platform
+from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
+from ducklake_kit.platforms.base import Endpoints, Platform
 from ducklake_kit.platforms.state import State
 from ducklake_kit.taxi import sources
 from ducklake_kit.taxi import spark as spark_mod
 from ducklake_kit.taxi.load import PARTITION_KEYS, build_frame, run_load
 
 ROWS_PER_FILE = 2_500_000  # a TLC month holds about 3M trips: bigger N means more months
-GOAL_RATIO = 0.8  # DuckLake's rows/s at least 80% of plain Parquet's
+DEFAULT_ROWS = (1_000_000, 10_000_000)
+GOAL_ROWS = 10_000_000  # both goals are judged at this size
+GOAL_A_TO_C = 0.15  # Spark -> DuckLake at least 15% of DuckDB alone
+GOAL_CLUSTER_TO_LOCAL = 0.8  # the standalone cluster at least 80% of local[*] on the same cores
+CLUSTER_WORKERS = 2
+DUCKDB_FOLDER = "bench-duckdb-only"  # side (c)'s files, under the lake's data path; removed after each run
+SIDES = ("a", "b", "c", "a_cluster")
 
 
 @dataclass
@@ -42,32 +54,73 @@ class PathFigures:
     driver_python_peak_mib: int
     driver_jvm_peak_mib: int
     driver_python_growth_mib: int
+    load_average_before: float = 0.0  # 1-minute load average when this side started (the machine is shared)
     snapshot_id: int | None = None  # DuckLake: the load's snapshot
-    raw_landing_s: float | None = None  # DuckLake: landing the raw files (part of neither path's time)
-    bytes: int | None = None  # plain Parquet: what Spark wrote
+    raw_landing_s: float | None = None  # DuckLake: landing the raw files (part of no side's time)
+    spark_s: float | None = None  # DuckLake: the Spark job (executors writing); the rest is the commit
+    commit_s: float | None = None
+    bytes: int | None = None  # plain Parquet, DuckDB alone: what was written
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None or k in ("snapshot_id", "raw_landing_s")}
 
 
+def _ratio(num: PathFigures | None, den: PathFigures | None) -> float | None:
+    return round(num.rows_per_s / den.rows_per_s, 3) if num and den and den.rows_per_s else None
+
+
 @dataclass
-class LoadFigures:
+class SizeFigures:
+    """One size: each side's figures (a', None when the cluster could not be used) and the ratios between them."""
+
     rows: int
     files: int
-    machine: Machine
-    ducklake: PathFigures
-    parquet: PathFigures
-    ratio_ducklake_to_parquet: float
-    goal_ratio: float = GOAL_RATIO
+    sides: dict[str, PathFigures | None]
 
     @property
-    def goal_met(self) -> bool:
-        return self.ratio_ducklake_to_parquet >= self.goal_ratio
+    def ratios(self) -> dict[str, float | None]:
+        s = self.sides
+        return {"a_to_c": _ratio(s["a"], s["c"]), "a_cluster_to_a": _ratio(s.get("a_cluster"), s["a"]),
+                "a_to_b": _ratio(s["a"], s["b"])}
 
     def as_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "files": self.files, **self.machine.as_dict(), "ducklake": self.ducklake.as_dict(),
-                "parquet": self.parquet.as_dict(), "ratio_ducklake_to_parquet": self.ratio_ducklake_to_parquet,
-                "goal_ratio": self.goal_ratio}
+        return {"rows": self.rows, "files": self.files,
+                "sides": {k: (v.as_dict() if v else None) for k, v in self.sides.items()}, "ratios": self.ratios}
+
+
+@dataclass
+class Goal:
+    name: str
+    ratio: str  # which ratio of SizeFigures.ratios
+    at_least: float
+    value: float | None  # None: not measured at GOAL_ROWS
+
+    @property
+    def met(self) -> bool | None:
+        return None if self.value is None else self.value >= self.at_least
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "ratio": self.ratio, "at_least": self.at_least, "rows": GOAL_ROWS,
+                "value": self.value, "met": self.met}
+
+
+@dataclass
+class LoadBench:
+    sizes: list[SizeFigures]
+    machine: Machine
+    cluster: str  # how (a') ran: the cluster `spark up` had started, or one started (and stopped) by this run
+    codecs: dict[str, str]
+
+    @property
+    def goals(self) -> list[Goal]:
+        at = next((s for s in self.sizes if s.rows == GOAL_ROWS), None)
+        return [Goal("Spark -> DuckLake / DuckDB alone", "a_to_c", GOAL_A_TO_C, at.ratios["a_to_c"] if at else None),
+                Goal("standalone cluster / local[*]", "a_cluster_to_a", GOAL_CLUSTER_TO_LOCAL,
+                     at.ratios["a_cluster_to_a"] if at else None)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.machine.as_dict(), "cluster": self.cluster, "codecs": self.codecs,
+                "sizes": [s.as_dict() for s in self.sizes], "goals": [g.as_dict() for g in self.goals]}
 
 
 class PeakMemory:
@@ -119,12 +172,19 @@ class PeakMemory:
             self._thread.join()
 
 
+
 def _months(n: int) -> list[tuple[int, int]]:
     return [(2024 + (i // 12), i % 12 + 1) for i in range(n)]
 
 
+def bench_files(cache: Path, rows: int) -> list[sources.SourceFile]:
+    """`rows` generated trips as months of at most ROWS_PER_FILE (cached: the same seed gives the same files)."""
+    n_files = math.ceil(rows / ROWS_PER_FILE)
+    return sources.synthetic_files(cache, _months(n_files), rows // n_files, seed=42)
+
+
 def _plain_parquet(spark, files, zones_path: Path, out: Path) -> None:
-    """Path (b): the same frame, written by Spark's own Parquet writer in one pass (accepted and rejected
+    """Side (b): the same frame, written by Spark's own Parquet writer in one pass (accepted and rejected
     rows side by side, partitioned like the lake)."""
     from pyspark.sql import functions as F  # pyspark loads only when a Spark job runs
 
@@ -133,55 +193,162 @@ def _plain_parquet(spark, files, zones_path: Path, out: Path) -> None:
     df.write.mode("overwrite").partitionBy("tbl", *PARTITION_KEYS).parquet(str(out))
 
 
-def bench_load(platform: Platform, state: State, rows: int, on_step: Callable[[str], None] = lambda _m: None) -> LoadFigures:
-    if rows < 1000:
-        raise KitError(f"--rows {rows} is too small to measure", "use --rows 1000000 or more")
+def remove_prefix(ep: Endpoints, prefix: str) -> int:
+    """Delete every object under `prefix` (an s3://bucket/folder path): side (c)'s files. Returns how many."""
+    from ducklake_kit.platforms import s3
+
+    bucket, _, key = prefix.removeprefix("s3://").partition("/")
+    client = s3.client(ep.s3)
+    n = 0
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key.rstrip("/") + "/"):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
+            n += len(keys)
+    return n
+
+
+def _mib(n: int) -> int:
+    return round(n / 2**20)
+
+
+def _figures(rows: int, seconds: float, m: PeakMemory, load_before: float, **extra: Any) -> PathFigures:
+    return PathFigures(round(seconds, 2), round(rows / seconds), _mib(m.python_peak), _mib(m.jvm_peak),
+                       _mib(m.python_peak - m.python_start), round(load_before, 2), **extra)
+
+
+def _lake_side(ep: Endpoints, files, zones_path: Path, total: int, memory: PeakMemory, spark_master) -> tuple[PathFigures, Any]:
+    """(a) or (a'): the load itself, into the bench schema (replace: a re-run supersedes the last one's rows)."""
+    before = os.getloadavg()[0]
+    with memory.phase() as m:
+        result = run_load(ep, files, zones_path=zones_path, zones_note="", source_note="bench", mode="replace",
+                          schema_name=BENCH_SCHEMA, spark_master=spark_master)
+    seconds = result.timings["spark"] + result.timings["commit"]  # landing the raw files is part of no side
+    loaded = sum(f.rows_read for f in result.files)
+    if loaded != total:
+        raise KitError(f"the DuckLake path loaded {loaded:,} rows of {total:,}", "this is a bug; see the load's checks")
+    return _figures(total, seconds, m, before, snapshot_id=result.snapshot_id, raw_landing_s=result.timings.get("raw"),
+                    spark_s=result.timings["spark"], commit_s=result.timings["commit"]), result
+
+
+def _check_same_counts(side: str, result, accepted: int, rejected: int) -> None:
+    """The rows a side wrote, per table, against the load's own counts (computed by the lake in its commit)."""
+    want = (sum(f.rows_accepted for f in result.files), sum(f.rows_rejected for f in result.files))
+    if (accepted, rejected) != want:
+        raise KitError(f"side ({side}) wrote {accepted:,} accepted and {rejected:,} rejected rows, the load "
+                       f"{want[0]:,} and {want[1]:,}", "the two implementations of the rules disagree: this is a bug",
+                       exit_code=EXIT_CHECK_FAILED)
+
+
+def _duckdb_side(ep: Endpoints, files, zones_path: Path, total: int, memory: PeakMemory, lake_result) -> PathFigures:
+    from ducklake_kit.bench.duckdb_load import duckdb_load, output_prefix
+
+    remove_prefix(ep, output_prefix(ep, DUCKDB_FOLDER))
+    before = os.getloadavg()[0]
+    try:
+        with memory.phase() as m:
+            t = time.perf_counter()
+            out = duckdb_load(ep, files, zones_path, DUCKDB_FOLDER, lake_result.load_id)
+            seconds = time.perf_counter() - t
+        _check_same_counts("c", lake_result, out.rows_accepted, out.rows_rejected)
+        written = _s3_bytes(ep, out.prefix)
+    finally:
+        remove_prefix(ep, output_prefix(ep, DUCKDB_FOLDER))
+    return _figures(total, seconds, m, before, bytes=written)
+
+
+def _s3_bytes(ep: Endpoints, prefix: str) -> int:
+    from ducklake_kit.platforms import s3
+
+    bucket, _, key = prefix.removeprefix("s3://").partition("/")
+    return sum(o["Size"] for page in s3.client(ep.s3).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key + "/")
+               for o in page.get("Contents", []))
+
+
+def bench_load(platform: Platform, state: State, sizes: list[int] | tuple[int, ...] = DEFAULT_ROWS,
+               on_step: Callable[[str], None] = lambda _m: None, cluster: bool = True) -> LoadBench:
+    """Sides (a), (b), (c) on local[*] for each size, then (a') on the standalone cluster for each size.
+    `cluster=False` leaves (a') out (its figures are None)."""
+    sizes = list(sizes)
+    for rows in sizes:
+        if rows < 1000:
+            raise KitError(f"--rows {rows} is too small to measure", "use --rows 1000000 or more")
     ep = platform.endpoints()
     load_before = load_average()
     cache = state.cache_dir
-    n_files = math.ceil(rows / ROWS_PER_FILE)
-    per_file = rows // n_files
-    on_step(f"generating {n_files} synthetic month(s) of {per_file:,} rows (cached after the first run)")
-    files = sources.synthetic_files(cache, _months(n_files), per_file, seed=42)
-    total = sum(f.rows or 0 for f in files)
     zones_path, _ = sources.zone_lookup(cache)
-    spark = spark_mod.session()
+    inputs = []
+    for rows in sizes:
+        files = bench_files(cache, rows)
+        on_step(f"{rows:,} rows: {len(files)} synthetic month(s) of {files[0].rows:,} rows (generated once, cached)")
+        inputs.append((files, sum(f.rows or 0 for f in files)))
     memory = PeakMemory()
+    local = spark_mod.target("local[*]")
+    spark = spark_mod.session(local)
     out = Path(tempfile.mkdtemp(prefix="ducklake-bench-parquet-"))
+    figures: list[SizeFigures] = []
     try:
-        on_step("warm-up: a small load through both paths (JIT, Python workers, extensions)")
+        on_step("warm-up: a small load through every side (JIT, Python workers, extensions)")
         warm = sources.synthetic_files(cache, [(2019, 1)], 20_000, seed=42)
         _plain_parquet(spark, warm, zones_path, out / "warm")
-        run_load(ep, warm, zones_path=zones_path, zones_note="", source_note="bench warm-up", mode="replace",
-                 schema_name=BENCH_SCHEMA)
-
-        on_step(f"(b) plain Parquet with Spark's writer: {total:,} rows")
-        with memory.phase() as m:
-            t = time.perf_counter()
-            _plain_parquet(spark, files, zones_path, out / "run")
-            parquet_s = time.perf_counter() - t
-        parquet_mem = (m.python_peak, m.jvm_peak, m.python_peak - m.python_start)
-        parquet_bytes = sum(p.stat().st_size for p in (out / "run").rglob("*.parquet"))
-
-        on_step(f"(a) DuckLake: executors write to S3, one transaction registers the files: {total:,} rows")
-        with memory.phase() as m:
-            result = run_load(ep, files, zones_path=zones_path, zones_note="", source_note="bench", mode="replace",
-                              schema_name=BENCH_SCHEMA)
-        lake_s = result.timings["spark"] + result.timings["commit"]  # landing the raw files is not part of either path
-        lake_mem = (m.python_peak, m.jvm_peak, m.python_peak - m.python_start)
-        loaded = sum(f.rows_read for f in result.files)
-        if loaded != total:
-            raise KitError(f"the DuckLake path loaded {loaded:,} rows of {total:,}", "this is a bug; see the load's checks")
+        _, warm_result = _lake_side(ep, warm, zones_path, 20_000, memory, local)
+        _duckdb_side(ep, warm, zones_path, 20_000, memory, warm_result)
+        for files, total in inputs:
+            sides: dict[str, PathFigures | None] = {}
+            on_step(f"(b) {total:,} rows: plain Parquet with Spark's writer")
+            before = os.getloadavg()[0]
+            with memory.phase() as m:
+                t = time.perf_counter()
+                _plain_parquet(spark, files, zones_path, out / "run")
+                seconds = time.perf_counter() - t
+            sides["b"] = _figures(total, seconds, m, before,
+                                  bytes=sum(p.stat().st_size for p in (out / "run").rglob("*.parquet")))
+            shutil.rmtree(out / "run", ignore_errors=True)
+            on_step(f"(a) {total:,} rows: Spark on local[*] -> DuckLake")
+            sides["a"], result = _lake_side(ep, files, zones_path, total, memory, local)
+            on_step(f"(c) {total:,} rows: DuckDB alone, the same rules, Parquet to the lake's S3")
+            sides["c"] = _duckdb_side(ep, files, zones_path, total, memory, result)
+            sides["a_cluster"] = None
+            figures.append(SizeFigures(total, len(files), sides))
     finally:
         shutil.rmtree(out, ignore_errors=True)
-    lake_rate, parquet_rate = total / lake_s, total / parquet_s
-    def mib(n: int) -> int:
-        return round(n / 2**20)
+    how = "not run"
+    if cluster:
+        how = _cluster_sides(ep, state, inputs, figures, zones_path, memory, on_step)
+    return LoadBench(figures, Machine.since(load_before), how,
+                     {"a": "snappy (DuckDB's default)", "b": "snappy (Spark's default)", "c": "snappy (DuckDB's default)",
+                      "a_cluster": "snappy (DuckDB's default)"})
 
-    return LoadFigures(
-        rows=total, files=len(files), machine=Machine.since(load_before),
-        ducklake=PathFigures(round(lake_s, 2), round(lake_rate), mib(lake_mem[0]), mib(lake_mem[1]), mib(lake_mem[2]),
-                             snapshot_id=result.snapshot_id, raw_landing_s=result.timings.get("raw")),
-        parquet=PathFigures(round(parquet_s, 2), round(parquet_rate), mib(parquet_mem[0]), mib(parquet_mem[1]), mib(parquet_mem[2]),
-                            bytes=parquet_bytes),
-        ratio_ducklake_to_parquet=round(lake_rate / parquet_rate, 3))
+
+def _cluster_sides(ep: Endpoints, state: State, inputs, figures: list[SizeFigures], zones_path: Path, memory: PeakMemory,
+                   on_step: Callable[[str], None]) -> str:
+    """(a') for every size on the standalone cluster: the one `spark up` started, else one started here and stopped
+    afterwards (the session on it too)."""
+    from ducklake_kit.platforms.spark_cluster import SparkCluster
+
+    cluster = SparkCluster(state)
+    status = cluster.status()
+    started = not (status.master_url and status.alive_workers > 0)
+    if started:
+        on_step(f"starting a standalone Spark cluster (master + {CLUSTER_WORKERS} workers of 1 core) for (a')")
+        status = cluster.up("standalone", CLUSTER_WORKERS)
+    how = (f"{status.alive_workers} worker(s) of 1 core, " + ("started for this run and stopped after it" if started
+                                                              else "the cluster `spark up` started"))
+    try:
+        target = spark_mod.target("standalone", state)
+        spark_mod.session(target)
+        on_step("warm-up on the cluster: a small load (executors' JIT, Python workers, extensions)")
+        warm = sources.synthetic_files(state.cache_dir, [(2019, 1)], 20_000, seed=42)
+        _lake_side(ep, warm, zones_path, 20_000, memory, target)
+        for (files, total), size in zip(inputs, figures):
+            on_step(f"(a') {total:,} rows: Spark on the standalone cluster -> DuckLake")
+            size.sides["a_cluster"], _ = _lake_side(ep, files, zones_path, total, memory, target)
+    finally:
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            active.stop()  # its executors belong to the cluster: no application left behind on it
+        if started:
+            cluster.down()
+    return how

@@ -9,15 +9,15 @@ import typer
 
 from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
 from ducklake_kit.cli.output import console, print_json, table
-from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
+from ducklake_kit.errors import EXIT_CHECK_FAILED, EXIT_USAGE, KitError
 
 
 @app.command()
 @command
 def bench(
     ctx: typer.Context,
-    suite: Annotated[str, typer.Option(help="load (DuckLake vs plain Parquet writes), queries (DuckLake vs Parquet on S3 vs Spark SQL), concurrency (many writers), pipeline (the DAG runner vs its bound), steps (the step runner vs direct inserts) or dynamic (incremental vs full refresh of a dynamic table).")] = "load",
-    rows: Annotated[Optional[list[int]], typer.Option(help="Rows (load: repeat to compare sizes; queries: one size; dynamic: rows per month, default 100,000). Default 1,000,000.")] = None,
+    suite: Annotated[str, typer.Option(help="load (Spark -> DuckLake on local[*] and on a standalone cluster vs Spark -> plain Parquet vs DuckDB alone), queries (DuckLake vs Parquet on S3 vs Spark SQL), concurrency (many writers), pipeline (the DAG runner vs its bound), steps (the step runner vs direct inserts) or dynamic (incremental vs full refresh of a dynamic table).")] = "load",
+    rows: Annotated[Optional[list[str]], typer.Option(help="Rows (load: a comma list or repeated, default 1000000,10000000; queries: one size, default 1,000,000; dynamic: rows per month, default 100,000).")] = None,
     runs: Annotated[Optional[int], typer.Option(help="queries: timed runs per query and engine, after one warm-up (default 5); dynamic: months appended and refreshed per base (default 2).")] = None,
     months: Annotated[int, typer.Option(help="dynamic: months in the first base (the second base has twice as many).")] = 12,
     file_cache: Annotated[bool, typer.Option(help="dynamic: keep DuckDB's external file cache on (the full recompute then reads the base from memory).")] = False,
@@ -38,7 +38,7 @@ def bench(
         # each suite loads only when asked for (Spark, matplotlib)
         from ducklake_kit.bench.queries import GOAL_LAKE_TO_PARQUET, GOAL_SPEEDUP_VS_SPARK, bench_queries
 
-        r = bench_queries(c.platform(), c.state, rows=(rows or [1_000_000])[0], runs=runs or 5, on_step=step,
+        r = bench_queries(c.platform(), c.state, rows=_sizes(rows, [1_000_000])[0], runs=runs or 5, on_step=step,
                           json_path=out_file, png_path=png_file)
         t = r.totals
         out.print(table(f"bench --suite queries: {r.table_rows:,} trips, median of {r.runs} runs ({r.machine.cores} cores; "
@@ -69,7 +69,7 @@ def bench(
         _bench_steps(c, workers or 3, ops, step, out, out_file, as_json)
         return
     if suite == "dynamic":
-        _bench_dynamic(c, months, (rows or [100_000])[0], runs or 2, file_cache, step, out, out_file, as_json)
+        _bench_dynamic(c, months, _sizes(rows, [100_000])[0], runs or 2, file_cache, step, out, out_file, as_json)
         return
     if suite == "concurrency":
         from ducklake_kit.bench.concurrency import bench_concurrency  # each suite loads only when asked for
@@ -103,21 +103,48 @@ def bench(
                 out.print(f"PASS: {label} kept all {d.actual_rows} of {d.expected_rows} rows, none lost or duplicated",
                           markup=False)
         return
-    from ducklake_kit.bench.load import bench_load  # each suite loads only when asked for (Spark)
+    _bench_load(c, rows, step, out, out_file, as_json)
+
+
+def _sizes(rows: Optional[list[str]], default: list[int]) -> list[int]:
+    """--rows as given: repeated, or a comma list (1000000,10000000), or both."""
+    if not rows:
+        return default
+    try:
+        return [int(v.replace("_", "")) for r in rows for v in r.split(",") if v.strip()]
+    except ValueError:
+        raise KitError(f"--rows {','.join(rows)} is not a list of whole numbers", "e.g. --rows 1000000,10000000",
+                       exit_code=EXIT_USAGE) from None
+
+
+def _bench_load(c: Ctx, rows: Optional[list[str]], step, out, out_file: Optional[Path], as_json: bool) -> None:
+    from ducklake_kit.bench.load import DEFAULT_ROWS, GOAL_ROWS, bench_load  # each suite loads only when asked for (Spark)
     from ducklake_kit.bench.results import write_outputs
 
-    results = [bench_load(c.platform(), c.state, n, on_step=step) for n in (rows or [1_000_000])]
-    rows_out = []
-    for r in results:
-        d, p = r.ducklake, r.parquet
-        rows_out.append([f"{r.rows:,}", f"{d.rows_per_s:,}", f"{p.rows_per_s:,}", f"{r.ratio_ducklake_to_parquet:.2f}",
-                         f"{d.driver_python_peak_mib} (+{d.driver_python_growth_mib}) / {d.driver_jvm_peak_mib}",
-                         f"{p.driver_python_peak_mib} (+{p.driver_python_growth_mib}) / {p.driver_jvm_peak_mib}"])
-    out.print(table(f"bench --suite load ({results[0].machine.cores} cores; load average {results[0].machine.load_average_before[0]}; "
-                    f"goal: ratio >= {results[0].goal_ratio})",
-                    ["rows", "DuckLake rows/s", "Parquet rows/s", "ratio",
-                     "DuckLake: driver peak MiB, python (+growth during the load) / JVM", "Parquet: same"], rows_out))
-    doc = {"suite": suite, "results": [r.as_dict() for r in results]}
+    r = bench_load(c.platform(), c.state, _sizes(rows, list(DEFAULT_ROWS)), on_step=step)
+
+    def rate(f) -> str:
+        return f"{f.rows_per_s:,}" if f else "-"
+
+    def ratio(v) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    rows_out = [[f"{s.rows:,}", rate(s.sides["a"]), rate(s.sides["a_cluster"]), rate(s.sides["b"]), rate(s.sides["c"]),
+                 ratio(s.ratios["a_to_c"]), ratio(s.ratios["a_cluster_to_a"]), ratio(s.ratios["a_to_b"]),
+                 " / ".join(f"{s.sides[k].load_average_before:g}" if s.sides[k] else "-" for k in ("b", "a", "c", "a_cluster"))]
+                for s in r.sizes]
+    m = r.machine
+    out.print(table(f"bench --suite load: rows/s ({m.cores} cores; load average before {m.load_average_before}, after "
+                    f"{m.load_average_after})",
+                    ["rows", "(a) Spark local[*] -> DuckLake", "(a') standalone cluster -> DuckLake",
+                     "(b) Spark -> plain Parquet", "(c) DuckDB alone", "a/c", "a'/a", "a/b", "load avg at b / a / c / a'"],
+                    rows_out))
+    for g in r.goals:
+        verdict = "not measured (add 10000000 to --rows)" if g.met is None else ("met" if g.met else "NOT met")
+        out.print(f"goal at {GOAL_ROWS:,} rows: {g.name} = {ratio(g.value)} (goal >= {g.at_least}): {verdict}", markup=False)
+    out.print(f"(a') cluster: {r.cluster}; every side writes Snappy Parquet; (a) and (a') include the commit "
+              "(landing the raw files is part of no side)", markup=False)
+    doc = {"suite": "load", **r.as_dict()}
     if out_file:
         write_outputs(doc, out_file, None)
         out.print(f"wrote {out_file}", markup=False)

@@ -55,10 +55,10 @@ def extension_path(name: str) -> Path | None:
     return path if path.exists() else None
 
 
-def load_statements() -> list[str]:
-    """LOAD each extension from its wheel; INSTALL from the internet only when a wheel is absent."""
+def load_statements(names: tuple[str, ...] = tuple(EXTENSIONS)) -> list[str]:
+    """LOAD each extension (all by default) from its wheel; INSTALL from the internet only when a wheel is absent."""
     out = []
-    for name in EXTENSIONS:
+    for name in names:
         path = extension_path(name)
         out.append(f"LOAD {_sql_str(str(path))}" if path else f"INSTALL {name}; LOAD {name}")
     return out

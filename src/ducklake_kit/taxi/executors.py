@@ -20,6 +20,7 @@ from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.platforms.base import Endpoints
 
 PROBE_SCHEMA = "host string, python string, problem string"
+WRITER_EXTENSIONS = ("httpfs",)  # the lake writer only writes Parquet to S3: it never reads the catalog
 FIX = ("give every executor the kit's Python environment (`uv sync` of this project, or `pip install` of it with the "
        "same pins) and name it with PYSPARK_PYTHON in the driver's environment (a Spark Connect server's own); see the "
        "README, \"Taking the load to a real cluster\"")
@@ -55,7 +56,7 @@ def make_probe(s3_host: str, s3_port: int, paths: list[str], duckdb_version: str
         if not problem:
             try:
                 con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
-                for stmt in load_statements():
+                for stmt in load_statements(WRITER_EXTENSIONS):
                     con.execute(stmt)
                 con.close()
             except Exception as exc:  # noqa: BLE001 - any failure to load an extension is the finding

@@ -34,6 +34,7 @@ from ducklake_kit.lake.transactions import last_committed_snapshot, rollback_qui
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.taxi import schema
 from ducklake_kit.taxi import spark as spark_mod
+from ducklake_kit.taxi.executors import WRITER_EXTENSIONS, check_executors
 from ducklake_kit.taxi.sources import SourceFile
 
 TRIPS = "trips"
@@ -171,8 +172,9 @@ def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_f
 
         con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
                                      "threads": 1})  # Spark already runs one task per core
-        # extension paths are resolved here, on the executor: its Python environment may live elsewhere
-        for stmt in [*load_statements(), s3_secret]:
+        # extension paths are resolved here, on the executor: its Python environment may live elsewhere. httpfs only:
+        # the writer never reads the catalog, and loading ducklake and postgres_scanner too cost 0.16 s a task
+        for stmt in [*load_statements(WRITER_EXTENSIONS), s3_secret]:
             con.execute(stmt)
         rejected: list = []
         first = next(batches, None)
@@ -329,8 +331,6 @@ def run_load(
         on_step(f"Spark on {spark_target.url}: asking the executors for what the load needs")
         t = time.perf_counter()
         spark = spark_mod.session(spark_target, log_path=spark_log)
-        from ducklake_kit.taxi.executors import check_executors  # pyspark-side code: only when a load runs
-
         if spark_target.kind == "connect":  # a new session per load: given back to the server however the load ends
             life.callback(spark.stop)
         check_executors(spark, ep, [str(f.path) for f in todo] + [str(zones_path)],

@@ -117,8 +117,9 @@ def reject_reason_sql(period: str, rules: list[tuple[str, str]] | None = None) -
     return "CASE " + " ".join(whens) + " END"
 
 
-def source_select(con: duckdb.DuckDBPyConnection, raw_uri: str, period: str) -> str:
-    """SELECT over one raw object: the needed canonical columns plus reject_reason."""
+def source_select(con: duckdb.DuckDBPyConnection, raw_uri: str, period: str,
+                  columns: dict[str, str] | None = None) -> str:
+    """SELECT over one raw object: the needed canonical columns (or `columns`, name -> lake type) plus reject_reason."""
     rel = _relation(raw_uri)
     try:
         described = con.execute(f"DESCRIBE SELECT * FROM {rel}").fetchall()
@@ -134,7 +135,7 @@ def source_select(con: duckdb.DuckDBPyConnection, raw_uri: str, period: str) -> 
     types = {r[0]: r[1] for r in described}
     variant = schema.detect_variant([r[0] for r in described], source=raw_uri)
     source_of = {canon: src for src, canon in variant.mapping}
-    cols = ", ".join(f"{_conformed(source_of.get(n), types.get(source_of.get(n, '')), t)} AS {n}" for n, t in NEEDED_COLUMNS.items())
+    cols = ", ".join(f"{_conformed(source_of.get(n), types.get(source_of.get(n, '')), t)} AS {n}" for n, t in (columns or NEEDED_COLUMNS).items())
     return f"SELECT *, {reject_reason_sql(period)} AS reject_reason FROM (SELECT {cols} FROM {rel})"
 
 
