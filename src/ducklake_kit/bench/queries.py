@@ -221,7 +221,8 @@ def ensure_lake_data(platform: Platform, state: State, rows: int, on_step: Calla
         on_step(f"loading {sum(f.rows or 0 for f in files):,} rows into lake.{BENCH_SCHEMA}.trips through the Spark load")
         zones_path, _ = sources.zone_lookup(cache)
         t = time.perf_counter()
-        run_load(ep, files, zones_path=zones_path, zones_note="", source_note="bench queries", mode="skip",
+        # replace: the tables may have just been dropped on purpose (above), which `skip` refuses to load over
+        run_load(ep, files, zones_path=zones_path, zones_note="", source_note="bench queries", mode="replace",
                  schema_name=BENCH_SCHEMA, on_step=on_step)
         load_s = round(time.perf_counter() - t, 1)
     else:
