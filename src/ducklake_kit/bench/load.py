@@ -193,19 +193,22 @@ def _plain_parquet(spark, files, zones_path: Path, out: Path) -> None:
     df.write.mode("overwrite").partitionBy("tbl", *PARTITION_KEYS).parquet(str(out))
 
 
-def remove_prefix(ep: Endpoints, prefix: str) -> int:
-    """Delete every object under `prefix` (an s3://bucket/folder path): side (c)'s files. Returns how many."""
+def _objects(ep: Endpoints, prefix: str) -> tuple[Any, str, list[dict[str, Any]]]:
+    """(the S3 client, the bucket, every object under `prefix`, an s3://bucket/folder path)."""
     from ducklake_kit.platforms import s3
 
     bucket, _, key = prefix.removeprefix("s3://").partition("/")
     client = s3.client(ep.s3)
-    n = 0
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key.rstrip("/") + "/"):
-        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
-        if keys:
-            client.delete_objects(Bucket=bucket, Delete={"Objects": keys})
-            n += len(keys)
-    return n
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key.rstrip("/") + "/")
+    return client, bucket, [o for page in pages for o in page.get("Contents", [])]
+
+
+def remove_prefix(ep: Endpoints, prefix: str) -> int:
+    """Delete every object under `prefix` (an s3://bucket/folder path): side (c)'s files. Returns how many."""
+    client, bucket, objects = _objects(ep, prefix)
+    for i in range(0, len(objects), 1000):  # delete_objects takes at most 1000 keys
+        client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": o["Key"]} for o in objects[i:i + 1000]]})
+    return len(objects)
 
 
 def _mib(n: int) -> int:
@@ -258,11 +261,7 @@ def _duckdb_side(ep: Endpoints, files, zones_path: Path, total: int, memory: Pea
 
 
 def _s3_bytes(ep: Endpoints, prefix: str) -> int:
-    from ducklake_kit.platforms import s3
-
-    bucket, _, key = prefix.removeprefix("s3://").partition("/")
-    return sum(o["Size"] for page in s3.client(ep.s3).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key + "/")
-               for o in page.get("Contents", []))
+    return sum(o["Size"] for o in _objects(ep, prefix)[2])
 
 
 def bench_load(platform: Platform, state: State, sizes: list[int] | tuple[int, ...] = DEFAULT_ROWS,

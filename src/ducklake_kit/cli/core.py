@@ -120,7 +120,7 @@ def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             print_plane(plane)
         else:
             console().print("worker plane: not checked (the catalog or S3 is down)", markup=False)
-        if any(p.pid is not None or not p.running and "gone" in p.detail for p in spark.processes):
+        if spark.started:
             print_cluster(spark)
         else:
             console().print("spark: local[*] in each load's own process (no cluster: `spark up` starts one)", markup=False)

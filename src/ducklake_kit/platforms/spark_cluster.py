@@ -63,6 +63,10 @@ def _cmdline(rec: procs.PidRecord) -> list[str]:
         return []
 
 
+def _alive_workers(master_state: dict[str, Any]) -> int:
+    return sum(1 for w in master_state.get("workers", []) if w.get("state") == "ALIVE")
+
+
 def _worker_service(name: str) -> str:
     return f"spark-worker-{name}"
 
@@ -90,11 +94,19 @@ class ClusterStatus:
     connect_master: str | None  # what the Connect server runs its jobs on
     alive_workers: int
     processes: list[ProcessStatus] = field(default_factory=list)
-    healthy: bool = True
     detail: str = ""
 
+    @property
+    def started(self) -> list[ProcessStatus]:
+        """The processes the kit started (alive, or gone since)."""
+        return [p for p in self.processes if p.pid is not None or "gone" in p.detail]
+
+    @property
+    def healthy(self) -> bool:
+        return all(p.running for p in self.started)
+
     def as_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "processes"},
+        return {**{k: v for k, v in asdict(self).items() if k != "processes"}, "healthy": self.healthy,
                 "processes": [asdict(p) for p in self.processes]}
 
 
@@ -255,18 +267,21 @@ class SparkCluster:
             procs.stop(pid_file)
             raise
 
-    def _master_json(self) -> dict[str, Any] | None:
-        """A real round trip: the master's own account of itself and its workers."""
+    def _master_state(self) -> dict[str, Any]:
+        """A real round trip: the master's own account of itself (`status`) and its workers."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=3) as resp:
-            data = json.loads(resp.read())
+            return json.loads(resp.read())
+
+    def _master_json(self) -> dict[str, Any] | None:
+        """The master's account when it is ALIVE, else None (a readiness probe)."""
+        data = self._master_state()
         return data if data.get("status") == "ALIVE" else None
 
     def _alive(self) -> int:
         try:
-            data = self._master_json() or {}
+            return _alive_workers(self._master_json() or {})
         except OSError:
             return 0
-        return sum(1 for w in data.get("workers", []) if w.get("state") == "ALIVE")
 
     def kit_workers(self) -> list[str]:
         """w1.. : the workers started in this state folder (by pid file, alive or not)."""
@@ -396,18 +411,15 @@ class SparkCluster:
         master_detail = "not running"
         if master_rec:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.ui_port}/json/", timeout=3) as resp:
-                    raw = json.loads(resp.read())
+                raw = self._master_state()
                 data = raw if raw.get("status") == "ALIVE" else {}
-                alive_now = sum(1 for w in raw.get("workers", []) if w.get("state") == "ALIVE")
-                master_detail = f"{raw.get('status')}, {alive_now} worker(s) ALIVE"
+                master_detail = f"{raw.get('status')}, {_alive_workers(raw)} worker(s) ALIVE"
             except (OSError, ValueError) as exc:
                 master_detail = f"running but not answering ({first_line(exc)})"
         elif procs.read_pid(self.state.pid_file(MASTER)):
             master_detail = "gone (its pid is not running): run `spark up`"
         procs_out.append(ProcessStatus("master", bool(master_rec and data), master_rec.pid if master_rec else None,
                                        master_detail, self.master_port))
-        alive = sum(1 for w in data.get("workers", []) if w.get("state") == "ALIVE")
         for name in self.kit_workers():
             rec = procs.live_pid(self.state.pid_file(_worker_service(name)))
             procs_out.append(ProcessStatus(name, rec is not None, rec.pid if rec else None,
@@ -427,13 +439,11 @@ class SparkCluster:
             connect_detail = "gone (its pid is not running): run `spark up --mode connect`"
         procs_out.append(ProcessStatus("connect", connect_ok or bool(connect_rec and not connect),
                                        connect_rec.pid if connect_rec else None, connect_detail, self.connect_port))
-        started = [p for p in procs_out if p.pid is not None or "gone" in p.detail]
-        healthy = all(p.running for p in started)
         running = [p.name for p in procs_out if p.running]
         return ClusterStatus(
             master_url=self.master_url if master_rec and data else None,
             ui_url=f"http://127.0.0.1:{self.ui_port}" if master_rec and data else None,
             connect_url=self.connect_url if connect_ok else None,
             connect_master=self.state.settings().get("spark_connect_master") if connect_ok else None,
-            alive_workers=alive, processes=procs_out, healthy=healthy,
+            alive_workers=_alive_workers(data), processes=procs_out,
             detail=("running: " + ", ".join(running)) if running else "not running (start it with `spark up`)")
