@@ -62,10 +62,10 @@ down platform="local": setup
 connect platform="local": setup
     {{kit}} --platform {{platform}} connect
 
-# run SQL against the lake, e.g. just sql "FROM ducklake_snapshots('lake')"
+# run SQL against the lake, e.g. just sql "FROM ducklake_snapshots('lake')" (after `--`: text may start with a comment)
 [group('lake')]
 sql query platform="local": setup
-    {{kit}} --platform {{platform}} sql {{quote(query)}}
+    {{kit}} --platform {{platform}} sql -- {{quote(query)}}
 
 # stop the services and delete their data and credentials
 [group('lake')]

@@ -85,6 +85,31 @@ def test_bad_sql_gives_one_line_and_a_nonzero_exit(stack, cli, query, message):
     assert doc["status"] == "error" and doc["result"]["error"].startswith(message)
 
 
+def test_sql_reads_a_file_or_stdin_that_starts_with_a_comment(stack, cli, tmp_path):
+    # issue 29: `sql "$(cat file.sql)"` failed with "No such option: -- ..." when the file began with a comment
+    text = "-- how many, from a file\nSELECT 40 + 2 AS answer; -- the end\n"
+    path = tmp_path / "q.sql"
+    path.write_text("\ufeff" + text, encoding="utf-8")  # an editor's byte-order mark is not SQL
+    for args, stdin in ((["--file", str(path)], None), (["-f", "-"], text), (["--", text], None)):
+        result = cli(stack.env, "sql", "--json", *args, input=stdin)
+        assert result.exit_code == 0, (args, result.output)
+        assert _json(result)["result"]["statements"][0]["rows"] == [[42]], args
+    assert cli(stack.env, "sql", "--file", str(path), "--expect", "42").exit_code == 0
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "Error: give the SQL as text or with --file, one of the two."),
+    (["SELECT 1", "--file", "q.sql"], "Error: give the SQL as text or with --file, one of the two."),
+    (["--file", "/no/such/file.sql"], "Error: cannot read the SQL file /no/such/file.sql (No such file or directory)."),
+])
+def test_sql_without_exactly_one_readable_source_is_one_line_and_exit_3(stack, cli, args, message):
+    result = cli(stack.env, "sql", *args)
+    assert result.exit_code == 3, result.output
+    assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    doc = _json(cli(stack.env, "sql", *args, "--json"))
+    assert doc["status"] == "error" and doc["result"]["error"].startswith(message)
+
+
 def test_a_failed_statement_leaves_stored_data_untouched(stack, cli):
     cli(stack.env, "sql", "CREATE OR REPLACE TABLE keep_me AS SELECT 42 AS answer")
     result = cli(stack.env, "sql", "INSERT INTO keep_me VALUES ('not a number')")

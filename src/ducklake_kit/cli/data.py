@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -9,7 +11,7 @@ import typer
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
 from ducklake_kit.cli.output import console, print_checks, print_json, render_checks, render_statement, table
-from ducklake_kit.errors import EXIT_CHECK_FAILED
+from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.expect import SqlRun, expect_value, run_sql
 from ducklake_kit.lessons import LESSON_ROWS_PER_MONTH
@@ -20,13 +22,18 @@ from ducklake_kit.taxi import sources
 @command
 def sql(
     ctx: typer.Context,
-    query: Annotated[str, typer.Argument(help="One or more SQL statements, run against the attached lake (USE lake).")],
+    query: Annotated[Optional[str], typer.Argument(
+        help="One or more SQL statements, run against the attached lake (USE lake). Text that starts with `-` (a "
+             "`--` comment) goes after `--`: sql -- \"$(cat q.sql)\"; or use --file.")] = None,
+    file: Annotated[Optional[Path], typer.Option(
+        "--file", "-f", help="Read the SQL from this file instead (`-`: standard input), as psql -f and duckdb -f do.")] = None,
     expect: Annotated[Optional[str], typer.Option(
         help="Check the answer: the last statement must return exactly one value equal to this text (else exit 1).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run SQL against the lake; rows for every statement that returns them, real affected-row counts. Dynamic-table DDL (CREATE DYNAMIC TABLE, ALTER / DROP / SHOW DYNAMIC ...) is accepted too."""
     c: Ctx = ctx.obj
+    query = _sql_text(query, file)
     run = _dynamic_sql(c, query, expect) or run_sql(c.platform().endpoints(), c.platform_name, query, expect)
     check = run.expectation
     if as_json:
@@ -41,6 +48,24 @@ def sql(
             typer.echo(f"{'ok' if check.passed else 'FAIL'}: expected {check.expected}, got {check.actual}")
     if not run.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _sql_text(query: str | None, file: Path | None) -> str:
+    """The SQL `sql` runs: the argument, or the file's text (`-`: standard input). Read as UTF-8 with an optional
+    byte-order mark (editors on Windows write one; DuckDB would take it for part of the first keyword)."""
+    if (query is None) == (file is None):
+        raise KitError("give the SQL as text or with --file, one of the two",
+                       'e.g. `sql "SELECT 1"`, `sql --file q.sql`, or `sql --file -` to read standard input')
+    if file is None:
+        return query  # type: ignore[return-value]
+    try:
+        raw = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
+        return raw.decode("utf-8-sig")
+    except OSError as exc:
+        raise KitError(f"cannot read the SQL file {file} ({exc.strerror})", "give the path of a readable .sql file, "
+                       "or - for standard input") from None
+    except UnicodeDecodeError as exc:
+        raise KitError(f"the SQL file {file} is not UTF-8 text (byte {exc.start})", "save it as UTF-8") from None
 
 
 def _dynamic_sql(c: Ctx, query: str, expect: str | None) -> SqlRun | None:
