@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ducklake_kit.pipelines.dag import build
+from ducklake_kit.pipelines.dag import build, load
 from ducklake_kit.pipelines.lineage import column_edges, table_edges
 from ducklake_kit.pipelines.sqlfile import PipelineError, split_statements
 from ducklake_kit.pipelines.tables import TableRef, table_use
@@ -48,6 +48,15 @@ def test_a_comment_between_queries_drops_nothing():
 def test_crlf_line_ends_and_nested_block_comments():
     p = build("-- id: a\r\nSELECT 1;\r\n/* outer /* inner */ still a comment */\r\n-- id: b\r\n-- depends_on: a\r\nSELECT 2", "p.sql")
     assert [(n.id, n.sql, n.line) for n in p.nodes.values()] == [("a", "SELECT 1", 2), ("b", "SELECT 2", 6)]
+    assert p.parents("b") == {"a"}
+
+
+def test_a_byte_order_mark_at_the_start_of_the_file_loses_no_header(tmp_path):
+    # issue 29: with the BOM left in, `-- id: a` was not read and the first node became `1`
+    path = tmp_path / "bom.sql"
+    path.write_text("\ufeff-- id: a\nSELECT 1;\n-- id: b\n-- depends_on: a\nSELECT 2;", encoding="utf-8")
+    p = load(path)
+    assert [(n.id, n.sql, n.line) for n in p.nodes.values()] == [("a", "SELECT 1", 2), ("b", "SELECT 2", 5)]
     assert p.parents("b") == {"a"}
 
 

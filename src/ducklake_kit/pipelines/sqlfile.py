@@ -173,9 +173,11 @@ def split_statements(source: str, file: str = "<sql>") -> list[Statement]:
 
 
 def read_file(path: Path) -> tuple[str, str]:
-    """(text, display name) of a pipeline file; one clear line when it cannot be read."""
+    """(text, display name) of a pipeline file; one clear line when it cannot be read. UTF-8 with an optional
+    byte-order mark (editors on Windows write one): left in, sqlglot reads it as part of the first statement, and
+    the headers above it are lost."""
     try:
-        return path.read_text(encoding="utf-8"), str(path)
+        return path.read_text(encoding="utf-8-sig"), str(path)
     except FileNotFoundError:
         raise KitError(f"no pipeline file at {path}",
                        "give the path of a .sql file, e.g. pipelines/taxi_marts.sql") from None
