@@ -197,3 +197,48 @@ def test_a_value_that_is_one_expression_keeps_its_type_and_text_stays_text():
     ctx = {"code": "007", "word": "None", "ids": [1, 2]}
     assert templates.render_value("{{ code }}", ctx) == "007" and templates.render_value("{{ word }}", ctx) == "None"
     assert templates.render_value("{{ ids }}", ctx) == [1, 2] and templates.render_value("id-{{ code }}", ctx) == "id-007"
+
+
+def laughs(levels: int, refs: int) -> str:
+    """`levels` anchors, each `refs` references to the one before: refs**levels nodes once expanded."""
+    lines = ["workload:", "  l0: &l0 [lol]"]
+    for i in range(1, levels + 1):
+        lines.append(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * refs)}]")
+    return "\n".join(lines) + "\nworkflow:\n  - step: only\n"
+
+
+def test_aliases_that_expand_past_the_bound_are_refused_at_once(tmp_path):
+    # 10**6 nodes: today's main builds them all and calls the file valid; 9 x 9 ("billion laughs", 9**9 nodes) grew
+    # `steps validate` to 5.27 GB
+    import time
+
+    for levels, refs in ((6, 10), (9, 9)):
+        start = time.perf_counter()
+        error = error_of(tmp_path, laughs(levels, refs))
+        assert time.perf_counter() - start < 2
+        assert error.what == f"{tmp_path / 'p.yaml'}: the YAML expands to more than 100,000 nodes once its aliases (*name) are expanded"
+    with pytest.raises(PlaybookError, match="expands to more than"):
+        runner.parse_overrides(["x=" + laughs(9, 9)])  # --set values are YAML too
+    recursive = error_of(tmp_path, "workload:\n  a: &a [1, *a]\nworkflow:\n  - step: only\n")
+    assert "refers to a node that contains it" in recursive.what
+
+
+def test_small_anchors_and_merge_keys_still_work(tmp_path):
+    p = runner.load(write(tmp_path, """\
+workload:
+  ids: &ids [1, 2, 3]
+  again: *ids
+workflow:
+  - step: make
+    tool: ducklake
+    <<: &tool {use_catalog: true}
+    command: CREATE TABLE t (i INTEGER)
+  - step: fill
+    tool: ducklake
+    <<: *tool
+    loop: {collection: "{{ again }}", element: i}
+    params: {i: "{{ i }}"}
+    command: INSERT INTO t VALUES ($i)
+"""))
+    assert p.workload == {"ids": [1, 2, 3], "again": [1, 2, 3]} and p.steps["fill"].catalog.use is True
+    assert runner.parse_overrides(["x=[&a [1, 2], *a]"]) == {"x": [[1, 2], [1, 2]]}

@@ -24,7 +24,7 @@ from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.steps import catalogs, noetl, sqltext, templates
 from ducklake_kit.steps.model import ASYNC, EXCLUSIVE, Playbook, Step
 from ducklake_kit.steps.results import ERROR, OK, SKIPPED, Attempt, Failure, Iteration, PlaybookRun, StepRun
-from ducklake_kit.steps.schema import PlaybookError
+from ducklake_kit.steps.schema import PlaybookError, load_value
 from ducklake_kit.steps.task import StepTask, Target, run_step
 from ducklake_kit.workers.client import WorkerPlane
 from ducklake_kit.workers.tasks import TaskResult
@@ -80,7 +80,7 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         if not sep or not key.isidentifier():
             raise KitError(f"--set {pair!r} is not name=value", "e.g. --set batch_ids=[1,2,3] --set region=eu")
         try:
-            out[key] = yaml.safe_load(value) if value.strip() else ""
+            out[key] = load_value(value, f"--set {key}") if value.strip() else ""
         except yaml.YAMLError:
             out[key] = value
     return out

@@ -88,6 +88,12 @@ PLAYBOOK = {
 }
 
 
+# A playbook's nodes (mappings, lists, scalars, keys included) once YAML aliases (*name) are expanded. Real playbooks
+# have hundreds, with small anchors reused a few times; 9 anchors of 9 references each ("billion laughs") have 9**9,
+# which made `steps validate` grow to 5 GB. Counted on the composed graph, before anything is built.
+MAX_NODES = 100_000
+
+
 class PlaybookError(KitError):
     """Bad input in a playbook file, at a line."""
 
@@ -110,14 +116,77 @@ def read(path: Path) -> tuple[Any, Lines]:
         node = loader.get_single_node()
         if node is None:
             raise PlaybookError(str(path), None, "the file is empty")
+        check_size(node, str(path))
         lines: Lines = {}
         return _construct(loader, node, (), lines, str(path)), lines
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise PlaybookError(str(path), mark.line + 1 if mark else None, f"not valid YAML: {problem}") from None
+    except RecursionError:  # PyYAML's composer recurses once per level of nesting
+        raise PlaybookError(str(path), None, "the YAML is nested too deeply", "flatten it: playbooks need a few levels") from None
     finally:
         loader.dispose()
+
+
+def load_value(text: str, where: str) -> Any:
+    """One YAML value (a --set value), with the same bound on aliases as a playbook file."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        check_size(node, where)
+        return loader.construct_document(node)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
+    finally:
+        loader.dispose()
+
+
+def check_size(root: yaml.Node, file: str, limit: int = MAX_NODES) -> int:
+    """How many nodes the document has once every alias is expanded; PlaybookError past `limit`, or when an alias
+    refers to a node that contains it (a recursive alias expands forever).
+
+    An alias is the anchored node object itself, met again, so the graph's sizes are memoized per node: the count
+    is linear in the text (never in the expansion), and saturates at limit + 1."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        children = _children(node)
+        if children_done:
+            open_.discard(key)
+            sizes[key] = min(limit + 1, 1 + sum(sizes[id(c)] for c in children))
+            continue
+        if key in open_:
+            raise PlaybookError(file, node.start_mark.line + 1, "an alias refers to a node that contains it, so it "
+                                "expands forever", "point the alias (*name) at an anchor outside itself")
+        open_.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in open_:
+                raise PlaybookError(file, child.start_mark.line + 1, "an alias refers to a node that contains it, so "
+                                    "it expands forever", "point the alias (*name) at an anchor outside itself")
+            if id(child) not in sizes:
+                stack.append((child, False))
+    total = sizes[id(root)]
+    if total > limit:
+        raise PlaybookError(file, None, f"the YAML expands to more than {limit:,} nodes once its aliases (*name) are "
+                            "expanded", "use fewer references to large anchors (a playbook needs a few hundred nodes)")
+    return total
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
 
 
 def _construct(loader: yaml.SafeLoader, node: yaml.Node, path: tuple, lines: Lines, file: str) -> Any:
