@@ -98,6 +98,15 @@ def test_sql_takes_the_ddl_among_other_statements(cli_env):
     (["dynamic", "create", "--sql", "CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL AS "
       f"SELECT DISTINCT g FROM {S}.t"],
      "Error: dynamic table main.x cannot be refreshed incrementally: DISTINCT: SELECT DISTINCT."),
+    # issue 29: blamed on the services (NumericValueOutOfRange ... Try: run `status`)
+    (["dynamic", "create", "--sql", f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '99999999999999999999 days' AS "
+      f"SELECT g FROM {S}.t"],
+     "Error: TARGET_LAG '99999999999999999999 days' is too long: the longest lag is 24855 days. "
+     "Try: give at most '24855 days'"),
+    (["sql", f"ALTER DYNAMIC TABLE {S}.per_g SET TARGET_LAG = '9999999999 seconds'"],
+     "Error: TARGET_LAG '9999999999 seconds' is too long: the longest lag is 24855 days."),
+    (["dynamic", "alter", "whatever", "lag", "2147483648 seconds"],
+     "Error: TARGET_LAG '2147483648 seconds' is too long: the longest lag is 24855 days."),
     (["dynamic", "show", "no_such_table"], "Error: there is no dynamic table main.no_such_table"),
     (["dynamic", "alter", "whatever", "explode"], "Error: `explode` is not an alteration."),
     (["dynamic", "run", "--once", "--for", "3"], "Error: give --once or --for, not both."),

@@ -27,6 +27,8 @@ MODES = ("AUTO", "FULL", "INCREMENTAL")
 INITIALIZE = ("ON_CREATE", "ON_SCHEDULE")
 UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 DOWNSTREAM = "DOWNSTREAM"
+# the longest lag: whole days that fit the metadata's `lag_seconds integer` column (PostgreSQL's int4, 2^31 - 1)
+MAX_LAG_DAYS = (2**31 - 1) // UNITS["day"]
 SYNTAX_FIX = ("write e.g. CREATE DYNAMIC TABLE daily TARGET_LAG = '5 minutes' AS SELECT ...; "
               "see `dynamic create --help`")
 
@@ -62,10 +64,15 @@ def parse_lag(text: str) -> Lag:
         return Lag(None)
     parts = text.split()
     unit = parts[1].lower().rstrip("s") if len(parts) == 2 else ""
-    if len(parts) != 2 or not parts[0].isdigit() or unit not in UNITS or int(parts[0]) <= 0:
+    # ASCII digits only: str.isdigit() also takes '²', which int() refuses
+    if len(parts) != 2 or not (parts[0].isascii() and parts[0].isdigit()) or unit not in UNITS or int(parts[0]) <= 0:
         raise DdlError(f"TARGET_LAG '{text}' is not a lag", "give a positive whole number and a unit, "
                        "e.g. TARGET_LAG = '30 seconds' | '5 minutes' | '1 hour' | '1 day', or TARGET_LAG = DOWNSTREAM")
-    return Lag(int(parts[0]) * UNITS[unit])
+    seconds = int(parts[0]) * UNITS[unit]
+    if seconds > MAX_LAG_DAYS * UNITS["day"]:
+        raise DdlError(f"TARGET_LAG '{text}' is too long: the longest lag is {MAX_LAG_DAYS} days",
+                       f"give at most '{MAX_LAG_DAYS} days', or TARGET_LAG = DOWNSTREAM")
+    return Lag(seconds)
 
 
 @dataclass(frozen=True)
