@@ -90,6 +90,30 @@ def test_bad_statements_are_one_clear_line(text, message):
     assert message in line and "Try:" in line and "\n" not in line
 
 
+@pytest.mark.parametrize("query, named", [
+    ("SELECT g, random() AS r FROM t", "random()"),
+    ("SELECT id FROM t WHERE id < RANDOM() * 1000", "RANDOM()"),
+    ("SELECT id, gen_random_uuid()::VARCHAR AS u FROM t", "gen_random_uuid()"),
+    ("WITH c AS (SELECT id, uuid() AS u FROM t) SELECT id, u FROM c", "uuid()"),
+    ("SELECT id FROM t WHERE id IN (SELECT id FROM u WHERE uuidv7() IS NOT NULL)", "uuidv7()"),
+    ("SELECT setseed(0.5) AS s, id FROM t", "setseed()"),
+])
+def test_random_functions_are_refused_wherever_they_are_and_named(query, named):
+    # issue 29: such tables were accepted, then every `dynamic refresh --check` exited 1 forever
+    with pytest.raises(ddl.DdlError) as info:
+        ddl.parse(f"CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' AS {query}")
+    line = info.value.line()
+    assert line.startswith(f"Error: the query of dynamic table main.x calls {named}, which is not deterministic")
+    assert "Try:" in line and "\n" not in line
+
+
+def test_functions_of_the_clock_are_accepted_and_found_in_the_order_written():
+    [stmt] = ddl.parse("CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' AS SELECT g, now() AS seen FROM t "
+                       "WHERE d <= current_date AND id IN (SELECT id FROM u WHERE ts < get_current_timestamp())")
+    assert ddl.time_calls(stmt.select, stmt.query) == ["now()", "current_date", "get_current_timestamp()"]
+    assert ddl.random_calls(stmt.select, stmt.query) == []
+
+
 # ---- the planner ---------------------------------------------------------------------------------------------
 
 def plan_of(query: str, names: list[str] | None = None, *, types: dict[str, str] | None = None,

@@ -67,6 +67,25 @@ def test_refresh_check_fails_when_a_table_is_wrong(cli_env):
         in result.output
 
 
+def test_check_reports_a_table_of_the_clock_as_not_compared_and_compares_the_others(cli_env):
+    # issue 29: a table over now() failed every `refresh --check`, for all tables, forever
+    made = cli_env("sql", f"CREATE DYNAMIC TABLE {S}.over TARGET_LAG = '1 hour' AS SELECT g, v, now() AS seen FROM {S}.t; "
+                          f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 hour' AS SELECT g, count(*) AS n FROM {S}.t GROUP BY g")
+    assert made.exit_code == 0, made.output
+    assert cli_env("sql", f"INSERT INTO {S}.t VALUES (1, 1000)").exit_code == 0
+    result = cli_env("dynamic", "refresh", "--check", "--json")
+    assert result.exit_code == 0, result.output
+    doc = _json(result)["result"]
+    assert doc["checks"][f"{S}.per_g"] == {"only_in_table": 0, "only_in_query": 0}  # still compared
+    assert f"{S}.over" not in doc["checks"]  # neither passed nor failed
+    assert doc["not_compared"] == {f"{S}.over": "not comparable: depends on the time (now())"}
+    cli_env("sql", f"UPDATE {S}.per_g SET n = n + 1 WHERE g = 0")  # a wrong table still fails the run
+    text = cli_env("dynamic", "refresh", "--check")
+    assert text.exit_code == 1, text.output
+    assert f"not compared: {S}.over: not comparable: depends on the time (now())" in text.output
+    assert f"FAIL: {S}.per_g differs from its query run in full" in text.output
+
+
 def test_sql_takes_the_ddl_among_other_statements(cli_env):
     result = cli_env("sql", f"INSERT INTO {S}.t VALUES (7, 7); "
                             f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = DOWNSTREAM AS SELECT g, max(v) AS hi FROM {S}.t GROUP BY g; "
@@ -107,6 +126,10 @@ def test_sql_takes_the_ddl_among_other_statements(cli_env):
      "Error: TARGET_LAG '9999999999 seconds' is too long: the longest lag is 24855 days."),
     (["dynamic", "alter", "whatever", "lag", "2147483648 seconds"],
      "Error: TARGET_LAG '2147483648 seconds' is too long: the longest lag is 24855 days."),
+    # issue 29: accepted, then every `refresh --check` failed
+    (["dynamic", "create", "--sql", f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 hour' AS "
+      f"SELECT g, v FROM {S}.t WHERE v < random() * 1000"],
+     f"Error: the query of dynamic table {S}.per_g calls random(), which is not deterministic"),
     (["dynamic", "show", "no_such_table"], "Error: there is no dynamic table main.no_such_table"),
     (["dynamic", "alter", "whatever", "explode"], "Error: `explode` is not an alteration."),
     (["dynamic", "run", "--once", "--for", "3"], "Error: give --once or --for, not both."),

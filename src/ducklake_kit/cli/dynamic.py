@@ -127,29 +127,40 @@ def show_cmd(ctx: typer.Context, name: NameArg, as_json: JsonOpt = False) -> Non
 def refresh_cmd(
     ctx: typer.Context,
     names: Annotated[Optional[list[str]], typer.Argument(help="Tables to refresh (default: all); the dynamic tables they read are refreshed first.")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Then compare each refreshed table with its query run in full at the snapshot it read (EXCEPT ALL both ways); exit 1 if any differs.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Then compare each refreshed table with its query run in full at the snapshot it read (EXCEPT ALL both ways); exit 1 if any differs. A table whose query depends on the time (now(), current_date, ...) is reported as not compared.")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Refresh now, upstream first, each table in its own transaction. Exit 1 if one failed (its dependents are skipped)."""
     from ducklake_kit.dynamic_tables import manage
     from ducklake_kit.dynamic_tables.metadata import FAILED, SKIPPED
 
+    checked: dict[str, tuple[int, int]] = {}
+    not_compared: dict[str, str] = {}  # neither passed nor failed: the reason it cannot be compared
     with _open(ctx) as (lake, meta):
         batch = manage.refresh_many(lake, meta, names or None)
-        checked = {r.name: manage.check(lake, meta, r.name) for r in batch.refreshes
-                   if check and r.status not in (FAILED, SKIPPED)}
+        for r in batch.refreshes if check else []:
+            if r.status in (FAILED, SKIPPED):
+                continue
+            why = manage.not_comparable(meta, r.name)
+            if why:
+                not_compared[r.name] = why
+            else:
+                checked[r.name] = manage.check(lake, meta, r.name)
     wrong = {n: c for n, c in checked.items() if c != (0, 0)}
     ok = not batch.failed and not wrong
     if as_json:
         print_json("ok" if ok else "error", {"refreshes": [r.as_dict() for r in batch.refreshes],
                                              "checks": {n: {"only_in_table": a, "only_in_query": b}
-                                                        for n, (a, b) in checked.items()}})
+                                                        for n, (a, b) in checked.items()},
+                                             "not_compared": not_compared})
     else:
         console().print(table("Refreshes", REFRESH_COLUMNS, _refresh_rows(batch.refreshes)))
         for n, (a, b) in checked.items():
             verdict = "ok" if (a, b) == (0, 0) else "FAIL"
             typer.echo(f"{verdict}: {n} equals its query run in full" if verdict == "ok" else
                        f"FAIL: {n} differs from its query run in full ({a} rows only in the table, {b} only in the query)")
+        for n, why in not_compared.items():
+            typer.echo(f"not compared: {n}: {why}")
     if not ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
 

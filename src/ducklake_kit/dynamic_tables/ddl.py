@@ -33,6 +33,43 @@ SYNTAX_FIX = ("write e.g. CREATE DYNAMIC TABLE daily TARGET_LAG = '5 minutes' AS
               "see `dynamic create --help`")
 
 
+# Functions whose answer differs on every call: no refresh could ever equal the query run again, so `refresh --check`
+# would fail forever. Refused at create (sqlglot folds rand() into Rand and gen_random_uuid() into Uuid).
+RANDOM_FUNCTIONS = (exp.Rand, exp.Randn, exp.Randstr, exp.Uuid)
+RANDOM_NAMES = {"random", "uuid", "gen_random_uuid", "uuidv4", "uuidv7", "random_uuid", "setseed", "nextval"}
+# Functions of the clock: a table is right as of its refresh, but its query run later answers differently, so it
+# cannot be compared with a full recompute (today() and get_current_time() fold into CurrentDate and CurrentTime).
+TIME_FUNCTIONS = (exp.CurrentTimestamp, exp.CurrentDate, exp.CurrentTime, exp.CurrentDatetime, exp.CurrentTimestampLTZ,
+                  exp.Localtime, exp.Localtimestamp, exp.Systimestamp)
+TIME_NAMES = {"now", "get_current_timestamp", "transaction_timestamp", "current_localtimestamp", "current_localtime",
+              "get_current_time", "today"}
+
+
+def calls(query: exp.Expression, text: str, classes: tuple, names: set[str]) -> list[str]:
+    """The functions of `classes` or `names` anywhere in `query` (subqueries and CTEs included), each named as
+    written in `text` (the text sqlglot parsed: its nodes keep their offsets)."""
+    found: list[str] = []
+    for node in query.walk(bfs=False):  # depth first: in the order they are written
+        if isinstance(node, classes) or (isinstance(node, exp.Anonymous) and str(node.this).lower() in names):
+            start, end = node.meta.get("start"), node.meta.get("end")
+            if start is None or end is None:  # a keyword sqlglot built without its token (CURRENT_TIMESTAMP)
+                call = node.sql(DIALECT).lower()
+            else:
+                written = text[start:end + 1]
+                call = f"{written}()" if text[end + 1:].lstrip().startswith("(") else written
+            if call not in found:
+                found.append(call)
+    return found
+
+
+def random_calls(query: exp.Expression, text: str) -> list[str]:
+    return calls(query, text, RANDOM_FUNCTIONS, RANDOM_NAMES)
+
+
+def time_calls(query: exp.Expression, text: str) -> list[str]:
+    return calls(query, text, TIME_FUNCTIONS, TIME_NAMES)
+
+
 class DdlError(KitError):
     def __init__(self, what: str, fix: str = SYNTAX_FIX):
         super().__init__(what, fix)
@@ -270,6 +307,11 @@ def parse_statement(text: str, tokens: list[Token] | None = None) -> Statement:
     if not isinstance(select, exp.Query):
         raise DdlError(f"dynamic table {name} is defined by a {select.key.upper()} statement, not a query",
                        "write AS SELECT ...")
+    random = random_calls(select, query)
+    if random:
+        raise DdlError(f"the query of dynamic table {name} calls {', '.join(random)}, which is not deterministic "
+                       "(a new answer on every run): no refresh could equal the query run in full",
+                       f"keep {random[0]} out of a dynamic table: store its values in a table the query reads")
     return CreateDynamicTable(name, _lag(props["TARGET_LAG"]), query.strip(), select, mode, init, or_replace, text)
 
 

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from ducklake_kit.dynamic_tables.ddl import DIALECT, DdlError
+from ducklake_kit.dynamic_tables.ddl import (DIALECT, RANDOM_FUNCTIONS, RANDOM_NAMES, TIME_FUNCTIONS, TIME_NAMES,
+                                             DdlError)
 
 AGGREGATE, ROWS, FULL = "aggregate", "rows", "full"
 # why a query is refreshed in full (Databricks-style codes, shown by `dynamic show`)
@@ -43,10 +44,9 @@ REASONS = {
     "SAMPLE": "USING SAMPLE / TABLESAMPLE (a different sample each time)",
 }
 MERGEABLE = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Count: "count"}
-NONDETERMINISTIC = (exp.Rand, exp.CurrentTimestamp, exp.CurrentDate, exp.CurrentTime, exp.Uuid)
-NONDETERMINISTIC_NAMES = {"random", "now", "uuid", "gen_random_uuid", "uuidv4", "uuidv7", "nextval", "currval",
-                          "current_localtimestamp", "current_localtime", "get_current_timestamp", "today",
-                          "transaction_timestamp", "setseed", "get_current_time", "random_uuid"}
+# the random ones are refused at create (ddl); the clock's are refreshed in full
+NONDETERMINISTIC = RANDOM_FUNCTIONS + TIME_FUNCTIONS
+NONDETERMINISTIC_NAMES = RANDOM_NAMES | TIME_NAMES | {"currval"}
 
 
 @dataclass(frozen=True)
