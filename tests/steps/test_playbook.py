@@ -242,3 +242,68 @@ workflow:
 """))
     assert p.workload == {"ids": [1, 2, 3], "again": [1, 2, 3]} and p.steps["fill"].catalog.use is True
     assert runner.parse_overrides(["x=[&a [1, 2], *a]"]) == {"x": [[1, 2], [1, 2]]}
+
+
+INJECTION = """\
+workload:
+  who: nobody
+workflow:
+  - step: greet
+    tool: ducklake
+    command: "SELECT '{{ who }}' AS x"
+"""
+
+
+def test_a_value_pasted_into_sql_is_flagged_at_validate(cli, tmp_path):
+    env = {"DUCKLAKE_HOME": str(tmp_path / "home")}
+    path = write(tmp_path, INJECTION)
+    result = cli(env, "steps", "validate", str(path), "--set", "who=x' AS x; DROP TABLE victim; SELECT 'y")
+    assert result.exit_code == 0, result.output
+    assert f"warning: {path}:6: step 'greet', command 0 pastes {{{{ who }}}} into its SQL as it is: write " \
+           "{{ who | sql }} for a quoted literal, or bind it as a parameter (params: and $name in the SQL)" in result.output
+    quoted = write(tmp_path, INJECTION.replace("'{{ who }}'", "{{ who | sql }}"))
+    assert "warning" not in cli(env, "steps", "validate", str(quoted)).output
+    assert all(runner.paste_warnings(runner.load(p)) == [] for p in SHIPPED)
+
+
+@pytest.mark.parametrize("template, value, why", [
+    ("SELECT '{{ v }}' AS x", "x' AS x; DROP TABLE victim; SELECT 'y", "breaks out of its quoted literal"),
+    ("SELECT '{{ v }}' AS x", "O'Brien", "opens a quote that never ends"),
+    ('SELECT "{{ v }}" FROM t', 'a" FROM t; DROP TABLE victim; SELECT "b', "breaks out of its quoted literal"),
+    ("SELECT * FROM t WHERE id = {{ v }}", "1; DROP TABLE victim", "adds `;` to the statement"),
+    ("SELECT * FROM t WHERE id = {{ v }}", "1 OR 1 = 1", "adds `OR` to the statement"),
+    ("SELECT * FROM t WHERE id = {{ v }} AND tenant = 7", "1 --", "changes the SQL around it"),
+    ("SELECT 1 -- {{ v }}\n, 2", "note\nDROP TABLE victim", "breaks out of its comment"),
+    ("{% set q %}'{{ v }}'{% endset %}SELECT {{ q }}", "x'; DROP TABLE victim; --", "breaks out of its quoted literal"),
+])
+def test_a_value_that_changes_the_statement_is_refused(template, value, why):
+    refused = sqltext.pasted_values_refused(templates.render_sql(template, {"v": value}))
+    assert refused is not None and why in refused and "{{ value | sql }}" in refused
+
+
+@pytest.mark.parametrize("template, value, sql", [
+    ("INSERT INTO e VALUES ({{ v }}, 'x')", 42, "INSERT INTO e VALUES (42, 'x')"),  # NoETL's fixtures paste {{ user_id }}
+    ("INSERT INTO e VALUES ({{ v }}, 'x')", "42", "INSERT INTO e VALUES (42, 'x')"),
+    ("SELECT '{{ v }}' AS x", "hello; world -- it is /* fine */", "SELECT 'hello; world -- it is /* fine */' AS x"),
+    ("SELECT 't_{{ v }}', '{{ v }}'", "", "SELECT 't_', ''"),
+    ("SELECT * FROM {{ v }}", "steps_tests.t", "SELECT * FROM steps_tests.t"),
+    ("SELECT {{ v }}", [1, -2], "SELECT [1, -2]"),
+    ("SELECT {{ v | sql }}, {{ v | ident }}", "it's \"x\"", "SELECT 'it''s \"x\"', \"it's \"\"x\"\"\""),
+    ("SELECT 1 -- {{ v }}\n", "a note", "SELECT 1 -- a note\n"),
+    ("{% for i in v %}INSERT INTO e VALUES ({{ i }});{% endfor %}", [1, 2], "INSERT INTO e VALUES (1);INSERT INTO e VALUES (2);"),
+])
+def test_numbers_and_values_that_stay_in_their_literal_run_as_pasted(template, value, sql):
+    rendered = templates.render_sql(template, {"v": value})
+    assert rendered.text == sql and sqltext.pasted_values_refused(rendered) is None
+
+
+def test_a_command_past_the_size_limit_is_refused_while_rendering():
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(templates.TemplateError, match=r"`\*` makes more than 16 MiB"):
+        templates.render_sql("SELECT '{{ 'a' * 100000000 }}'", {})
+    with pytest.raises(templates.TemplateError, match="the command renders to more than 16 MiB"):
+        templates.render_sql("SELECT 1{% for i in range(100000) %}, '{{ big }}'{% endfor %}", {"big": "b" * 1000})
+    assert time.perf_counter() - start < 2  # stopped at the limit, not after building 100 MB
+    assert templates.MAX_SQL_BYTES == 16 * 2**20

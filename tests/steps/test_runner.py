@@ -407,3 +407,37 @@ def test_an_alias_moves_to_another_catalog_on_a_worker(books):
     assert moved.statements[1].snapshot_id == latest  # the other catalog's own snapshot
     assert on_w1(other, "SELECT count(*) FROM sw_other").statements[0].rows == [(2,)]
     assert on_w1(kit, f"SELECT count(*) FROM {S}.sw").statements[0].rows == [(1,)]  # and back again
+
+
+def test_a_value_that_breaks_out_of_its_literal_is_refused_and_numbers_still_paste(books, lake):
+    """NoETL pasted values into the SQL: `--set "who=x' AS x; DROP TABLE victim; SELECT 'y"` ran the DROP. Here it is
+    refused before a worker sees it; a value that stays inside its literal, and NoETL's `{{ user_id }}`, still run."""
+    lake.run(f"CREATE OR REPLACE TABLE {S}.victim (i INTEGER)")
+    greet = """\
+        workload:
+          who: nobody
+        workflow:
+          - step: greet
+            tool: ducklake
+            command: "SELECT '{{ who }}' AS x"
+        """
+    evil = books.run(greet, who=f"x' AS x; DROP TABLE {S}.victim; SELECT 'y")
+    assert not evil.ok and step(evil, "greet").attempt is None  # nothing was sent to a worker
+    assert "breaks out of its quoted literal, so it was not run" in step(evil, "greet").error.line()
+    assert lake.scalar(f"SELECT count(*) FROM duckdb_tables() WHERE schema_name = '{S}' AND table_name = 'victim'") == 1
+    fine = books.run(greet, who="it is; fine -- really")
+    assert fine.ok and commands(fine, "greet")[0]["rows"] == [{"x": "it is; fine -- really"}]
+    assert any("{{ who | sql }}" in w for w in fine.warnings)
+    noetl = books.run(f"""\
+        workload:
+          user_ids: [1, 2, 3]
+        workflow:
+          - step: fill
+            tool: ducklake
+            loop: {{collection: "{{{{ user_ids }}}}", element: user_id, mode: async}}
+            command: "INSERT INTO {S}.victim VALUES ({{{{ user_id }}}})"
+        """)
+    assert noetl.ok, noetl.as_dict()
+    assert lake.scalar(f"SELECT sum(i) FROM {S}.victim") == 6
+    huge = books.run(greet.replace("{{ who }}", "{{ 'a' * 100000000 }}"))
+    assert not huge.ok and "more than 16 MiB" in step(huge, "greet").error.line()

@@ -31,19 +31,22 @@ ROWS_SHOWN = 10
 @steps_app.command("validate")
 @command
 def validate_cmd(file: FileArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
-    """Check a playbook without running it: JSON Schema (unknown keys are errors), routes, templates' names. Exit 3 with the line of the first problem."""
+    """Check a playbook without running it: JSON Schema (unknown keys are errors), routes, templates' names; warns about values pasted into SQL as they are. Exit 3 with the line of the first problem."""
     from ducklake_kit.steps import runner
 
     playbook = runner.load(file, runner.parse_overrides(set_ or []))
+    warnings = runner.paste_warnings(playbook)
     steps = [{"step": s.name, "line": s.line, "tool": s.tool, "commands": len(s.commands),
               "loop": ({"over": s.loop.collection, "as": s.loop.iterator, "mode": s.loop.mode} if s.loop else None),
               "next": [t for t, _ in s.next.targets()] if s.next else None} for s in playbook.steps.values()]
     if as_json:
         print_json("ok", {"playbook": playbook.name, "file": playbook.file, "shape": playbook.shape,
-                          "start": playbook.start, "steps": steps})
+                          "start": playbook.start, "steps": steps, "warnings": warnings})
         return
     typer.echo(f"{file}: valid ({playbook.shape} shape), playbook {playbook.name}, {len(steps)} step(s) from "
                f"'{playbook.start}'")
+    for warning in warnings:
+        typer.echo(f"warning: {warning}")
 
 
 @steps_app.command("run")

@@ -69,6 +69,19 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
                                     "define it under `workload:` or with `--set name=value`, or fix the spelling")
 
 
+def paste_warnings(playbook: Playbook) -> list[str]:
+    """A warning per value a command pastes into its SQL as it is: `steps run` refuses one that would change the
+    statement, but a quoted literal (`| sql`) or a parameter is what keeps every value a value."""
+    out = []
+    for step in playbook.steps.values():
+        for i, (template, line) in enumerate(zip(step.commands, step.command_lines)):
+            for expression, offset in templates.pasted(template):
+                out.append(f"{playbook.file}:{line + offset - 1}: step '{step.name}', command {i} pastes "
+                           f"{{{{ {expression} }}}} into its SQL as it is: write {{{{ {expression} | sql }}}} for a quoted "
+                           "literal, or bind it as a parameter (params: and $name in the SQL)")
+    return out
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """--set key=value (the value read as YAML: 3 is a number, [1, 2] a list, text stays text)."""
     import yaml
@@ -118,7 +131,11 @@ class Runner:
     def _commands(self, step: Step, ctx: dict[str, Any], warnings: list[str]) -> list[str]:
         texts = []
         for i, template in enumerate(step.commands):
-            text, rewrites = sqltext.rewrite_time_travel(templates.render_text(template, ctx))
+            rendered = templates.render_sql(template, ctx)
+            refused = sqltext.pasted_values_refused(rendered)
+            if refused:
+                raise _StepFailed(Failure(f"command {i}: {refused}", None, rendered.text.strip()))
+            text, rewrites = sqltext.rewrite_time_travel(rendered.text)
             for r in rewrites:
                 warning = f"step '{step.name}', command {i}: {r.warning()}"
                 if warning not in warnings:
@@ -291,7 +308,7 @@ class Runner:
             out.steps.append(run)
             self.on_event("done", {"step": name, "run": run})
         out.vars = dict(self.vars)
-        out.warnings = [w for s in out.steps for w in s.warnings]
+        out.warnings = paste_warnings(self.playbook) + [w for s in out.steps for w in s.warnings]
         out.seconds = round(time.perf_counter() - start, 6)
         return out
 

@@ -4,7 +4,10 @@
   does not parse in DuckDB: it is rewritten to DuckLake's `AT (VERSION => 5)` / `AT (TIMESTAMP => ...)`, with a
   warning naming the rewrite;
 - `PRIMARY KEY` and `UNIQUE` (NoETL's fixtures use them) are refused before anything runs, with one clear line:
-  DuckLake tables support only NOT NULL.
+  DuckLake tables support only NOT NULL;
+- a value pasted into a command as it is (`'{{ who }}'`, NoETL's way) that changes the statement's structure is
+  refused (`pasted_values_refused`): the rendered command's tokens are compared with those of the same command
+  rendered with a harmless stand-in for every value.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
+from ducklake_kit.steps.templates import Pasted, RenderedSql
 from ducklake_kit.workers.config import LOCAL_DB
 
 logging.getLogger("sqlglot").setLevel(logging.ERROR)  # its "falling back to a Command" warning (CALL ...): not ours
@@ -119,3 +123,66 @@ def _line_of(sql: str, node: exp.Expression) -> int:
             return int(ident.meta["line"])
         parent = parent.parent
     return 1
+
+
+# a value pasted inside one of these (a quoted string, a "quoted identifier") must end inside it
+_QUOTED = {TokenType.STRING, TokenType.NATIONAL_STRING, TokenType.RAW_STRING, TokenType.NATIONAL_RAW_STRING,
+           TokenType.HEREDOC_STRING, TokenType.UNICODE_STRING, TokenType.BIT_STRING, TokenType.HEX_STRING,
+           TokenType.BYTE_STRING, TokenType.IDENTIFIER}
+# what a value pasted outside quotes may be made of: names (a.b), numbers (-5), lists ([1, 2], a, b), literals
+_BARE = {TokenType.VAR, TokenType.NUMBER, TokenType.DOT, TokenType.COMMA, TokenType.DASH, TokenType.TRUE,
+         TokenType.FALSE, TokenType.NULL, TokenType.L_BRACKET, TokenType.R_BRACKET}
+PASTED_FIX = "write {{ value | sql }} (a quoted literal) or bind it as a parameter (params: and $name in the SQL)"
+
+
+def _overlaps(token, start: int, end: int) -> bool:
+    """Whether the token covers any of [start, end), or strictly contains `start` for an empty value ('')."""
+    return token.start < end and token.end >= start if end > start else token.start < start <= token.end
+
+
+def pasted_values_refused(rendered: RenderedSql) -> str | None:
+    """Why a command's pasted values change its structure, or None. Numbers, and values that stay inside their quoted
+    literal (or comment), pass: NoETL's fixtures paste `{{ user_id }}` into their SQL.
+
+    The command is tokenized twice (sqlglot, DuckDB's dialect): as rendered, and with a stand-in `x` for each value.
+    The tokens outside every value must be the same (nothing of the command was swallowed into a literal or a
+    comment), and each value must stay where its stand-in was: inside its quoted literal, inside its comment, or, in
+    the open, made only of names, numbers and literals (no `;`, keyword or operator)."""
+    if not rendered.pasted:
+        return None
+    try:
+        standin = DuckDB().tokenize(rendered.standin)
+    except TokenError:
+        return None  # the command's own text does not tokenize: DuckDB will say why
+    try:
+        tokens = DuckDB().tokenize(rendered.text)
+    except TokenError:
+        return _refusal(rendered, rendered.pasted[0], "opens a quote that never ends")
+    spans = [(p.start, p.end) for p in rendered.pasted]
+    standin_spans = [(p.standin_start, p.standin_start + 1) for p in rendered.pasted]
+    mine = [(t.token_type, t.text) for t in tokens if not any(_overlaps(t, a, b) for a, b in spans)]
+    theirs = [(t.token_type, t.text) for t in standin if not any(_overlaps(t, a, b) for a, b in standin_spans)]
+    if mine != theirs:
+        worst = next((p for p in rendered.pasted if not p.safe), rendered.pasted[0])
+        return _refusal(rendered, worst, "changes the SQL around it")
+    for p in rendered.pasted:
+        where = next((t for t in standin if t.start <= p.standin_start <= t.end), None)
+        inside = [t for t in tokens if _overlaps(t, p.start, p.end)]
+        if where is None:  # the stand-in is in a comment
+            if inside:
+                return _refusal(rendered, p, "breaks out of its comment")
+        elif where.token_type in _QUOTED and where.start < p.standin_start:
+            if not any(t.token_type == where.token_type and t.start < p.start and t.end >= p.end for t in inside):
+                return _refusal(rendered, p, "breaks out of its quoted literal")
+        elif not p.safe:
+            for t in inside:
+                whole = t.start >= p.start and t.end < p.end
+                if t.token_type not in _BARE and not (t.token_type in _QUOTED and whole):
+                    return _refusal(rendered, p, f"adds `{t.text}` to the statement")
+    return None
+
+
+def _refusal(rendered: RenderedSql, p: Pasted, why: str) -> str:
+    value = " ".join(rendered.text[p.start:p.end].split())
+    value = value if len(value) <= 60 else value[:59] + "…"
+    return f"a value pasted into the SQL ({value!r}) {why}, so it was not run; {PASTED_FIX}"

@@ -1,6 +1,10 @@
 """Jinja2 for playbooks: an undefined name is an error naming it (StrictUndefined), never ''; values go into SQL
 through the `sql` filter (a safe SQL literal) or, better, as `params:` (prepared-statement parameters).
 
+A command is rendered by `render_sql`, which marks where each value pasted as it is (no `sql`/`ident` filter) landed,
+so that `sqltext.pasted_values_refused` can check that none changed the statement's structure, and stops at
+MAX_SQL_BYTES while rendering. `pasted` finds those raw values in a template without rendering it (validate warns).
+
 Templates run in Jinja2's sandbox (no access to Python's internals). Text (SQL, DSNs) renders to a string; a value (a loop's collection, params, vars, `when`) that is exactly one
 `{{ expression }}` is that expression's value, so `{{ user_ids }}` stays a list, `{{ count > 0 }}` a boolean and
 "007" text."""
@@ -11,6 +15,8 @@ import datetime as dt
 import decimal
 import functools
 import math
+import secrets
+from dataclasses import dataclass
 from typing import Any
 
 import jinja2
@@ -50,14 +56,72 @@ def sql_literal(value: Any) -> str:
     return quote_literal(value)
 
 
+# The most SQL one command may render to: a worker is sent the text whole (`{{ 'a' * 100000000 }}` sent 95 MiB).
+# Larger data goes in through files (read_parquet) or params, not through the statement's text.
+MAX_SQL_BYTES = 16 * 2**20
+SAFE_FILTERS = ("sql", "ident")  # their output is one SQL literal or identifier, whatever the value
+
+
+class SqlText(str):
+    """Text a safe filter made (`sql`, `ident`): a whole literal or identifier, not checked as a pasted value."""
+
+
+class TemplateError(KitError):
+    """A template that does not parse, names something undefined, or renders too much."""
+
+
+def _too_big(what: str) -> TemplateError:
+    return TemplateError(f"{what} more than {MAX_SQL_BYTES // 2**20} MiB",
+                         "send large data as a file (read_parquet, read_csv) or as params:, not in the statement's text")
+
+
+class _Sandbox(SandboxedEnvironment):
+    """Jinja's sandbox, which also refuses `*` and `**` whose result would pass MAX_SQL_BYTES before computing it
+    (rendering stops at that size too, but one `'a' * 10**9` would fill the memory in one step)."""
+
+    intercepted_binops = frozenset(["*", "**"])
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and not isinstance(n, bool) \
+                        and len(seq) * n > MAX_SQL_BYTES:
+                    raise _too_big("a template's `*` makes")
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0 \
+                and right * math.log2(abs(left)) > 8 * MAX_SQL_BYTES:
+            raise _too_big("a template's `**` makes a number of")
+        return super().call_binop(context, operator, left, right)
+
+
 def _configure(env: jinja2.Environment) -> jinja2.Environment:
-    env.filters["sql"] = sql_literal
-    env.filters["ident"] = quote_ident
+    env.filters["sql"] = lambda value: SqlText(sql_literal(value))
+    env.filters["ident"] = lambda name: SqlText(quote_ident(name))
     return env
 
 
 # sandboxed: a playbook is input, and one from elsewhere must not reach Python's internals ({{ x.__class__ }})
-_TEXT = _configure(SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True))
+_TEXT = _configure(_Sandbox(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True))
+
+# Where a command's values landed: each `{{ }}` output that is text is put between two markers while rendering
+# (Jinja's `finalize` sees every output, after its filters). The nonce is this process's own, made of digits and NUL,
+# which no filter changes and no value can guess. Numbers, booleans and None are pasted as they are: one token.
+_NONCE = "\x00" + "".join(secrets.choice("0123456789") for _ in range(20))
+_RAW, _SAFE, _END = _NONCE + "r\x00", _NONCE + "s\x00", _NONCE + "e\x00"
+
+
+def _mark(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, decimal.Decimal)):
+        return value
+    if isinstance(value, jinja2.Undefined):
+        value._fail_with_undefined_error()
+    text = str(value)
+    if _NONCE in text:  # a block captured with its marks already (`{% set x %}...{% endset %}`)
+        return text
+    return (_SAFE if isinstance(value, SqlText) else _RAW) + text + _END
+
+
+_SQL = _configure(_Sandbox(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                           finalize=_mark))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -79,10 +143,6 @@ def _expression(source: str):
     return _TEXT.compile_expression(text[2:-2], undefined_to_none=False)
 
 
-class TemplateError(KitError):
-    """A template that does not parse, or names something undefined."""
-
-
 def _explain(template: str, exc: Exception) -> TemplateError:
     if isinstance(exc, jinja2.UndefinedError):
         return TemplateError(f"{exc.message} in {template.strip()[:80]!r}",
@@ -95,8 +155,120 @@ def _explain(template: str, exc: Exception) -> TemplateError:
 def render_text(template: str, context: dict[str, Any]) -> str:
     try:
         return _text_template(template).render(context)
+    except TemplateError:
+        raise
     except Exception as exc:  # noqa: BLE001 - any failure in a user's template is that template's error
         raise _explain(template, exc) from None
+
+
+@dataclass(frozen=True)
+class Pasted:
+    """A value pasted into a command: where it is in the rendered text and in the stand-in text (the same command
+    with every value rendered as `x`), and whether a safe filter (`sql`, `ident`) made it."""
+
+    start: int
+    end: int
+    standin_start: int
+    safe: bool
+
+
+@dataclass(frozen=True)
+class RenderedSql:
+    text: str
+    standin: str  # the command with every value, raw or filtered, rendered as the stand-in `x`
+    pasted: tuple[Pasted, ...]
+
+
+STANDIN = "x"
+
+
+@functools.lru_cache(maxsize=1024)
+def _sql_template(source: str) -> jinja2.Template:
+    return _SQL.from_string(source)
+
+
+def render_sql(template: str, context: dict[str, Any]) -> RenderedSql:
+    """A command rendered, with where each value landed; TemplateError past MAX_SQL_BYTES (stopped while rendering)."""
+    if "{{" not in template and "{%" not in template:
+        return RenderedSql(template, template, ())
+    parts, size = [], 0
+    try:
+        for chunk in _sql_template(template).generate(context):
+            size += len(chunk)  # characters: at most the bytes, checked exactly below
+            if size > MAX_SQL_BYTES:
+                raise _too_big("the command renders to")
+            parts.append(chunk)
+    except TemplateError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure in a user's template is that template's error
+        raise _explain(template, exc) from None
+    marked = "".join(parts)
+    text, standin, pasted = _unmark(marked, template)
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_SQL_BYTES:
+        raise _too_big("the command renders to")
+    return RenderedSql(text, standin, tuple(pasted))
+
+
+def _unmark(marked: str, template: str) -> tuple[str, str, list[Pasted]]:
+    text, standin, pasted, i = [], [], [], 0
+    pos = spos = 0
+    while True:
+        start = marked.find(_NONCE, i)
+        if start < 0:
+            break
+        kind = marked[start:start + len(_RAW)]
+        end = marked.find(_END, start + len(_RAW))
+        nested = marked.find(_NONCE, start + len(_RAW))
+        if kind not in (_RAW, _SAFE) or end < 0 or nested != end:
+            # a value's marks cut or reordered by a filter over a captured block: nothing can be told about it
+            raise TemplateError(f"cannot tell where the values of {template.strip()[:80]!r} land in its SQL",
+                                "pass the values as params: ($name), or through the sql filter outside any block")
+        before = marked[i:start]
+        value = marked[start + len(_RAW):end]
+        text.append(before)
+        standin.append(before)
+        pos, spos = pos + len(before), spos + len(before)
+        pasted.append(Pasted(pos, pos + len(value), spos, kind == _SAFE))
+        text.append(value)
+        standin.append(STANDIN)
+        pos, spos = pos + len(value), spos + len(STANDIN)
+        i = end + len(_END)
+    text.append(marked[i:])
+    standin.append(marked[i:])
+    return "".join(text), "".join(standin), pasted
+
+
+def pasted(template: str) -> list[tuple[str, int]]:
+    """The values a command template pastes as they are (no `sql` or `ident` filter, not a number written in the
+    template): (the expression, its line within the template). TemplateError when it does not parse."""
+    try:
+        tree = _TEXT.parse(template)
+    except jinja2.TemplateSyntaxError as exc:
+        raise _explain(template, exc) from None
+    out = []
+    for output in tree.find_all(jinja2.nodes.Output):
+        for node in output.nodes:
+            if isinstance(node, jinja2.nodes.TemplateData):
+                continue
+            if isinstance(node, jinja2.nodes.Filter) and node.name in SAFE_FILTERS:
+                continue
+            if isinstance(node, jinja2.nodes.Const) and isinstance(node.value, (int, float)):
+                continue
+            out.append((_expression_text(node), node.lineno))
+    return out
+
+
+def _expression_text(node: jinja2.nodes.Node) -> str:
+    """`who`, `row.id`, `ids[0]`: the expression as a user wrote it, as far as names and attributes go."""
+    if isinstance(node, jinja2.nodes.Name):
+        return node.name
+    if isinstance(node, jinja2.nodes.Getattr):
+        return f"{_expression_text(node.node)}.{node.attr}"
+    if isinstance(node, jinja2.nodes.Getitem) and isinstance(node.arg, jinja2.nodes.Const):
+        return f"{_expression_text(node.node)}[{node.arg.value!r}]"
+    if isinstance(node, jinja2.nodes.Filter) and node.node is not None:
+        return f"{_expression_text(node.node)} | {node.name}"
+    return "an expression"
 
 
 def render_value(value: Any, context: dict[str, Any]) -> Any:
