@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,32 @@ def test_sql_without_exactly_one_readable_source_is_one_line_and_exit_3(stack, c
     assert result.stderr.startswith(message) and len(result.stderr.strip().splitlines()) == 1, result.stderr
     doc = _json(cli(stack.env, "sql", *args, "--json"))
     assert doc["status"] == "error" and doc["result"]["error"].startswith(message)
+
+
+def test_sql_when_the_s3_server_was_killed_names_it_and_up(fresh_stack, cli):
+    # issue 29: a statement that could not reach the lake's files said "fix the statement"
+    import psutil
+
+    from ducklake_kit.lake import Lake
+    from ducklake_kit.platforms import procs
+
+    p = fresh_stack.platform
+    p.up()
+    with Lake(p.endpoints()) as lake:  # more rows than DuckLake inlines: its data is a Parquet file on S3
+        lake.run("CREATE TABLE on_s3 AS SELECT range AS id FROM range(1000)")
+    pid = procs.read_pid(p.state.pid_file("s3")).pid
+    os.kill(pid, signal.SIGKILL)
+    psutil.Process(pid).wait(10) if psutil.pid_exists(pid) else None
+    url = p.endpoints().s3.url
+    result = cli(fresh_stack.env, "sql", "SELECT sum(id) FROM on_s3")
+    assert result.exit_code == 3, result.output
+    assert result.stderr.strip() == (f"Error: SQL failed because the lake's S3 server stopped answering (S3 at {url} "
+                                     "is not reachable). Try: run `up` (it restarts what is down), then the SQL "
+                                     "that did not run."), result.stderr
+    doc = _json(cli(fresh_stack.env, "sql", "SELECT sum(id) FROM on_s3", "--json"))
+    assert doc["status"] == "error" and "S3 server stopped answering" in doc["result"]["error"]
+    p.up()  # what the message says to do works (the fixture discards the stack afterwards)
+    assert cli(fresh_stack.env, "sql", "SELECT sum(id) FROM on_s3", "--expect", "499500").exit_code == 0
 
 
 def test_a_failed_statement_leaves_stored_data_untouched(stack, cli):

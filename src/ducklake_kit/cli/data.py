@@ -12,9 +12,10 @@ from ducklake_kit.checks import CheckRun
 from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
 from ducklake_kit.cli.output import console, print_checks, print_json, render_checks, render_statement, table
 from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
-from ducklake_kit.lake import Lake
+from ducklake_kit.lake import Lake, StatementFailed
 from ducklake_kit.lake.expect import SqlRun, expect_value, run_sql
 from ducklake_kit.lessons import LESSON_ROWS_PER_MONTH
+from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.taxi import sources
 
 
@@ -34,7 +35,11 @@ def sql(
     """Run SQL against the lake; rows for every statement that returns them, real affected-row counts. Dynamic-table DDL (CREATE DYNAMIC TABLE, ALTER / DROP / SHOW DYNAMIC ...) is accepted too."""
     c: Ctx = ctx.obj
     query = _sql_text(query, file)
-    run = _dynamic_sql(c, query, expect) or run_sql(c.platform().endpoints(), c.platform_name, query, expect)
+    ep = c.platform().endpoints()
+    try:
+        run = _dynamic_sql(c, ep, query, expect) or run_sql(ep, c.platform_name, query, expect)
+    except StatementFailed as exc:
+        raise _storage_down(exc, ep) or exc from None
     check = run.expectation
     if as_json:
         body: dict[str, Any] = {"statements": [r.as_dict() for r in run.results]}
@@ -68,14 +73,28 @@ def _sql_text(query: str | None, file: Path | None) -> str:
         raise KitError(f"the SQL file {file} is not UTF-8 text (byte {exc.start})", "save it as UTF-8") from None
 
 
-def _dynamic_sql(c: Ctx, query: str, expect: str | None) -> SqlRun | None:
+def _storage_down(exc: StatementFailed, ep: Endpoints) -> KitError | None:
+    """When a failed statement met an S3 server that no longer answers: that, and `up`, instead of "fix the
+    statement". Asked (a ListBuckets round trip), not guessed from DuckDB's text, as the load does."""
+    from ducklake_kit.platforms import s3  # boto3: only once a statement failed (start-up)
+
+    try:
+        s3.list_buckets(ep.s3)
+    except KitError as down:
+        where = "" if exc.total == 1 else (f" at statement {exc.index + 1} of {exc.total} (the {exc.index} before it "
+                                           "ran, the rest did not)")
+        return KitError(f"SQL failed{where} because the lake's S3 server stopped answering ({down.what})",
+                        "run `up` (it restarts what is down), then the SQL that did not run")
+    return None
+
+
+def _dynamic_sql(c: Ctx, ep: Endpoints, query: str, expect: str | None) -> SqlRun | None:
     """`sql` text with dynamic-table statements, run in order (None when it has none)."""
     from ducklake_kit.dynamic_tables import ddl, manage
     from ducklake_kit.dynamic_tables.metadata import Metadata
 
     if not ddl.has_dynamic(query):
         return None
-    ep = c.platform().endpoints()
     with Lake(ep) as lake, Metadata(ep) as meta:
         results = manage.run_text(lake, meta, query)
         info = lake.catalog_info(c.platform_name)
