@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -150,21 +153,25 @@ def test_workers_lists_every_worker_with_its_pid_and_tasks(workers):
     assert [w.name for w in listed] == ["w1", "w2", "w3"]
     for w in listed:
         assert w.lake == "attached" and w.tasks_run >= 1 and psutil.pid_exists(w.pid)
-        assert w.address.startswith("tcp://127.0.0.1:")  # loopback only
+        assert w.address.startswith("tls://127.0.0.1:")  # loopback only, TLS only
 
 
 # -- a private plane for the faults: a killed worker, `up` replacing it, `down` ------------------------------
 
 
 @pytest.fixture
-def private_plane(stack, local_only, tmp_path):
-    home = tmp_path / "plane"  # only pid files and logs: no PostgreSQL here, so pytest's folder will do
+def private_plane(stack, local_only):
+    # only pid files, logs and certificates: no PostgreSQL here; not pytest's tmp_path, whose parents are 0700 (as
+    # root the plane runs as the service user, who must traverse them)
+    home = Path(tempfile.mkdtemp(prefix="ducklake-plane-"))
+    home.chmod(0o711)
     state = State(home)
     state.save_settings(scheduler_port=procs.free_port(), dashboard_port=procs.free_port())
     try:
         yield state, stack.platform.endpoints()
     finally:
         plane.down(state)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _pids(state: State) -> dict[str, int]:
@@ -188,7 +195,7 @@ def test_a_worker_killed_mid_task_fails_the_task_and_it_is_never_run_again(priva
         os.kill(_pids(state)["worker-w2"], signal.SIGKILL)
         r = wp.result(future, timeout_s=60)
         assert not r.ok and r.worker == "w2"
-        assert r.error.line().startswith("worker w2 (tcp://127.0.0.1:") and "was not run again" in r.error.error
+        assert r.error.line().startswith("worker w2 (tls://127.0.0.1:") and "was not run again" in r.error.error
         time.sleep(2)  # Dask's default would now run it on w1 or w3 (allowed-failures 3): 'started' twice
         assert lake.con.execute(f"SELECT step, count(*) FROM {t} GROUP BY step").fetchall() == [("started", 1)]
     # `status` names the dead worker; `up` replaces it
@@ -296,7 +303,8 @@ def test_a_scheduler_address_without_a_port_is_one_line(stack, cli):
     result = cli({**stack.env, "DUCKLAKE_SCHEDULER": "tcp://127.0.0.1"}, "workers")
     assert result.exit_code == 3, result.output
     assert result.stderr.startswith("Error: cannot use the Dask scheduler address tcp://127.0.0.1 (")
-    assert result.stderr.strip().endswith("Try: give it as tcp://host:port.") and len(result.stderr.splitlines()) == 1
+    assert result.stderr.strip().endswith("Try: give it as tcp://host:port (or tls://host:port).")
+    assert len(result.stderr.splitlines()) == 1
 
 
 def test_a_scheduler_that_would_rerun_tasks_is_refused(stack, cli, tmp_path):

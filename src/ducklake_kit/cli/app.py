@@ -24,12 +24,12 @@ def main_options(
     home: Annotated[Optional[Path], typer.Option(envvar="DUCKLAKE_HOME", help="State folder (data, logs, credentials). Default: ./.ducklake")] = None,
     pg_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_PG_PORT", help=f"Local PostgreSQL port (default {DEFAULT_PG_PORT}; k3d: {K3D_PG_PORT}, the port-forward).")] = None,
     s3_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_S3_PORT", help=f"Local S3 port (default {DEFAULT_S3_PORT}; k3d: {K3D_S3_PORT}, the port-forward).")] = None,
-    scheduler: Annotated[Optional[str], typer.Option(envvar="DUCKLAKE_SCHEDULER", help="A running Dask scheduler (tcp://host:port) to use as the worker plane instead of starting one.")] = None,
+    scheduler: Annotated[Optional[str], typer.Option(envvar="DUCKLAKE_SCHEDULER", help="A running Dask scheduler (tcp://host:port, or tls://host:port with DUCKLAKE_SCHEDULER_TLS_CA/_CERT/_KEY or Dask's TLS config) to use as the worker plane instead of starting one.")] = None,
 ) -> None:
     if platform not in PLATFORMS:
         raise typer.BadParameter(f"choose one of {', '.join(PLATFORMS)}", param_hint="--platform")
     if scheduler is not None and not scheduler.startswith(("tcp://", "tls://")):
-        raise typer.BadParameter("give the scheduler's address as tcp://host:port", param_hint="--scheduler")
+        raise typer.BadParameter("give the scheduler's address as tcp://host:port or tls://host:port", param_hint="--scheduler")
     ctx.obj = Ctx(platform, home, pg_port, s3_port, scheduler)
 
 

@@ -191,8 +191,12 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     plane = info["worker_plane"]
     out.print("[bold]Worker plane:[/]")
     out.print(f"  Dask scheduler {plane['scheduler']}", markup=False)
+    if plane["tls_dir"]:
+        out.print(f"  mutual TLS: a client needs the CA and the client certificate and key in {plane['tls_dir']}",
+                  markup=False)
     if plane["dashboard"]:
-        out.print(f"  dashboard (open in a browser): {plane['dashboard']}", markup=False)
+        out.print(f"  dashboard (open in a browser): {plane['dashboard']} (read-only, no login, loopback only)",
+                  markup=False)
     sp = info["spark"]
     out.print("[bold]Spark[/] (the cluster `spark up` starts):")
     out.print(f"  standalone master {sp['master']}, status page {sp['status_page']}", markup=False)
@@ -202,8 +206,11 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 def _plane_address(c: Ctx) -> dict[str, Any]:
     from ducklake_kit.workers.config import PlaneConfig  # no Dask import for printing an address
 
+    from ducklake_kit.workers.tls import tls_dir
+
     cfg = PlaneConfig.of(c.state, c.scheduler)
-    return {"scheduler": cfg.address, "dashboard": cfg.dashboard}
+    return {"scheduler": cfg.address, "dashboard": cfg.dashboard,
+            "tls_dir": None if cfg.external_address else str(tls_dir(c.state))}
 
 
 def _spark_addresses(c: Ctx) -> dict[str, Any]:

@@ -29,6 +29,9 @@ def print_plane(plane: "PlaneStatus") -> None:
     if plane.workers or plane.missing:
         out.print(workers_table(plane))
     out.print(f"worker plane: {plane.detail}", markup=False)
+    if plane.managed and plane.user:
+        out.print(f"scheduler and workers: mutual TLS with the state folder's certificates, run as user {plane.user}",
+                  markup=False)
     if plane.dashboard:
         out.print(f"Dask dashboard: {plane.dashboard}", markup=False)
 

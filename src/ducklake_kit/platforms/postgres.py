@@ -13,8 +13,8 @@ import psycopg
 
 from ducklake_kit.errors import KitError
 from ducklake_kit.platforms.base import PgEndpoint
+from ducklake_kit.platforms.service_user import service_user
 
-RUN_AS_WHEN_ROOT = "ducklake"  # PostgreSQL refuses to run as root; the kit runs it as this system user
 
 
 def find_bin_dir() -> Path:
@@ -39,17 +39,7 @@ def find_bin_dir() -> Path:
 
 def run_as_user() -> str | None:
     """The system user that runs PostgreSQL when the kit runs as root (created if missing)."""
-    if os.geteuid() != 0:
-        return None
-    try:
-        pwd.getpwnam(RUN_AS_WHEN_ROOT)
-    except KeyError:
-        subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", RUN_AS_WHEN_ROOT],
-            check=True,
-            capture_output=True,
-        )
-    return RUN_AS_WHEN_ROOT
+    return service_user()
 
 
 def _check_reachable(path: Path, user: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.workers.config import security_for
 from ducklake_kit.workers.plugin import LakePlugin, WorkerState, plugin_name, worker_state
 from ducklake_kit.workers.tasks import TaskError, TaskResult, run_statements
 
@@ -50,20 +51,25 @@ class WorkerPlane:
     """A connection to the worker plane's scheduler, with the lake plugin registered for `endpoints`."""
 
     def __init__(self, address: str, endpoints: Endpoints, *, timeout_s: float = CONNECT_TIMEOUT_S,
-                 register: bool = True):
+                 register: bool = True, security=None):
         from distributed import Client  # the CLI only pays for importing Dask when it uses the workers
 
         self.address = address
         self.endpoints = endpoints
         self.plugin = plugin_name(endpoints)
+        # the kit's own plane: its client certificate (the scheduler refuses a client without one)
+        security = security if security is not None else security_for(address)
         try:
-            self.client = Client(address, timeout=timeout_s, set_as_default=False)
+            self.client = Client(address, timeout=timeout_s, set_as_default=False, security=security)
+        except FileNotFoundError as exc:  # the plane's certificates are gone (a `reset`, a state folder moved)
+            raise SchedulerUnreachable(f"the worker plane's TLS files are missing ({exc.filename})",
+                                       "run `up` (it makes them and restarts the plane)") from None
         except (OSError, TimeoutError) as exc:
             raise SchedulerUnreachable(f"no Dask scheduler answers at {address} ({first_line(exc)})",
                                        "run `up` (it starts the worker plane), or check --scheduler / DUCKLAKE_SCHEDULER") from None
         except (ValueError, TypeError) as exc:  # no port, a port that is not a number, tls:// without TLS settings
             raise KitError(f"cannot use the Dask scheduler address {address} ({first_line(exc)})",
-                           "give it as tcp://host:port") from None
+                           "give it as tcp://host:port (or tls://host:port)") from None
         try:
             self._refuse_task_retries()
             if register:

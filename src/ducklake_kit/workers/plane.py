@@ -2,25 +2,36 @@
 w1..wN, each one process with one thread, all on loopback. Same discipline as PostgreSQL and S3: a pid file with
 the start time, a log in the state folder, ready only after a real round trip, `down` stops exactly these.
 
+Secure as the catalog is: the plane speaks mutual TLS with certificates made for this state folder (workers/tls.py),
+so a local user without the kit's client certificate cannot connect, and when the kit runs as root the scheduler and
+workers run as the service user (as PostgreSQL does), so a task never runs as root.
+
 `--scheduler tcp://host:port` (or DUCKLAKE_SCHEDULER) uses a Dask cluster that is already running instead: the kit
 starts nothing, registers the lake plugin there and uses its workers (the kit must be installed on them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+import psutil
 
 from ducklake_kit.errors import KitError
 from ducklake_kit.platforms import procs
+from ducklake_kit.platforms.service_user import check_reachable, make_python_reachable, service_user
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.platforms.state import State
 from ducklake_kit.workers.client import (NO_RETRIES_ENV, SchedulerUnreachable, WorkerInfo, WorkerPlane, name_order,
                                          worker_number)
+from ducklake_kit.workers import tls
 from ducklake_kit.workers.config import PlaneConfig
 from ducklake_kit.workers.plugin import WorkerState
 
@@ -47,6 +58,7 @@ class PlaneStatus:
     detail: str
     workers: list[WorkerInfo] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)  # workers the kit started whose process is gone
+    user: str | None = None  # the user the kit's scheduler runs as (the service user when the kit runs as root)
 
     @property
     def off(self) -> bool:
@@ -56,26 +68,43 @@ class PlaneStatus:
     def as_dict(self) -> dict[str, Any]:
         return {"address": self.address, "dashboard": self.dashboard, "managed": self.managed,
                 "scheduler_pid": self.scheduler_pid, "healthy": self.healthy, "detail": self.detail,
-                "workers": [w.as_dict() for w in self.workers], "missing": self.missing}
+                "workers": [w.as_dict() for w in self.workers], "missing": self.missing, "user": self.user}
 
 
 def _scheduler_argv(cfg: PlaneConfig) -> list[str]:
-    return [sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port", str(cfg.scheduler_port),
-            "--dashboard-address", f"127.0.0.1:{cfg.dashboard_port}"]
+    # the TLS files come by path in the environment (tls.process_env), not here
+    return [sys.executable, "-m", "dask", "scheduler", "--protocol", "tls", "--host", "127.0.0.1",
+            "--port", str(cfg.scheduler_port), "--dashboard-address", f"127.0.0.1:{cfg.dashboard_port}"]
 
 
 def _worker_argv(state: State, cfg: PlaneConfig, name: str) -> list[str]:
     return [sys.executable, "-m", "dask", "worker", cfg.address, "--name", name, "--nthreads", "1", "--no-nanny",
             # --no-dashboard still serves /health and /metrics, on every interface unless told otherwise
             "--no-dashboard", "--dashboard-address", "127.0.0.1:0",
-            "--host", "127.0.0.1", "--local-directory", str(state.home / "dask" / name),
+            "--protocol", "tls", "--host", "127.0.0.1", "--local-directory", str(_plane_dir(state) / name),
             # a worker whose scheduler is gone for 60 s stops by itself, so no worker outlives its plane for long
             "--death-timeout", "60"]
 
 
-def _env() -> dict[str, str]:
-    # the scheduler never re-runs a task whose worker died; logs are written as they happen
-    return {**NO_RETRIES_ENV, "PYTHONUNBUFFERED": "1"}
+def _plane_dir(state: State) -> Path:
+    """The plane's working folder (its processes' cwd and HOME, the workers' local directories)."""
+    return state.home / "dask"
+
+
+def _env(state: State, role: str) -> dict[str, str]:
+    # the scheduler never re-runs a task whose worker died; logs are written as they happen; HOME is a folder the
+    # (possibly demoted) process owns, for what DuckDB or Dask keep there
+    return {**NO_RETRIES_ENV, "PYTHONUNBUFFERED": "1", "HOME": str(_plane_dir(state)), **tls.process_env(state, role)}
+
+
+def _own_folder(path: Path, run_as: str | None) -> Path:
+    """A folder of the plane's, private to the user its processes run as."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    if run_as:
+        entry = pwd.getpwnam(run_as)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+    return path
 
 
 def _saved_workers(state: State) -> int:
@@ -92,7 +121,7 @@ def up(state: State, endpoints: Endpoints, workers: int | None = None, scheduler
     if n < 0:
         raise KitError(f"--workers must be 0 or more, not {n}", "e.g. --workers 2")
     if cfg.external_address:
-        with WorkerPlane(cfg.address, endpoints) as plane:
+        with WorkerPlane(cfg.address, endpoints, security=cfg.security()) as plane:
             _wait_attached(plane, list(plane.names()))
             return _status_of(plane, cfg, managed=False)
     state.ensure_dirs()
@@ -102,20 +131,31 @@ def up(state: State, endpoints: Endpoints, workers: int | None = None, scheduler
         state.save_settings(workers=0)
         return PlaneStatus(cfg.address, None, True, None, True, "; ".join(["not started (--workers 0)", *stopped]))
     with state.lock():
-        scheduler_pid = _ensure_scheduler(state, cfg)
-        with WorkerPlane(cfg.address, endpoints) as plane:
+        run_as = service_user()  # None unless the kit runs as root
+        granted = make_python_reachable(run_as) if run_as else []
+        if run_as:
+            check_reachable(_plane_dir(state), run_as, "the worker plane")
+        tls.ensure_certificates(state, run_as)
+        if state.settings().get("plane_ca") != tls.fingerprint(state):
+            _down(state)  # started with other certificates (or none, before the plane spoke TLS): start anew
+        _own_folder(_plane_dir(state), run_as)
+        scheduler_pid = _ensure_scheduler(state, cfg, run_as)
+        state.save_settings(plane_ca=tls.fingerprint(state))
+        with WorkerPlane(cfg.address, endpoints, security=cfg.security()) as plane:
             wanted = [worker_name(i) for i in range(1, n + 1)]
             _stop_workers(state, sorted(set(_kit_workers(state)) - set(wanted), key=name_order))
-            started = [name for name in wanted if _start_worker_if_needed(state, cfg, plane, name)]
+            started = [name for name in wanted if _start_worker_if_needed(state, cfg, plane, name, run_as)]
             _wait_attached(plane, wanted, started, state)
             sizes = {"workers": n} if remember else {}
             state.save_settings(scheduler_port=cfg.scheduler_port, dashboard_port=cfg.dashboard_port, **sizes)
             out = _status_of(plane, cfg, managed=True, scheduler_pid=scheduler_pid)
             out.detail = (f"started {', '.join(started)}" if started else "already running, reused")
+            if granted:
+                out.detail += f"; granted user {run_as} passage through {', '.join(granted)} to run the kit's Python"
             return out
 
 
-def _ensure_scheduler(state: State, cfg: PlaneConfig) -> int:
+def _ensure_scheduler(state: State, cfg: PlaneConfig, run_as: str | None) -> int:
     pid_file, log_file = state.pid_file(SCHEDULER), state.log_file(SCHEDULER)
     rec = procs.live_pid(pid_file)
     if rec and rec.port == cfg.scheduler_port:
@@ -135,7 +175,8 @@ def _ensure_scheduler(state: State, cfg: PlaneConfig) -> int:
             raise KitError(f"port {port} for {what} is already in use by another program",
                            f"stop that program or choose another port with {option}")
     rec, proc = procs.start(SCHEDULER, _scheduler_argv(cfg), pid_file=pid_file, log_file=log_file,
-                            port=cfg.scheduler_port, env=_env())
+                            port=cfg.scheduler_port, env=_env(state, "scheduler"), run_as=run_as, umask=0o077,
+                            cwd=_plane_dir(state))
     try:
         procs.wait_until(lambda: _ping(cfg), what=f"the Dask scheduler on port {cfg.scheduler_port}",
                          timeout=READY_TIMEOUT_S, proc=proc, log_file=log_file)
@@ -149,7 +190,7 @@ def _ping(cfg: PlaneConfig) -> bool | None:
     """A real round trip: a client connects and the scheduler answers."""
     from distributed import Client
 
-    with Client(cfg.address, timeout=2, set_as_default=False) as client:
+    with Client(cfg.address, timeout=2, set_as_default=False, security=cfg.security()) as client:
         return bool(client.scheduler_info(n_workers=0)) or None
 
 
@@ -158,7 +199,7 @@ def _kit_workers(state: State) -> list[str]:
     return [p.name.removeprefix("worker-").removesuffix(".pid.json") for p in state.run_dir.glob("worker-*.pid.json")]
 
 
-def _start_worker_if_needed(state: State, cfg: PlaneConfig, plane: WorkerPlane, name: str) -> bool:
+def _start_worker_if_needed(state: State, cfg: PlaneConfig, plane: WorkerPlane, name: str, run_as: str | None) -> bool:
     pid_file = state.pid_file(_worker_service(name))
     rec = procs.live_pid(pid_file)
     joined = plane.names()
@@ -170,8 +211,10 @@ def _start_worker_if_needed(state: State, cfg: PlaneConfig, plane: WorkerPlane, 
     elif rec:
         procs.stop(pid_file)  # alive but not joined to this scheduler: replace it
     pid_file.unlink(missing_ok=True)
+    _own_folder(_plane_dir(state) / name, run_as)
     procs.start(_worker_service(name), _worker_argv(state, cfg, name), pid_file=pid_file,
-                log_file=state.log_file(_worker_service(name)), port=cfg.scheduler_port, env=_env())
+                log_file=state.log_file(_worker_service(name)), port=cfg.scheduler_port, env=_env(state, "worker"),
+                run_as=run_as, umask=0o077, cwd=_plane_dir(state))
     return True
 
 
@@ -270,7 +313,7 @@ def status(state: State, endpoints: Endpoints, scheduler: str | None = None) -> 
         detail = "stopped: run `up`" if rec is None else f"not running (pid {rec.pid} is gone): run `up`"
         return PlaneStatus(cfg.address, cfg.dashboard, True, None, False, detail)
     try:
-        plane = WorkerPlane(cfg.address, endpoints, timeout_s=5)
+        plane = WorkerPlane(cfg.address, endpoints, timeout_s=5, security=cfg.security())
     except SchedulerUnreachable as exc:
         return PlaneStatus(cfg.address, cfg.dashboard, managed, rec.pid if rec else None, False, exc.what)
     with plane:
@@ -294,4 +337,8 @@ def _status_of(plane: WorkerPlane, cfg: PlaneConfig, managed: bool, scheduler_pi
                                          f"lake not attached on {', '.join(unattached)}" if unattached else ""]))
     else:
         detail = f"{len(workers)} worker(s), lake attached on each"
-    return PlaneStatus(cfg.address, cfg.dashboard, managed, scheduler_pid, healthy, detail, workers, missing)
+    user = None
+    if managed and scheduler_pid is not None:
+        with contextlib.suppress(psutil.Error):
+            user = psutil.Process(scheduler_pid).username()
+    return PlaneStatus(cfg.address, cfg.dashboard, managed, scheduler_pid, healthy, detail, workers, missing, user)
