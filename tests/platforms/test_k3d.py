@@ -419,8 +419,10 @@ def test_a_busy_forward_port_is_one_clear_line(fake, checkout, tmp_path):
         busy.listen(1)
         with pytest.raises(KitError) as err:
             platform.up()
-    assert err.value.line() == (f"Error: port {platform.pg_port} for the PostgreSQL port-forward is already in use by another "
-                                "program. Try: stop that program or choose another port with --pg-port or DUCKLAKE_PG_PORT.")
+    line = err.value.line()
+    assert line.startswith(f"Error: port {platform.pg_port} for the PostgreSQL port-forward is already in use by another "
+                           f"program (") and f"(pid {os.getpid()}) listens on it" in line
+    assert line.endswith(" with --pg-port or DUCKLAKE_PG_PORT.")
 
 
 @pytest.mark.parametrize(

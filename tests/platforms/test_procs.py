@@ -65,3 +65,38 @@ def test_port_in_use_sees_a_listener():
         s.listen()
         assert procs.port_in_use(s.getsockname()[1])
     assert not procs.port_in_use(procs.free_port())
+
+
+def test_the_default_ports_lie_below_linuxs_ephemeral_range():
+    """An outgoing connection may take any port of 32768-60999 as its source port, and `up` then failed for minutes
+    on a port nothing listened on: the defaults stay below that range."""
+    from ducklake_kit.platforms import spark_cluster, state
+
+    defaults = {name: getattr(mod, name) for mod in (state, spark_cluster) for name in dir(mod)
+                if name.endswith("_PORT") and isinstance(getattr(mod, name), int)}
+    assert len(defaults) >= 9, defaults
+    low = (procs.ephemeral_range() or (32768, 60999))[0]
+    assert {name: port for name, port in defaults.items() if port >= low} == {}
+
+
+def test_a_port_held_as_a_clients_source_port_is_named_so():
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        target = server.getsockname()[1]
+        with socket.socket() as client:
+            client.bind(("127.0.0.1", 0))  # the kernel's pick, from the ephemeral range, as for any client
+            source = client.getsockname()[1]
+            client.connect(("127.0.0.1", target))
+            busy = procs.busy_port(source, "S3 (rclone)", "--s3-port or DUCKLAKE_S3_PORT")
+    assert busy is not None
+    span = procs.ephemeral_range()
+    inside = f"; {source} lies in Linux's ephemeral range {span[0]}-{span[1]}, where any outgoing connection may take " \
+             "it as its source port" if span and span[0] <= source <= span[1] else ""
+    assert busy.what == (f"port {source} for S3 (rclone) is already in use by another program (a connection from "
+                         f"127.0.0.1:{source} to 127.0.0.1:{target} (ESTABLISHED) uses it as its source port{inside})")
+    assert busy.fix.endswith("with --s3-port or DUCKLAKE_S3_PORT")
+
+
+def test_a_free_port_is_not_busy():
+    assert procs.busy_port(procs.free_port(), "x", "y") is None

@@ -167,6 +167,7 @@ def test_the_kits_cluster_named_when_it_is_not_running_and_a_busy_port_named(sta
         s.listen()
         with pytest.raises(KitError) as busy:
             c.up("standalone", 1)
-    assert busy.value.line() == (f"Error: port {c.master_port} for the Spark master is already in use by another program. "
-                                 "Try: stop that program or choose another port with DUCKLAKE_SPARK_MASTER_PORT.")
+    line = busy.value.line()
+    assert line.startswith(f"Error: port {c.master_port} for the Spark master is already in use by another program (")
+    assert f"(pid {os.getpid()}) listens on it" in line and line.endswith(" with DUCKLAKE_SPARK_MASTER_PORT.")
     assert cluster_processes(stack.home) == []

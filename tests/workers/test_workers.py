@@ -254,8 +254,9 @@ def test_a_busy_dashboard_port_is_one_clear_line(private_plane):
         s.listen()
         with pytest.raises(KitError) as exc:
             plane.up(state, ep, 1)
-    assert exc.value.line() == (f"Error: port {port} for the Dask dashboard is already in use by another program. "
-                                "Try: stop that program or choose another port with DUCKLAKE_DASHBOARD_PORT.")
+    line = exc.value.line()
+    assert line.startswith(f"Error: port {port} for the Dask dashboard is already in use by another program (")
+    assert f"(pid {os.getpid()}) listens on it" in line and line.endswith(" with DUCKLAKE_DASHBOARD_PORT.")
     assert not list(state.run_dir.glob("*.pid.json"))
 
 

@@ -290,9 +290,9 @@ class K3dPlatform(Platform):
             procs.stop(pid_file)  # forwarding another port than asked: move it
         else:
             pid_file.unlink(missing_ok=True)  # stale: the supervisor is gone
-        if procs.port_in_use(port):
-            raise KitError(f"port {port} for the {fw.label} port-forward is already in use by another program",
-                           f"stop that program or choose another port with {fw.port_option}")
+        busy = procs.busy_port(port, f"the {fw.label} port-forward", fw.port_option)
+        if busy:
+            raise busy
         rec, proc = procs.start(f"forward-{fw.name}", self._forward_argv(fw), pid_file=pid_file, log_file=self._log_file(fw), port=port)
         try:
             self._wait_ready(fw, ep, timeout=READY_TIMEOUT, proc=proc)

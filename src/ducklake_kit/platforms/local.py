@@ -96,11 +96,9 @@ class LocalPlatform(Platform):
             procs.stop(pid_file, sig=svc.stop_signal)  # running on another port than asked: move it
         else:
             pid_file.unlink(missing_ok=True)  # stale pid file: the process is gone
-        if procs.port_in_use(port):
-            raise KitError(
-                f"port {port} for {svc.label} is already in use by another program",
-                f"stop that program or choose another port with {svc.port_option}",
-            )
+        busy = procs.busy_port(port, svc.label, svc.port_option)
+        if busy:
+            raise busy
         argv, env, run_as = self._command(svc.name, creds)
         # the S3 server's objects are the lake's and the raw files: readable by their owner only (0600 in 0700
         # folders), so that no other local user reads them around S3's authentication

@@ -68,6 +68,50 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     return False
 
 
+def ephemeral_range() -> tuple[int, int] | None:
+    """Linux's range of source ports for outgoing connections (any client may hold one of these for a while)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return None
+
+
+def port_holder(port: int) -> str:
+    """Who holds a loopback port: a program listening on it, or a connection using it as its source port."""
+    try:
+        conns = [c for c in psutil.net_connections("inet") if c.laddr and c.laddr.port == port]
+    except psutil.Error:
+        conns = []
+    for c in conns:
+        if c.status == psutil.CONN_LISTEN:
+            name = None
+            if c.pid:
+                try:
+                    name = psutil.Process(c.pid).name()
+                except psutil.Error:
+                    pass
+            return f"{name} (pid {c.pid}) listens on it" if name else "a program listens on it"
+    for c in conns:
+        if c.raddr:
+            return (f"a connection from {c.laddr.ip}:{port} to {c.raddr.ip}:{c.raddr.port} ({c.status}) uses it as "
+                    "its source port")
+    return "it is bound"
+
+
+def busy_port(port: int, what: str, option: str) -> KitError | None:
+    """None when `port` is free; else the one line that says who holds it and how to choose another."""
+    if not port_in_use(port):
+        return None
+    holder = port_holder(port)
+    span = ephemeral_range()
+    inside = span is not None and span[0] <= port <= span[1]
+    note = (f"; {port} lies in Linux's ephemeral range {span[0]}-{span[1]}, where any outgoing connection may take it "
+            "as its source port" if inside else "")
+    fix = f"choose a port below {span[0]} with {option}" if inside else f"stop that program or choose another port with {option}"
+    return KitError(f"port {port} for {what} is already in use by another program ({holder}{note})", fix)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

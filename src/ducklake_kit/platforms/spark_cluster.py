@@ -34,9 +34,9 @@ from ducklake_kit.platforms.state import State, write_private
 
 MODES = ("standalone", "connect")
 DEFAULT_WORKERS = 2
-DEFAULT_MASTER_PORT = 57077
-DEFAULT_MASTER_UI_PORT = 58080  # the master's status page; its /json/ says which workers are ALIVE
-DEFAULT_CONNECT_PORT = 55002
+DEFAULT_MASTER_PORT = 17077
+DEFAULT_MASTER_UI_PORT = 18180  # the master's status page; its /json/ says which workers are ALIVE
+DEFAULT_CONNECT_PORT = 15002
 WORKER_CORES = 1
 WORKER_MEMORY = "2g"  # what a worker offers its executors (by default a worker claims all of the machine's RAM)
 EXECUTOR_MEMORY = "1g"
@@ -230,9 +230,9 @@ class SparkCluster:
         return self.status()
 
     def _busy(self, port: int, what: str, key: str) -> None:
-        if procs.port_in_use(port):
-            raise KitError(f"port {port} for {what} is already in use by another program",
-                           f"stop that program or choose another port with {PORT_OPTIONS[key]}")
+        busy = procs.busy_port(port, what, PORT_OPTIONS[key])
+        if busy:
+            raise busy
 
     def _reuse(self, service: str, port: int, ping) -> bool:
         """True when the process in `service`'s pid file runs on `port` and answers; anything else is stopped."""

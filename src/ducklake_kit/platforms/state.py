@@ -15,14 +15,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-DEFAULT_PG_PORT = 55432  # the local platform's PostgreSQL
-DEFAULT_S3_PORT = 59000  # the local platform's S3 server
+DEFAULT_PG_PORT = 15432  # the local platform's PostgreSQL
+DEFAULT_S3_PORT = 19000  # the local platform's S3 server
 # k3d's port-forwards: other loopback ports than local's, so both platforms can run at once
-K3D_PG_PORT = 55433
-K3D_S3_PORT = 59001
+K3D_PG_PORT = 15433
+K3D_S3_PORT = 19001
 # the worker plane (one per state folder, whatever the platform): the Dask scheduler and its dashboard
-DEFAULT_SCHEDULER_PORT = 58786
-DEFAULT_DASHBOARD_PORT = 58787
+DEFAULT_SCHEDULER_PORT = 18786
+DEFAULT_DASHBOARD_PORT = 18787
 
 
 def project_root() -> Path | None:

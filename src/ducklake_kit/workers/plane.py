@@ -171,9 +171,9 @@ def _ensure_scheduler(state: State, cfg: PlaneConfig, run_as: str | None) -> int
         pid_file.unlink(missing_ok=True)
     for port, what, option in ((cfg.scheduler_port, "the Dask scheduler", "DUCKLAKE_SCHEDULER_PORT"),
                                (cfg.dashboard_port, "the Dask dashboard", "DUCKLAKE_DASHBOARD_PORT")):
-        if procs.port_in_use(port):
-            raise KitError(f"port {port} for {what} is already in use by another program",
-                           f"stop that program or choose another port with {option}")
+        busy = procs.busy_port(port, what, option)
+        if busy:
+            raise busy
     rec, proc = procs.start(SCHEDULER, _scheduler_argv(cfg), pid_file=pid_file, log_file=log_file,
                             port=cfg.scheduler_port, env=_env(state, "scheduler"), run_as=run_as, umask=0o077,
                             cwd=_plane_dir(state))
