@@ -304,6 +304,38 @@ def test_a_refresh_whose_metadata_write_was_lost_is_not_applied_twice(clean):
     clean.equal(name)  # merging the first insert again would make x's sum 17
 
 
+def test_a_landed_refresh_whose_metadata_write_was_lost_is_recorded_by_the_next(clean):
+    """Issue 29: such a refresh was never applied twice, but never appeared in the history either."""
+    t = small(clean)
+    name = f"{S}.lost"
+    clean.create(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' AS SELECT g, sum(v) AS s FROM {S}.t GROUP BY g")
+    before = clean.meta.get(name).data_snapshot
+    clean.sql(f"INSERT INTO {t} VALUES (3, 'x', 1)")
+    [landed] = clean.refresh(name).refreshes
+    assert landed.status == SUCCEEDED and landed.commit_snapshot is not None
+    # the metadata write lost, in PostgreSQL itself: no history row, the definition and its source not moved
+    with clean.meta.conn.transaction():
+        clean.meta.conn.execute("DELETE FROM dynamic_tables.refresh_history WHERE id = %s", [landed.id])
+        clean.meta.conn.execute("UPDATE dynamic_tables.definitions SET data_snapshot = %s WHERE name = %s", [before, name])
+        clean.meta.conn.execute("UPDATE dynamic_tables.sources SET read_snapshot = %s WHERE name = %s", [before, name])
+    assert [h.trigger for h in clean.meta.history(name)] == ["create"]
+    clean.sql(f"INSERT INTO {t} VALUES (4, 'y', 2)")
+    [after] = clean.refresh(name).refreshes
+    assert after.status == SUCCEEDED
+    shown = [(h.trigger, h.status, h.mode, h.read_snapshot, h.commit_snapshot, h.rows_inserted, h.rows_deleted)
+             for h in clean.meta.history(name)]
+    assert shown[:2] == [
+        ("manual", SUCCEEDED, after.mode, after.read_snapshot, after.commit_snapshot, after.rows_inserted, after.rows_deleted),
+        ("manual", SUCCEEDED, landed.mode, landed.read_snapshot, landed.commit_snapshot, landed.rows_inserted,
+         landed.rows_deleted)]
+    recovered = clean.meta.history(name)[1]
+    assert recovered.reason.startswith(f"RECOVERED: landed in the lake at snapshot {landed.commit_snapshot}")
+    assert recovered.snapshots_read == {f"{S}.t": landed.read_snapshot}
+    clean.equal(name)
+    clean.refresh(name)  # recorded once: the next refresh finds it in the history
+    assert [h.commit_snapshot for h in clean.meta.history(name)].count(landed.commit_snapshot) == 1
+
+
 def test_no_source_change_makes_no_snapshot(clean):
     small(clean)
     name = f"{S}.idle"

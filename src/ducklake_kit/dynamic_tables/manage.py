@@ -127,7 +127,8 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
 
     read = now if stmt.initialize == "ON_CREATE" else None
     made = commit_with(lake, make, f"dynamic table {name}: created",
-                       extra={"dynamic_table": name, "definition": d.definition_id, "read": read})
+                       extra={"dynamic_table": name, "definition": d.definition_id, "read": read, "mode": FULL,
+                              "trigger": "create"})
     try:
         meta.create(d, replace=old is not None)
     except Exception:  # a table nobody knows is a dynamic table would block the name: take it back

@@ -194,6 +194,12 @@ class Metadata:
                                   f"updated_at = now() WHERE {current}", [r.name, r.definition_id])
         return r
 
+    def commit_snapshots(self, name: str, definition_id: str, since: int) -> set[int]:
+        """The lake snapshots (from `since` on) that recorded refreshes of this definition made."""
+        return {r["commit_snapshot"] for r in self.conn.execute(
+            f"SELECT commit_snapshot FROM {SCHEMA}.refresh_history WHERE name = %s AND definition_id = %s "
+            "AND commit_snapshot >= %s", [name, definition_id, since])}
+
     def note(self, r: Refresh, reason: str) -> None:
         """Replace the reason a recorded refresh gives (what happened after it, e.g. the table suspended)."""
         self.conn.execute(f"UPDATE {SCHEMA}.refresh_history SET reason = %s WHERE id = %s", [reason, r.id])

@@ -5,7 +5,7 @@
    snapshot recorded. Changes committed meanwhile by others are after it, so the next refresh reads them.
 3. Where the previous refresh left off: the later of the metadata's record and the lake's (every refresh commit
    carries `{"dynamic_table", "definition", "read"}` in its commit_extra_info), so a commit whose metadata write
-   was lost is never applied again.
+   was lost is never applied again; such a commit is written to the history then (`recover`).
 4. Read each source's change feed since then into temporary tables, decide the mode (see `plan`), compute the
    rows to delete and insert from pinned reads, then DELETE and INSERT in ONE lake transaction. Counts are the
    statements' own. The outcome goes to the history afterwards, whatever it was.
@@ -32,7 +32,7 @@ from ducklake_kit.dynamic_tables.ddl import DIALECT
 from ducklake_kit.dynamic_tables.metadata import FAILED, NO_DATA, SUCCEEDED, Definition, Metadata, Refresh
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
-from ducklake_kit.lake.changes import changes_sql
+from ducklake_kit.lake.changes import change_counts, changes_sql
 from ducklake_kit.lake.locks import advisory_lock
 from ducklake_kit.lake.sql import quote_ident, quote_literal
 from ducklake_kit.lake.transactions import commit_with
@@ -74,22 +74,24 @@ def sql(e: exp.Expression) -> str:
     return e.sql(DIALECT)
 
 
-def lake_record(lake: Lake, d: Definition, after: int | None = None) -> int | None:
-    """The snapshot the latest committed refresh of this definition read, as its lake commit says; only commits
-    after snapshot `after` are searched (the filter goes to PostgreSQL: the catalog keeps every snapshot)."""
+def lake_commits(lake: Lake, d: Definition, after: int | None = None) -> list[tuple[int, dict]]:
+    """(snapshot, commit_extra_info) of every committed refresh of this definition that records what it read,
+    oldest first; only commits after snapshot `after` are searched (the filter goes to PostgreSQL: the catalog
+    keeps every snapshot)."""
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
     rows = lake.con.execute(f"SELECT snapshot_id, commit_extra_info FROM {meta}.ducklake_snapshot_changes "
-                            "WHERE snapshot_id > ? AND commit_extra_info IS NOT NULL ORDER BY snapshot_id DESC",
+                            "WHERE snapshot_id > ? AND commit_extra_info IS NOT NULL ORDER BY snapshot_id",
                             [after if after is not None else -1]).fetchall()
-    for _, info in rows:
+    out = []
+    for snapshot, info in rows:
         try:
             extra = json.loads(info)
         except ValueError:  # another writer's own extra info
             continue
         if isinstance(extra, dict) and extra.get("dynamic_table") == d.name \
                 and extra.get("definition") == d.definition_id and isinstance(extra.get("read"), int):
-            return extra["read"]
-    return None
+            out.append((int(snapshot), extra))
+    return out
 
 
 def columns_of(lake: Lake, name: str) -> list[tuple[str, str]]:
@@ -122,9 +124,12 @@ def table_id_at(lake: Lake, source: str, snapshot: int) -> int | None:
     return int(row[0]) if row else None
 
 
-def reflected(lake: Lake, d: Definition) -> int | None:
-    """The snapshot of the sources the table reflects now: the later of the metadata's record and the lake's."""
-    recorded = [s for s in (d.data_snapshot, lake_record(lake, d, d.data_snapshot)) if s is not None]
+def reflected(lake: Lake, d: Definition, commits: list[tuple[int, dict]] | None = None) -> int | None:
+    """The snapshot of the sources the table reflects now: the later of the metadata's record and the lake's
+    (`commits`: `lake_commits(lake, d, d.data_snapshot)` when the caller has read them already)."""
+    if commits is None:
+        commits = lake_commits(lake, d, d.data_snapshot)
+    recorded = [s for s in (d.data_snapshot, commits[-1][1]["read"] if commits else None) if s is not None]
     return max(recorded) if recorded else None
 
 
@@ -323,7 +328,7 @@ class Refresher:
                 [("delete_keys", ("__dt_delta", [(k.column, k.column) for k in plan.keys])),
                  ("insert", "SELECT * FROM temp.main.__dt_merged")])
 
-    def apply(self, d: Definition, work: Work, statements: list, read: int) -> int | None:
+    def apply(self, d: Definition, work: Work, statements: list, read: int, trigger: str = "manual") -> int | None:
         """The deletes and inserts in one lake transaction; the snapshot it made."""
         tgt = target(self.lake, d.name)
 
@@ -345,8 +350,37 @@ class Refresher:
                     work.deleted += count
 
         made = commit_with(self.lake, run, f"dynamic table {d.name}: {work.mode.lower()} refresh",
-                           before_commit=self.before_commit, extra={"dynamic_table": d.name, "definition": d.definition_id, "read": read})
+                           before_commit=self.before_commit,
+                           extra={"dynamic_table": d.name, "definition": d.definition_id, "read": read,
+                                  "mode": work.mode, "trigger": trigger})
         return made.snapshot_id
+
+    def recover(self, d: Definition, sources: list[str], commits: list[tuple[int, dict]]) -> list[Refresh]:
+        """Record the refreshes that landed in the lake but not in the history (the process died, or PostgreSQL
+        failed, between the commit and its record): SUCCEEDED, with what their commit says (what they read, their
+        mode and trigger when the commit names them) and the rows the target's change feed shows at that snapshot.
+        Run under the table's lock, before the next refresh; `commits`: `lake_commits(lake, d, d.data_snapshot)`."""
+        if not commits:
+            return []
+        known = self.meta.commit_snapshots(d.name, d.definition_id, commits[0][0])
+        out = []
+        for commit, extra in commits:
+            if commit in known:
+                continue
+            at = snapshot_time(self.lake, commit)
+            r = Refresh(d.name, d.definition_id, extra.get("trigger") or "unknown", SUCCEEDED, at, at,
+                        mode=extra.get("mode"), snapshots_read=dict.fromkeys(sources, extra["read"]),
+                        read_snapshot=extra["read"], commit_snapshot=commit,
+                        data_timestamp=snapshot_time(self.lake, extra["read"]),
+                        reason=f"RECOVERED: landed in the lake at snapshot {commit}, its history row was lost; "
+                               "recorded by the next refresh")
+            try:
+                counts = change_counts(self.lake, d.name, commit, commit)
+                r.rows_inserted, r.rows_deleted = counts.get("insert", 0), counts.get("delete", 0)
+            except duckdb.Error:  # the snapshot expired: the counts are unknown, not zero
+                pass
+            out.append(self.meta.record(r))
+        return out
 
     def _bind(self, d: Definition, query: exp.Expression, now: int) -> None:
         """The query still binds at `now`, with the table's columns: a source's schema may have changed without any
@@ -380,7 +414,9 @@ class Refresher:
                 if self.after_read is not None:
                     self.after_read(now)
                 self._bind(d, query, now)
-                prev = reflected(self.lake, d)
+                commits = lake_commits(self.lake, d, d.data_snapshot)
+                self.recover(d, plan.sources, commits)
+                prev = reflected(self.lake, d, commits)
                 out.read_snapshot = now
                 out.snapshots_read = {s: now for s in plan.sources}
                 out.data_timestamp = snapshot_time(self.lake, now)
@@ -389,7 +425,7 @@ class Refresher:
                     out.status, out.mode, out.reason = NO_DATA, None, "no net change in the sources since the last refresh"
                 else:
                     work, statements = decided
-                    out.commit_snapshot = self.apply(d, work, statements, now)
+                    out.commit_snapshot = self.apply(d, work, statements, now, trigger)
                     out.status, out.mode, out.reason = SUCCEEDED, work.mode, work.reason
                     out.rows_inserted, out.rows_deleted = work.inserted, work.deleted
         except (KitError, duckdb.Error, psycopg.Error) as exc:  # the table fails, the batch goes on
