@@ -38,8 +38,8 @@ def cli_env(stack, cli):
 
 def test_create_show_refresh_check_and_history(cli_env, tmp_path):
     f = tmp_path / "per_g.sql"
-    f.write_text(f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '5 minutes' AS\n"
-                 f"  SELECT g, sum(v) AS s, count(*) AS n FROM {S}.t GROUP BY g;\n")
+    f.write_text(f"\ufeffCREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '5 minutes' AS\n"  # an editor's byte-order mark
+                 f"  SELECT g, sum(v) AS s, count(*) AS n FROM {S}.t GROUP BY g;\n", encoding="utf-8")
     made = cli_env("dynamic", "create", str(f))
     assert made.exit_code == 0, made.output
     assert f"created {S}.per_g (lag 5 minutes, AUTO): 4 rows" in made.output

@@ -57,7 +57,11 @@ def create_cmd(
         raise KitError("give a FILE or --sql, one of the two", "e.g. `dynamic create dynamic_tables/daily_revenue.sql`")
     if file is not None and not file.is_file():
         raise KitError(f"{file} is not a file", "give the path of a .sql file, e.g. dynamic_tables/daily_revenue.sql")
-    text = file.read_text() if file is not None else sql_text
+    try:  # UTF-8 with an optional byte-order mark: left in, it hides the CREATE from the parser
+        text = file.read_text(encoding="utf-8-sig") if file is not None else sql_text
+    except (OSError, UnicodeDecodeError) as exc:
+        raise KitError(f"cannot read {file} ({getattr(exc, 'strerror', None) or exc})",
+                       "give the path of a readable UTF-8 .sql file") from None
     statements = ddl.parse(text or "")
     bad = [s for s in statements if not isinstance(s, ddl.CreateDynamicTable)]
     if bad:
