@@ -4,6 +4,7 @@ reference makes the check fail."""
 
 from __future__ import annotations
 
+import json
 from datetime import date, datetime
 from decimal import Decimal
 from pathlib import Path
@@ -23,11 +24,14 @@ from ducklake_kit.taxi.schema import TLC_ERAS
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "tlc-samples"
+GX = SAMPLES / "gx_yellow_tripdata_samples_2018-2020"
 # one of each kind of source the reference must conform: nanosecond timestamps, a BigQuery CSV labelled
-# +00:00 with a year-long period, a snake_case CSV
+# +00:00 with a year-long period, a snake_case CSV; and the two months whose days average exactly half a cent
+# (2018-06-16: 3.035 miles, 2019-03-31: $18.885), which the reference rounded the other way (issue 29)
 REAL_SAMPLES = [SAMPLES / "yellow_tripdata_2025-01_head10000.parquet",
                 SAMPLES / "bigquery_tlc_yellow_trips_2022_random10000.csv",
-                SAMPLES / "gx_yellow_tripdata_samples_2018-2020" / "yellow_tripdata_sample_2019-02.csv"]  # CRLF lines but the last: issue 16
+                GX / "yellow_tripdata_sample_2019-02.csv",  # CRLF lines but the last: issue 16
+                GX / "yellow_tripdata_sample_2018-06.csv", GX / "yellow_tripdata_sample_2019-03.csv"]
 NAMES = ["q1_trips_by_vendor", "q2_avg_total_by_passenger_count", "q3_trips_by_passenger_count_and_year",
          "q4_trips_by_passenger_count_year_distance", "daily_summary", "top_pickup_zones",
          "hourly_demand_by_weekday", "tip_share_by_payment_type", "airport_trips"]
@@ -114,6 +118,48 @@ def test_every_query_runs_and_matches_the_source(loaded, lake):
     queries.check_queries(lake, some, ["daily_summary", "06_top_pickup_zones"])
     assert [c.name for c in some.checks] == ["query daily_summary matches the source", "query top_pickup_zones matches the source"]
     assert some.ok
+
+
+def test_query_on_the_real_samples_passes_every_check(loaded, stack, cli):
+    """`query` as a user runs it, on a lake that holds the real samples (issue 29: every sample loaded with every check
+    passing, then `query` exited 1 on daily_summary)."""
+    if not all(p.exists() for p in REAL_SAMPLES):
+        pytest.skip(f"the real TLC samples ({SAMPLES}) are absent")
+    result = cli(stack.env, "query", "--json")
+    assert result.exit_code == 0, result.output[-3000:]
+    doc = json.loads(result.stdout)
+    assert doc["result"]["failed"] == 0 and doc["result"]["passed"] == len(NAMES) + 1
+    days = {r[0]: r[2:4] for r in doc["result"]["queries"]["daily_summary"]["rows"]}
+    # the two half-cent days, rounded half away from zero: 3.035 -> 3.04 miles, 18.885 -> $18.89
+    assert (days["2018-06-16"][0], days["2019-03-31"][1]) == (3.04, 18.89)
+
+
+def test_half_cent_averages_round_the_same_way_in_the_lessons_and_the_reference():
+    """Without the stack: the same rows as the lake's `trips` (for the lessons' SQL) and as `source_trips` (for the
+    reference). A day's average depends only on its exact DECIMAL sum and its count: these are the real samples' three
+    ties (2018-06-16, 2019-03-31, and 2022-05-22, whose DOUBLE falls just below 4.015 in both)."""
+    def day(date_: str, n: int, distance: tuple[float, float], total: tuple[float, float], pax: int, pu: int) -> list[tuple]:
+        # n - 1 rows of the first value, one of the second: the sums are the real days' sums
+        return [(f"{date_} 10:00:00", pax, pu, *(distance[i == n - 1], total[i == n - 1])) for i in range(n)]
+
+    rows = (day("2018-06-16", 312, (3.03, 4.59), (10.0, 10.0), 1, 132)  # 946.92 miles / 312 = 3.035
+            + day("2019-03-31", 274, (1.0, 1.0), (18.88, 20.25), 2, 161)  # $5,174.49 / 274 = 18.885
+            + day("2022-05-22", 22, (4.01, 4.12), (10.0, 10.0), 3, 161))  # 88.33 miles / 22 = 4.015
+    con = duckdb.connect()
+    con.execute("CREATE TABLE source_trips AS SELECT * FROM (VALUES " + ", ".join(
+        f"(TIMESTAMP '{p}', {x}, {pu}, {d}, {t})" for p, x, pu, d, t in rows) + ") v(pickup_at, passenger_count, "
+        "pu_location_id, trip_distance, total_amount)")
+    con.execute("ALTER TABLE source_trips ADD COLUMN do_location_id INTEGER DEFAULT 161")
+    con.execute("ALTER TABLE source_trips ADD COLUMN ratecode_id INTEGER DEFAULT 1")
+    con.execute("ALTER TABLE source_trips ADD COLUMN reject_reason VARCHAR")
+    con.execute("CREATE TABLE trips AS SELECT *, CAST(pickup_at AS DATE) AS pickup_date FROM source_trips")
+    for name in ("daily_summary", "q2_avg_total_by_passenger_count", "airport_trips"):
+        lesson = con.execute(queries.get_query(name).sql).fetchall()
+        assert lesson == con.execute(queries.REFERENCE_SQL[name]).fetchall(), name
+    assert [r[2:4] for r in con.execute(queries.get_query("daily_summary").sql).fetchall()] == [
+        (3.04, 10.0), (1.0, 18.89), (4.01, 10.0)]
+    assert con.execute(queries.get_query("q2_avg_total_by_passenger_count").sql).fetchall()[1] == (2, 274, 18.89)
+    assert con.execute(queries.get_query("airport_trips").sql).fetchall()[0] == ("JFK", "pickup", 312, 0, 3.04, Decimal("3120.00"))
 
 
 def test_the_queries_give_hand_computed_answers_on_a_literal_month(loaded, lake):

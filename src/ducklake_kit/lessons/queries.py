@@ -10,7 +10,12 @@ objects that `load_log.raw_uri` names (one read per load still in load_log, so a
 (`schema.detect_variant`), applies the quality rules re-implemented in SQL (`taxi.reference.REFERENCE_RULES`, not
 the Spark code), joins the `zones` lookup and computes each aggregate with its own SQL (`REFERENCE_SQL`). The
 lake's answer must equal it exactly: money and distances are summed as DECIMAL(18, 2) and averages and
-percentages rounded to 2 decimals in both, so no floating-point summation order can differ.
+percentages rounded to 2 decimals in both, so no floating-point summation order can differ. An average is the
+lessons' own arithmetic in both, `avg` over those DECIMALs: an exact sum, then one division to DOUBLE (DuckDB 1.5.5
+divides no DECIMAL exactly: `avg` and `/` both give DOUBLE), so both round the same DOUBLE. `sum(...) / count(*)`
+divides another way and, on two days of the real samples, rounded exact averages of 3.035 and 18.885 down where the
+lesson rounds them up. (The DOUBLE itself can fall below a tie: the real 2022-05-22 averages 4.015 miles, shown as
+4.01 by both; exact decimal rounding would need an exact average in the lesson's SQL too.)
 
 A dropped partition, a duplicated load, a row the loader kept or rejected wrongly, a shifted timestamp or a
 wrong derived column (weekday, hour, date, year) makes the lake's answer differ from the reference.
@@ -101,11 +106,18 @@ def run_query(lake: Lake, name: str) -> tuple[list[str], list[tuple], float]:
 # come from pickup_at here, where the queries read the columns Spark derived.
 _ACCEPTED = "(SELECT * FROM source_trips WHERE reject_reason IS NULL)"
 _D2 = "DECIMAL(18, 2)"
+
+
+def _avg2(column: str) -> str:
+    """An average as the lessons compute it: DuckDB's avg of the DECIMAL(18, 2) values, rounded to 2 decimals."""
+    return f"round(avg(CAST({column} AS {_D2})), 2)"
+
+
 REFERENCE_SQL: dict[str, str] = {
     "q1_trips_by_vendor": f"""
         SELECT vendor_id, count(*) FROM {_ACCEPTED} GROUP BY 1 ORDER BY 1 NULLS FIRST""",
     "q2_avg_total_by_passenger_count": f"""
-        SELECT passenger_count, count(*), round(sum(CAST(total_amount AS {_D2})) / count(*), 2)
+        SELECT passenger_count, count(*), {_avg2("total_amount")}
         FROM {_ACCEPTED} GROUP BY 1 ORDER BY 1 NULLS FIRST""",
     "q3_trips_by_passenger_count_and_year": f"""
         SELECT passenger_count, year(pickup_at) AS y, count(*) FROM {_ACCEPTED} GROUP BY 1, 2
@@ -115,9 +127,7 @@ REFERENCE_SQL: dict[str, str] = {
         FROM {_ACCEPTED} GROUP BY 1, 2, 3 ORDER BY y, n DESC, passenger_count NULLS FIRST, d""",
     "daily_summary": f"""
         SELECT CAST(pickup_at AS DATE) AS day, count(*),
-               round(sum(CAST(trip_distance AS {_D2})) / count(*), 2),
-               round(sum(CAST(total_amount AS {_D2})) / count(*), 2),
-               sum(CAST(total_amount AS {_D2}))
+               {_avg2("trip_distance")}, {_avg2("total_amount")}, sum(CAST(total_amount AS {_D2}))
         FROM {_ACCEPTED} GROUP BY day ORDER BY day""",
     "top_pickup_zones": f"""
         WITH by_zone AS (SELECT pu_location_id AS id, count(*) AS n, sum(CAST(total_amount AS {_D2})) AS revenue
@@ -146,7 +156,7 @@ REFERENCE_SQL: dict[str, str] = {
                       CROSS JOIN (VALUES ('pickup'), ('dropoff')) AS l(leg)
                       JOIN airports AS a ON a.id = CASE l.leg WHEN 'pickup' THEN t.pu_location_id ELSE t.do_location_id END)
         SELECT code, leg, count(*), sum(CASE WHEN ratecode_id = 2 OR ratecode_id = 3 THEN 1 ELSE 0 END),
-               round(sum(CAST(trip_distance AS {_D2})) / count(*), 2), sum(CAST(total_amount AS {_D2}))
+               {_avg2("trip_distance")}, sum(CAST(total_amount AS {_D2}))
         FROM legs GROUP BY code, leg ORDER BY code, leg""",
 }
 _QUARANTINE_CHECK = "quarantine reasons match the source"
