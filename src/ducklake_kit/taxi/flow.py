@@ -12,7 +12,7 @@ from ducklake_kit.platforms.state import State
 from ducklake_kit.taxi import sources
 from ducklake_kit.taxi import spark as spark_mod
 from ducklake_kit.taxi.load import MODES, LoadResult, load_snapshots, rows_snapshots, run_load
-from ducklake_kit.taxi.verify import verify_file
+from ducklake_kit.taxi.verify import replace_kept_other_periods, verify_file
 
 
 SPARK_LOG = "spark.log"  # in the state folder's logs/: the JVM's own output when a load starts it
@@ -55,6 +55,8 @@ def load_and_verify(
                          [result.snapshot_id])
         else:
             checks.equal("nothing new to load: no snapshot names this load", mine, [])
+        if mode == "replace":  # a replace touches exactly what it names: every other period is as it was
+            replace_kept_other_periods(lake, result, checks)
         if verify_skipped or loaded:
             # a skipped file's rows are those of the earlier load: they are checked against its raw copy too
             for fr in result.files if verify_skipped else loaded:

@@ -91,6 +91,15 @@ class FileResult:
     load_id: str = ""  # the load whose rows came from this file (an earlier one when skipped)
 
 
+@dataclass(frozen=True, order=True)
+class Replaced:
+    """One earlier file's rows that `replace` swaps out: what that load took from that source file (one load_log
+    row). A replace names periods (and file contents), not loads: the other files of that load, other periods, stay."""
+    load_id: str
+    source_file: str
+    period: str
+
+
 @dataclass
 class LoadResult:
     load_id: str
@@ -101,11 +110,13 @@ class LoadResult:
     previous_snapshot: int | None = None
     timings: dict[str, float] = field(default_factory=dict)
     zones: str = ""
+    replaced: list[Replaced] = field(default_factory=list)  # mode replace: the earlier files whose rows it swapped out
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "load_id": self.load_id, "mode": self.mode, "source": self.source_note, "zones": self.zones,
             "snapshot_id": self.snapshot_id, "previous_snapshot": self.previous_snapshot, "timings_s": self.timings,
+            "replaced": [asdict(r) for r in self.replaced],
             "files": [{**{k: v for k, v in asdict(f).items() if k != "source"}, "file": f.source.path.name,
                        "period": f.source.period, "sha256": f.source.sha256, "kind": f.source.kind} for f in self.files],
         }
@@ -253,8 +264,11 @@ def dropped_table(lake: Lake, table: str, schema_name: str = "main") -> KitError
                     f"=> {last})\", or land every file again into a new one with `load --mode replace`")
 
 
-def plan(lake: Lake, files: list[SourceFile], mode: str, schema_name: str = "main") -> tuple[list[SourceFile], list[FileResult], list[str]]:
-    """Which files to load, which to skip (and why), and which earlier loads `replace` supersedes."""
+def plan(lake: Lake, files: list[SourceFile], mode: str, schema_name: str = "main"
+         ) -> tuple[list[SourceFile], list[FileResult], list[Replaced]]:
+    """Which files to load, which to skip (and why), and which earlier files' rows `replace` swaps out: those of the
+    same period or the same content, one load_log row each, never a whole earlier load (`all` loads three months as
+    one load: replacing one of them must keep the other two)."""
     if mode not in MODES:
         raise KitError(f"unknown mode '{mode}'", f"choose one of: {', '.join(MODES)}")
     if mode != "replace":  # skip and append would leave the dropped rows out of a table that looks loaded
@@ -282,7 +296,7 @@ def plan(lake: Lake, files: list[SourceFile], mode: str, schema_name: str = "mai
                 "pass --mode replace to swap it, or --mode append to add the rows",
             )
         if mode == "replace":
-            superseded += [p["load_id"] for p in same_content + same_period]
+            superseded += [Replaced(p["load_id"], p["source_file"], p["period"]) for p in same_content + same_period]
         todo.append(f)
     return todo, skipped, sorted(set(superseded))
 
@@ -312,6 +326,7 @@ def run_load(
         result.previous_snapshot = lake.current_snapshot()
         todo, skipped, superseded = plan(lake, files, mode, schema_name)
         result.files.extend(skipped)
+        result.replaced = superseded
         if not todo:
             on_step("nothing new to load: no snapshot made")
             return result
@@ -400,7 +415,7 @@ def rows_snapshots(lake: Lake, load_id: str, schema_name: str = "main") -> list[
     return [int(r[0]) for r in rows]
 
 
-def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[str], mode: str, schema_name: str,
+def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[Replaced], mode: str, schema_name: str,
             by_table: dict[str, list], written: list, zones_path: Path, landed: dict, load_id: str, started: float,
             result: "LoadResult", fault: str | None) -> None:
     """Register every written file, the DDL, zones and load_log in ONE DuckLake transaction: one snapshot."""
@@ -416,9 +431,11 @@ def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[
         existing = frozenset(t for _s, t in tables(con, lake.alias, q))
         for stmt in ddl_statements(q, existing):
             con.execute(stmt)
-        for load in superseded:
+        # per file, not per load: a load_log row is one file's figures, so the rows and log rows of the earlier load's
+        # other files stay, and stay true (`verify.replace_kept_other_periods` checks it after the commit)
+        for r in superseded:
             for tbl in (TRIPS, QUARANTINE, LOAD_LOG):
-                con.execute(f"DELETE FROM {q}.{tbl} WHERE load_id = ?", [load])
+                con.execute(f"DELETE FROM {q}.{tbl} WHERE load_id = ? AND source_file = ?", [r.load_id, r.source_file])
         for tbl, rows in by_table.items():
             if rows:
                 con.execute("CALL ducklake_add_data_files(?, ?, ?, schema => ?)", [lake.alias, tbl, [r.path for r in rows], q])
