@@ -11,7 +11,7 @@ from rich.tree import Tree
 
 from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
 from ducklake_kit.cli.output import console, print_json, table
-from ducklake_kit.errors import EXIT_CHECK_FAILED
+from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 from ducklake_kit.workers.config import PlaneConfig
 
 if TYPE_CHECKING:
@@ -137,8 +137,18 @@ def run_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None,
     else:
         _print_run(outcome)
         _warn(outcome.warnings, False)
+    if outcome.run.aborted:
+        typer.echo(_aborted_line(outcome.run.aborted), err=True)
     if not outcome.run.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _aborted_line(aborted: str) -> str:
+    """The one error line of a run the worker plane could not finish (the details are in the run's table)."""
+    if aborted.startswith("the worker plane's scheduler was lost"):
+        return KitError("the worker plane's scheduler was lost during the run",
+                        "run `up` to start it again, then `pipeline run --from-failed`").line()
+    return KitError(aborted, "run `status`, then `pipeline run --from-failed`").line()
 
 
 def _print_run(outcome: "RunOutcome") -> None:

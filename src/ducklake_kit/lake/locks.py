@@ -3,7 +3,7 @@ holder never leaves a lock behind."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -75,3 +75,35 @@ def held_now(ep: Endpoints, keys: list[int]) -> set[int]:
             else:
                 held.add(key)
     return held
+
+
+def named_key(namespace: bytes, name: str) -> int:
+    """A bigint key for `name` in a 2-byte namespace (48 bits of the name's SHA-256 after it)."""
+    import hashlib
+
+    if len(namespace) != 2:
+        raise ValueError("a lock namespace is 2 bytes")
+    return (int.from_bytes(namespace, "big") << 48) | int.from_bytes(hashlib.sha256(name.encode()).digest()[:6], "big")
+
+
+def holder_of(conn: psycopg.Connection, key: int) -> str | None:
+    """The application_name of the session that holds advisory lock `key` (how the holder said who it is)."""
+    row = conn.execute(
+        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+        "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid::bigint = %s "
+        "AND l.objid::bigint = %s", [key >> 32, key & 0xFFFFFFFF]).fetchone()
+    return row[0] if row and row[0] else None
+
+
+@contextmanager
+def held_exclusively(ep: Endpoints, key: int, holder: str, busy: Callable[[str | None], KitError]) -> Iterator[None]:
+    """Hold advisory lock `key` for the block, or raise `busy(who)` at once when another session holds it; `holder`
+    is what this session says it is (its application_name: the next one who finds the lock held reads it)."""
+    conn = postgres.connect(ep.pg, timeout=10)
+    try:
+        conn.execute("SELECT set_config('application_name', %s, false)", [holder[:63]])
+        if not conn.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()[0]:
+            raise busy(holder_of(conn, key))
+        yield
+    finally:
+        conn.close()

@@ -12,6 +12,7 @@ failed may still have reached the catalog."""
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -57,6 +58,15 @@ def snapshot_with_token(lake: Lake, token: str, hint: int | None = None, extra: 
     return int(row[0]) if row and row[0] is not None else None
 
 
+def snapshot_of_token(lake: Lake, token: str) -> int | None:
+    """The snapshot whose commit carried `token` (as `commit` in its commit_extra_info, whatever else it holds), or
+    None: the way to find out whether a commit whose fate is unknown landed."""
+    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
+    row = lake.con.execute(f"SELECT max(snapshot_id) FROM {meta}.ducklake_snapshot_changes "
+                           "WHERE json_extract_string(commit_extra_info, '$.commit') = ?", [token]).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
 def rollback_quietly(con: duckdb.DuckDBPyConnection) -> None:
     """ROLLBACK after a failure; a failed COMMIT has already ended the transaction, and the original error is the
     one to report, so a ROLLBACK that fails too is ignored."""
@@ -93,11 +103,11 @@ def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTH
 
 def commit_with(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], message: str, *,
                 author: str = AUTHOR, before_commit: Callable[[], None] | None = None,
-                extra: dict[str, Any] | None = None) -> Commit:
+                extra: dict[str, Any] | None = None, token: str | None = None) -> Commit:
     """`work(con)` in ONE transaction with `message` as its commit message (for statements with parameters,
     `executemany`): one snapshot, or nothing when it raises. `extra`: more to keep in the snapshot's
-    commit_extra_info (JSON), beside the commit's token."""
-    token = uuid.uuid4().hex
+    commit_extra_info (JSON), beside the commit's token. `token`: the caller's (see `commit_once`)."""
+    token = token or uuid.uuid4().hex
     extra_info = json.dumps({"commit": token, **(extra or {})})
     con = lake.con
     con.execute("BEGIN TRANSACTION")
@@ -112,3 +122,23 @@ def commit_with(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], m
         rollback_quietly(con)
         raise
     return Commit(snapshot_with_token(lake, token, last_committed_snapshot(lake), extra_info), message)
+
+
+def commit_once(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], message: str, *,
+                extra: dict[str, Any] | None = None, attempts: int = 5, backoff_s: float = 0.2) -> Commit:
+    """`commit_with`, tried again when the commit failed and did not land: every attempt carries the same token,
+    and after a failure the lake is asked for it. Found: an attempt landed (its snapshot is returned, never written
+    twice). Not found: nothing landed, so another attempt is safe (e.g. after losing a commit race to a concurrent
+    writer). The last failure is raised when every attempt failed."""
+    token = uuid.uuid4().hex
+    for attempt in range(1, attempts + 1):
+        try:
+            return commit_with(lake, work, message, extra=extra, token=token)
+        except duckdb.Error:
+            landed = snapshot_of_token(lake, token)
+            if landed is not None:
+                return Commit(landed, message)
+            if attempt == attempts:
+                raise
+            time.sleep(backoff_s * attempt)
+    raise AssertionError("unreachable")

@@ -11,6 +11,7 @@ from typing import Any
 
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
+from ducklake_kit.lake.locks import held_exclusively, named_key
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.pipelines import dag, history, runner
 from ducklake_kit.pipelines.dag import Node, Pipeline
@@ -95,7 +96,9 @@ def run(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, select
     """Run the pipeline (or the chosen nodes) and record it. None when --from-failed finds nothing to re-run.
     `source`: the file, or the pipeline already read from it (`dag.load`)."""
     pipeline = _pipeline(source, strict)
-    with Lake(endpoints) as lake, WorkerPlane(scheduler, endpoints) as plane:
+    run_id = runner.new_run_id()
+    with (_one_run_at_a_time(endpoints, pipeline.name, run_id), Lake(endpoints) as lake,
+          WorkerPlane(scheduler, endpoints) as plane):
         workers = _running_workers(plane)
         pipeline.check_pins(workers)
         selector = select
@@ -106,13 +109,15 @@ def run(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, select
             selector = f"from-failed {last_id}"
         else:
             only = pipeline.select(select) if select else set(pipeline.nodes)
-        done = runner.run(pipeline, plane, only=only, timeout_s=timeout_s, selector=selector, on_event=on_event)
+        done = runner.run(pipeline, plane, only=only, run_id=run_id, timeout_s=timeout_s, selector=selector,
+                          on_event=on_event)
         warnings = list(pipeline.warnings)
+        local: dict[str, list] = {}
         try:  # the worker-local tables' columns, for column lineage through them
-            local = {w: plane.run(history.LOCAL_COLUMNS_SQL, worker=w).rows
-                     for w in sorted({n.worker for n in done.nodes if n.worker and n.status != SKIPPED})}
+            if not plane.scheduler_lost():
+                local = {w: plane.run(history.LOCAL_COLUMNS_SQL, worker=w).rows
+                         for w in sorted({n.worker for n in done.nodes if n.worker and n.status != SKIPPED})}
         except Exception as exc:  # noqa: BLE001 - a worker gone since: the run is still recorded
-            local = {}
             warnings.append(f"the workers' local tables could not be read ({first_line(exc)}): no column lineage "
                             "through them")
         schema = history.current_schema(lake, local)
@@ -120,6 +125,21 @@ def run(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, select
         snapshot = history.record(lake, pipeline, done, lineage)
         info = lake.catalog_info(platform_name)
     return RunOutcome(done, lineage, warnings + lineage.warnings, snapshot, info)
+
+
+RUN_HOLDER = "ducklake-kit pipeline run "  # how a run names itself to PostgreSQL (application_name) while it holds
+
+
+def _one_run_at_a_time(endpoints: Endpoints, name: str, run_id: str):
+    """Hold the pipeline's lock in the catalog (a PostgreSQL advisory lock, released when the run's session ends, a
+    killed run included) for the run; a second run of the same pipeline is refused, naming the run that holds it."""
+    def busy(holder: str | None) -> KitError:
+        other = f"run {holder.removeprefix(RUN_HOLDER)}" if holder and holder.startswith(RUN_HOLDER) else "another run"
+        return KitError(f"pipeline {name} is already running ({other}); one run of a pipeline at a time, or the two "
+                        "would replace each other's tables and race to record their history",
+                        "wait for that run to end, then run it again")
+
+    return held_exclusively(endpoints, named_key(b"P\x00", name), RUN_HOLDER + run_id, busy)
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import table_exists
-from ducklake_kit.lake.transactions import commit_with
+from ducklake_kit.lake.transactions import commit_once
 from ducklake_kit.pipelines.dag import Pipeline
 from ducklake_kit.pipelines.lineage import ColumnEdge, Schema, TableEdge, column_edges, table_edges
 from ducklake_kit.pipelines.runner import FAILED, OK, SKIPPED, PipelineRun
@@ -152,7 +152,9 @@ def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -
         _insert(con, f"{lake.alias}.main.lineage_tables", table_rows)
         _insert(con, f"{lake.alias}.main.lineage_columns", column_rows)
 
-    return commit_with(lake, write, f"pipeline {run.pipeline}: history of run {run.run_id}").snapshot_id
+    # tried again when it did not land (a concurrent writer won the commit race), never written twice
+    return commit_once(lake, write, f"pipeline {run.pipeline}: history of run {run.run_id}",
+                       extra={"pipeline_history": run.run_id}).snapshot_id
 
 
 def _insert(con, table: str, rows: list[list[Any]]) -> None:

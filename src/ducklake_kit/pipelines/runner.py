@@ -180,13 +180,15 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
             if not running:
                 continue  # only skips were decided: their dependents may be ready now
             future = next(pending)
-            node_id = running.pop(future.key)
-            done[node_id] = _finished(pipeline.nodes[node_id], plane, future)
+            node_id = running[future.key]
+            done[node_id] = _finished(pipeline.nodes[node_id], plane, future)  # PlaneLost: still running, for the handler
+            del running[future.key]
             finished.append(future)
             on_event("end", done[node_id])
             sorter.done(node_id)
     except Exception as exc:  # noqa: BLE001 - the plane itself failed (the scheduler went away): say what is known
-        record.aborted = f"the run stopped: {type(exc).__name__}: {first_line(exc)}"
+        record.aborted = (exc.args[0] if isinstance(exc, PlaneLost)
+                          else f"the run stopped: {type(exc).__name__}: {first_line(exc)}")
         for node_id in running.values():
             done[node_id] = NodeRun(node_id, FAILED, sql=pipeline.nodes[node_id].sql, error=(
                 f"{record.aborted}, while this node ran; it may or may not have committed: check the lake"))
@@ -207,11 +209,18 @@ def _release(futures: list) -> None:
     futures.clear()
 
 
+class PlaneLost(Exception):
+    """The client lost its scheduler: no node's outcome can be known from the plane any more."""
+
+
 def _finished(node: Node, plane: WorkerPlane, future) -> NodeRun:
-    """The node's outcome; a task that raised on its worker (not a SQL error: those are results) is a failed node."""
+    """The node's outcome; a task that raised on its worker (not a SQL error: those are results) is a failed node.
+    A task cancelled because the scheduler went away stops the run (PlaneLost)."""
     try:
         return _node_run(node, plane.result(future, release=False))
     except Exception as exc:  # noqa: BLE001 - e.g. cancelled by a scheduler restart: still one node's outcome
+        if plane.scheduler_lost():
+            raise PlaneLost(f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})") from None
         return NodeRun(node.id, FAILED, sql=node.sql,
                        error=f"the task failed on the worker plane ({type(exc).__name__}: {first_line(exc)}); it may "
                              "or may not have committed: check the lake")

@@ -8,6 +8,7 @@ user's scheduler that would re-run tasks is refused with the setting to change.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -54,6 +55,10 @@ class WorkerPlane:
                  register: bool = True, security=None):
         from distributed import Client  # the CLI only pays for importing Dask when it uses the workers
 
+        # this process is a client only: what goes wrong with the plane (a lost scheduler, a refused connection) the
+        # kit says itself, in one line; Dask's client logs the same with tracebacks on stderr
+        for name in ["distributed", *(n for n in logging.root.manager.loggerDict if n.startswith("distributed."))]:
+            logging.getLogger(name).setLevel(logging.CRITICAL)  # Dask's config gives some their own level
         self.address = address
         self.endpoints = endpoints
         self.plugin = plugin_name(endpoints)
@@ -86,6 +91,10 @@ class WorkerPlane:
 
     def close(self) -> None:
         self.client.close()
+
+    def scheduler_lost(self) -> bool:
+        """The client is no longer connected to its scheduler (it died, or the connection broke)."""
+        return self.client.status != "running"
 
     # -- set-up --------------------------------------------------------------------------------------------------
     def _refuse_task_retries(self) -> None:
