@@ -307,3 +307,25 @@ def test_a_command_past_the_size_limit_is_refused_while_rendering():
         templates.render_sql("SELECT 1{% for i in range(100000) %}, '{{ big }}'{% endfor %}", {"big": "b" * 1000})
     assert time.perf_counter() - start < 2  # stopped at the limit, not after building 100 MB
     assert templates.MAX_SQL_BYTES == 16 * 2**20
+
+
+@pytest.mark.parametrize("command, words", [
+    ("ATTACH '/tmp/x.duckdb' AS evil", "ATTACH is refused in a step"),
+    ("USE memory; DETACH lake", "USE memory is refused in a step"),
+    ("DETACH DATABASE IF EXISTS lake", "DETACH is refused in a step"),
+    ("USE other.main", "USE other is refused in a step"),
+    ("SET threads = 8", "SET threads is refused in a step: it is a setting of the whole worker"),
+    ("SET GLOBAL enable_progress_bar = true", "SET enable_progress_bar is refused"),
+    ("RESET memory_limit", "RESET memory_limit is refused"),
+    ("SET search_path = 'memory.main'", "SET search_path is refused"),
+])
+def test_what_would_change_the_workers_connection_is_refused_at_its_line(tmp_path, command, words):
+    error = error_of(tmp_path, GOOD.replace("command: CREATE TABLE t (i INTEGER)", f'command: "SELECT 1; {command}"'))
+    assert error.line_no == 6 and f"step 'make', command 0: {words}" in error.what
+
+
+def test_a_declared_catalog_variables_and_the_connections_own_settings_are_allowed(tmp_path):
+    ok = GOOD.replace("command: CREATE TABLE t (i INTEGER)", "catalog_name: analytics\n    commands:\n"
+                      "      - USE analytics\n      - USE lake.main\n      - USE local\n      - USE marts\n"
+                      "      - SET VARIABLE seen = 1\n      - SET enable_progress_bar = false\n      - BEGIN\n      - COMMIT")
+    assert runner.load(write(tmp_path, ok)).steps["make"].commands[0] == "USE analytics"

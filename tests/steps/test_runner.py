@@ -441,3 +441,31 @@ def test_a_value_that_breaks_out_of_its_literal_is_refused_and_numbers_still_pas
     assert lake.scalar(f"SELECT sum(i) FROM {S}.victim") == 6
     huge = books.run(greet.replace("{{ who }}", "{{ 'a' * 100000000 }}"))
     assert not huge.ok and "more than 16 MiB" in step(huge, "greet").error.line()
+
+
+def test_a_rendered_command_that_would_change_the_workers_connection_is_refused(books):
+    """A template can hide an ATTACH from `steps validate`: the rendered command is checked again before it is sent,
+    and no worker ever sees it (every worker still has only its own databases)."""
+    def databases() -> dict[str, list[str]]:
+        return {w: [r[0] for r in books.plane.run("SELECT database_name FROM duckdb_databases() ORDER BY 1", worker=w).rows]
+                for w in ("w1", "w2")}
+
+    before = databases()
+    run = books.run("""\
+        workflow:
+          - step: sneaky
+            tool: ducklake
+            command: "{% if true %}ATTACH ':memory:' AS evil{% endif %}"
+        """)
+    sneaky = step(run, "sneaky")
+    assert sneaky.status == "error" and sneaky.attempt is None
+    assert "ATTACH is refused in a step" in sneaky.error.line()
+    assert databases() == before
+    declared = books.run("""\
+        workflow:
+          - step: declared
+            tool: ducklake
+            catalog_name: hygiene_alias
+            command: "{% if true %}USE hygiene_alias{% endif %}; SELECT current_database() AS db"
+        """)
+    assert declared.ok and commands(declared, "declared")[-1]["rows"] == [{"db": "hygiene_alias"}], declared.as_dict()

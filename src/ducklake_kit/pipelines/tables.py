@@ -20,6 +20,7 @@ from sqlglot.optimizer.scope import Scope, traverse_scope
 
 from ducklake_kit.errors import first_line
 from ducklake_kit.lake import LAKE
+from ducklake_kit.lake.statements import session_statement
 from ducklake_kit.workers.config import LOCAL_DB
 
 DIALECT = "duckdb"
@@ -76,10 +77,6 @@ def parse_table_name(name: str) -> TableRef:
 
 MAKE, CHANGE, READ, DROP = "make", "change", "read", "drop"  # what a statement does to a table (or a schema)
 
-# statements whose effect lasts only for the connection, or that end transactions: a node runs alone, on any
-# worker, so they cannot do what they say in a pipeline
-_SESSION = {exp.Transaction: "BEGIN", exp.Commit: "COMMIT", exp.Rollback: "ROLLBACK", exp.Use: "USE",
-            exp.Set: "SET", exp.Attach: "ATTACH", exp.Detach: "DETACH"}
 _KNOWN = (exp.Query, exp.Create, exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Alter, exp.Drop, exp.Copy,
           exp.TruncateTable, exp.Describe)
 
@@ -163,10 +160,10 @@ def table_use(sql: str) -> TableUse:
         stmt = sqlglot.parse_one(sql, read=DIALECT)
     except ParseError as exc:
         return TableUse(opaque=f"sqlglot cannot parse it ({first_line(exc)})")
-    for kind, word in _SESSION.items():
-        if isinstance(stmt, kind):
-            return TableUse(refused=f"{word} lasts only for one connection or transaction, and each node runs on its "
-                            "own (a node that changes the lake is already one transaction)", tree=stmt)
+    word = session_statement(stmt)  # a node runs alone, on any worker: these cannot do what they say in a pipeline
+    if word is not None:
+        return TableUse(refused=f"{word} lasts only for one connection or transaction, and each node runs on its "
+                        "own (a node that changes the lake is already one transaction)", tree=stmt)
     if stmt is None or not isinstance(stmt, _KNOWN):
         return TableUse(opaque="sqlglot does not know this statement", tree=stmt)
     use = TableUse(tree=stmt)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ducklake_kit.errors import KitError
+from ducklake_kit.lake import LAKE
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.steps import catalogs, noetl, sqltext, templates
 from ducklake_kit.steps.model import ASYNC, EXCLUSIVE, Playbook, Step
@@ -27,6 +28,7 @@ from ducklake_kit.steps.results import ERROR, OK, SKIPPED, Attempt, Failure, Ite
 from ducklake_kit.steps.schema import PlaybookError, load_value
 from ducklake_kit.steps.task import StepTask, Target, run_step
 from ducklake_kit.workers.client import WorkerPlane
+from ducklake_kit.workers.config import LOCAL_DB
 from ducklake_kit.workers.tasks import TaskResult
 
 Event = Callable[[str, dict[str, Any]], None]
@@ -67,6 +69,26 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
                 raise PlaybookError(playbook.file, line, f"step '{step.name}' uses {{{{ {unknown[0]} }}}}, which is not "
                                     "defined: no workload key, step, var or loop variable has that name",
                                     "define it under `workload:` or with `--set name=value`, or fix the spelling")
+
+
+def declared_catalogs(playbook: Playbook) -> set[str]:
+    """The databases a step may USE: the catalogs the playbook names (catalog_name, when it is not a template), the
+    kit's lake and the worker-local database."""
+    return {LAKE, LOCAL_DB} | {s.catalog.name for s in playbook.steps.values() if "{" not in s.catalog.name}
+
+
+def check_session(playbook: Playbook) -> None:
+    """A command (one without templates: the others are checked when rendered) that would change the worker's
+    connection for later tasks is an error at its line (sqltext.session_refused)."""
+    declared = declared_catalogs(playbook)
+    for step in playbook.steps.values():
+        for i, (command, line) in enumerate(zip(step.commands, step.command_lines)):
+            if "{{" in command or "{%" in command:
+                continue
+            why = sqltext.session_refused(command, declared)
+            if why:
+                raise PlaybookError(playbook.file, line, f"step '{step.name}', command {i}: {why}",
+                                    "remove the statement, or declare the catalog as the README's step runner section shows")
 
 
 def paste_warnings(playbook: Playbook) -> list[str]:
@@ -128,11 +150,12 @@ class Runner:
                                 name=text(c.name) or "lake", data_path=text(c.data_path), create=c.create, use=c.use,
                                 endpoints=self.endpoints, home=self.home)
 
-    def _commands(self, step: Step, ctx: dict[str, Any], warnings: list[str]) -> list[str]:
+    def _commands(self, step: Step, target: Target, ctx: dict[str, Any], warnings: list[str]) -> list[str]:
         texts = []
         for i, template in enumerate(step.commands):
             rendered = templates.render_sql(template, ctx)
-            refused = sqltext.pasted_values_refused(rendered)
+            refused = sqltext.pasted_values_refused(rendered) or \
+                sqltext.session_refused(rendered.text, declared_catalogs(self.playbook) | {target.alias})
             if refused:
                 raise _StepFailed(Failure(f"command {i}: {refused}", None, rendered.text.strip()))
             text, rewrites = sqltext.rewrite_time_travel(rendered.text)
@@ -162,7 +185,7 @@ class Runner:
         """(the catalog, the commands' text, the params, the step's settings), rendered for `ctx`."""
         try:
             target = self._target(step, ctx)
-            texts = self._commands(step, ctx, warnings)
+            texts = self._commands(step, target, ctx, warnings)
             params = templates.render_value(step.params, ctx)
             settings: dict[str, Any] = {}
             if step.memory_limit is not None:
@@ -323,6 +346,7 @@ def load(file: Path, overrides: dict[str, Any] | None = None) -> Playbook:
     """Read, validate and name-check a playbook (what `steps validate` does): PlaybookError at the first problem."""
     playbook = noetl.load(file)
     check_names(playbook, set(overrides or {}))
+    check_session(playbook)
     return playbook
 
 

@@ -7,7 +7,9 @@
   DuckLake tables support only NOT NULL;
 - a value pasted into a command as it is (`'{{ who }}'`, NoETL's way) that changes the statement's structure is
   refused (`pasted_values_refused`): the rendered command's tokens are compared with those of the same command
-  rendered with a harmless stand-in for every value.
+  rendered with a harmless stand-in for every value;
+- what would change the worker's pooled connection for later tasks (ATTACH, DETACH, USE of a database the playbook
+  does not declare, SET of a setting of the whole worker) is refused (`session_refused`), as pipelines refuse it.
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import functools
 import logging
 from dataclasses import dataclass
 
+import duckdb
 import sqlglot
 from sqlglot import exp
 from sqlglot.dialects.duckdb import DuckDB
 from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import TokenType
 
+from ducklake_kit.lake.statements import session_statement
 from ducklake_kit.steps.templates import Pasted, RenderedSql
 from ducklake_kit.workers.config import LOCAL_DB
 
@@ -186,3 +190,80 @@ def _refusal(rendered: RenderedSql, p: Pasted, why: str) -> str:
     value = " ".join(rendered.text[p.start:p.end].split())
     value = value if len(value) <= 60 else value[:59] + "…"
     return f"a value pasted into the SQL ({value!r}) {why}, so it was not run; {PASTED_FIX}"
+
+
+# DuckDB's own databases: always attached, never a step's catalog
+DUCKDB_DATABASES = {"memory", "system", "temp"}
+# LOCAL settings that choose where unqualified names go, as USE does
+_NAME_SETTINGS = {"schema", "search_path"}
+
+
+@functools.lru_cache(maxsize=256)
+def setting_scope(name: str) -> str | None:
+    """GLOBAL (the whole DuckDB instance: every task of a worker) or LOCAL (the connection), as DuckDB itself says;
+    None for a name plain DuckDB does not know (an extension's setting, or a typo)."""
+    with duckdb.connect() as con:  # DuckDB's own settings, without the extensions: only DuckDB knows the scopes
+        row = con.execute("SELECT scope FROM duckdb_settings() WHERE lower(name) = lower($1) "
+                          "OR list_contains(list_transform(aliases, a -> lower(a)), lower($1))", [name]).fetchone()
+    return row[0] if row else None
+
+
+def session_refused(sql: str, catalogs: set[str]) -> str | None:
+    """Why a step may not run `sql`, or None: ATTACH and DETACH (a step names its catalog with catalog_name and
+    auth/catalog_connection), USE of a database other than `catalogs` (those the playbook declares, the lake and
+    `local`), and SET/RESET of a setting of the whole worker. Every task on a worker shares its connection: what a
+    step changes there, the next task of anyone on that worker would inherit. SET VARIABLE and settings of the
+    connection alone (DuckDB's LOCAL ones) are allowed. Text sqlglot cannot parse is left for DuckDB to judge (and
+    the worker undoes an ATTACH or USE after every task)."""
+    try:
+        statements = sqlglot.parse(sql, read="duckdb")
+    except (ParseError, TokenError):
+        return None
+    for stmt in statements:
+        word = session_statement(stmt)
+        if word in ("ATTACH", "DETACH"):
+            return (f"{word} is refused in a step: every task on a worker shares its connection, so the databases a "
+                    "step attaches or detaches would change the lake for later tasks; declare another catalog with "
+                    "catalog_name and auth or catalog_connection")
+        if word == "USE":
+            table = stmt.this
+            database = (table.catalog or table.db) if isinstance(table, exp.Table) and table.db else None
+            name = database or (table.name if isinstance(table, exp.Table) else str(table))
+            if (database and database not in catalogs) or (not database and name.lower() in DUCKDB_DATABASES):
+                return (f"USE {name} is refused in a step: only the catalogs the playbook declares "
+                        f"({', '.join(sorted(catalogs))}) may be its default database; declare another catalog with "
+                        "catalog_name and auth or catalog_connection")
+        if word in ("SET", "RESET"):
+            why = _global_setting(stmt)
+            if why:
+                return why
+    return None
+
+
+def _global_setting(stmt: exp.Expression) -> str | None:
+    """Why a SET, PRAGMA name = value or RESET changes more than the connection, or None."""
+    if isinstance(stmt, exp.Command):  # RESET [GLOBAL|SESSION|LOCAL|VARIABLE] name
+        words = [t.text for t in DuckDB().tokenize(stmt.expression.name if stmt.expression else "")]
+        kind = words.pop(0).upper() if words and words[0].upper() in ("GLOBAL", "SESSION", "LOCAL", "VARIABLE") else None
+        items = [(kind, words[0] if words else "")]
+    elif isinstance(stmt, exp.Pragma):
+        items = [(None, stmt.this.this.name)]
+    else:
+        items = []
+        for item in stmt.expressions:
+            kind = str(item.args.get("kind") or "").upper() or None
+            target = item.this.this if isinstance(item.this, exp.EQ) else item.this
+            items.append((kind, target.name if isinstance(target, exp.Expression) else str(target)))
+    word = "RESET" if isinstance(stmt, exp.Command) else "SET"
+    for kind, name in items:
+        if kind == "VARIABLE":
+            continue
+        if name.lower() in _NAME_SETTINGS:
+            return (f"{word} {name} is refused in a step: it would choose where unqualified names go for every later task "
+                    "on the worker; qualify the names, or USE one of the playbook's catalogs")
+        scope = setting_scope(name)
+        if kind == "GLOBAL" or scope != "LOCAL":
+            what = "a setting of the whole worker" if scope else "not a setting DuckDB knows as the connection's own"
+            return (f"{word} {name} is refused in a step: it is {what}, so it would stay for every later task on the "
+                    "worker; use the step's memory_limit or threads (they apply to the step only), or SET VARIABLE")
+    return None

@@ -23,7 +23,7 @@ from ducklake_kit.lake.connection import bound_params
 from ducklake_kit.lake.sql import quote_ident, quote_literal
 from ducklake_kit.lake.transactions import commit_with
 from ducklake_kit.platforms.base import PgEndpoint
-from ducklake_kit.workers.plugin import LakePlugin
+from ducklake_kit.workers.plugin import LakeLost, LakePlugin
 from ducklake_kit.workers.tasks import end_open_transaction, task_lake
 
 
@@ -99,38 +99,47 @@ def run_step(plugin: str, target: Target, commands: list[str], params: dict[str,
     if lake_plugin is None:
         out.error = refused
     else:
-        lake: Lake = lake_plugin.lake
-        with lake_plugin.exclusive():
-            try:
-                view = _attached(lake_plugin, target)
-                restore = _apply_settings(lake.con, settings or {})
-                try:
-                    _use(lake_plugin, target.alias if target.use else lake.alias)
-                    if message is not None:
-                        _transaction(view, commands, params, message, out)
-                    else:
-                        _autocommit(view, commands, params, keep_going, out, _known_snapshot(lake_plugin, target.alias))
-                        lake_plugin.snapshots[target.alias] = (lake_plugin.turn, out.last_snapshot)
-                    if any(s.statement_type in ("SET", "ATTACH", "DETACH") for s in out.statements):
-                        lake_plugin.default_db = None  # the step's own SQL may have changed it (USE is a SET)
-                    if any(s.statement_type in ("ATTACH", "DETACH") for s in out.statements):
-                        lake_plugin.catalogs.clear()  # ... and what is attached: check again before the next use
-                        lake_plugin.snapshots.clear()
-                    if with_info:
-                        out.catalog_info = catalog_info(view)
-                finally:
-                    restore()
-            except Exception as exc:  # noqa: BLE001 - reported as the step's error, never raised to Dask
-                lake_plugin.default_db = None
-                out.error = getattr(exc, "what", None) or first_line(exc)
+        try:
+            with lake_plugin.exclusive():  # settled first: LakeLost when the lake cannot be attached again
+                _run_held(lake_plugin, target, commands, params, message, keep_going, settings, with_info, out)
+        except LakeLost as exc:
+            out.error = exc.what
     out.finished_at = time.time()
     out.seconds = round(time.perf_counter() - start, 6)
     return out
 
 
+def _run_held(lake_plugin: LakePlugin, target: Target, commands: list[str], params: dict[str, Any], message: str | None,
+              keep_going: bool, settings: dict[str, Any] | None, with_info: bool, out: StepTask) -> None:
+    """The step on the worker's connection, held by this task."""
+    lake: Lake = lake_plugin.lake
+    try:
+        view = _attached(lake_plugin, target)
+        restore = _apply_settings(lake.con, settings or {})
+        try:
+            _use(lake_plugin, target.alias if target.use else lake.alias)
+            if message is not None:
+                _transaction(view, commands, params, message, out)
+            else:
+                _autocommit(view, commands, params, keep_going, out, _known_snapshot(lake_plugin, target.alias))
+                lake_plugin.snapshots[target.alias] = (lake_plugin.turn, out.last_snapshot)
+            if any(s.statement_type in ("SET", "ATTACH", "DETACH") for s in out.statements):
+                lake_plugin.default_db = None  # the step's own SQL may have changed it (USE is a SET)
+            if any(s.statement_type in ("ATTACH", "DETACH") for s in out.statements):
+                lake_plugin.catalogs.clear()  # ... and what is attached: check again before the next use
+                lake_plugin.snapshots.clear()
+            if with_info:
+                out.catalog_info = catalog_info(view)
+        finally:
+            restore()
+    except Exception as exc:  # noqa: BLE001 - reported as the step's error, never raised to Dask
+        lake_plugin.default_db = None
+        out.error = getattr(exc, "what", None) or first_line(exc)
+
+
 def _use(plugin: LakePlugin, database: str) -> None:
-    """`USE database`, unless the connection's default is known to be it already. Every task that runs other SQL
-    (workers.tasks) starts with its own USE and leaves the default unknown."""
+    """`USE database`, unless the connection's default is known to be it already (LakePlugin.settle says what it is
+    before every task)."""
     if plugin.default_db != database:
         plugin.lake.con.execute(f"USE {quote_ident(database)}")
         plugin.default_db = database

@@ -5,6 +5,10 @@ The same DuckDB connection also has an in-memory database attached as `local`: w
 (`CREATE TABLE local.zones AS ...`), visible to every task on this worker and to no other worker, gone when the
 worker stops. Unqualified names are the lake's (`USE lake`).
 
+Every task finds the connection as the kit made it (`LakePlugin.settle`, before and after each task): the lake and
+`local` attached (again, when a task detached them), no other database a task attached, and the lake as the
+default database. `workers` reports the lake as attached only when the connection really has it.
+
 The plugin is registered at the scheduler by the client (`client.ensure_plugin`), so every worker that joins
 later, a replacement included, gets it too. It travels pickled over the scheduler's connection with the lake's
 endpoints (credentials included): never on a command line or in a log.
@@ -25,14 +29,23 @@ import psutil
 from distributed import WorkerPlugin, get_worker
 
 from ducklake_kit.errors import KitError, first_line
-from ducklake_kit.lake import Lake
-from ducklake_kit.lake.sql import quote_literal
+from ducklake_kit.lake import Lake, attach_statement, secret_statements
+from ducklake_kit.lake.sql import quote_ident, quote_literal
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.workers.config import LOCAL_DB
 
 # One DuckDB thread per worker: the plane's parallelism is its workers (one Dask thread each), and a commit with a
 # second DuckDB thread costs twice the CPU (see lake.SMALL_WRITER_SETTINGS).
 WORKER_SETTINGS: dict[str, Any] = {"threads": 1}
+
+
+# DuckDB's own databases (always there) and the worker-local one: with the lake, and the catalogs steps attached
+# (LakePlugin.catalogs), the only databases a worker's connection keeps between tasks
+KEPT_DATABASES = {LOCAL_DB, "memory", "system", "temp"}
+
+
+class LakeLost(KitError):
+    """The lake was detached from a worker's connection and could not be attached again."""
 
 
 def plugin_name(endpoints: Endpoints) -> str:
@@ -74,6 +87,7 @@ class LakePlugin(WorkerPlugin):
         self.default_db: str | None = None
         self.snapshots: dict[str, tuple[int, int | None]] = {}
         self.turn = 0  # tasks that held the connection so far (see `exclusive`)
+        self.worker_name = "?"
         self._inspect = None  # a second cursor, for listing from the worker's event loop while a task runs
         self._lock = threading.Lock()
         # tasks share one DuckDB connection: a worker with several threads (a user's cluster) runs them one by one
@@ -95,6 +109,7 @@ class LakePlugin(WorkerPlugin):
             lake.con.execute(f"SET VARIABLE worker_name = {quote_literal(str(worker.name))}")
             lake.con.execute(f"USE {lake.alias}")
             self.default_db = lake.alias
+            self.worker_name = str(worker.name)
             self._inspect = lake.con.cursor()
             self.lake, self.started = lake, time.time()
         except Exception as exc:  # noqa: BLE001 - reported, not raised
@@ -108,10 +123,66 @@ class LakePlugin(WorkerPlugin):
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[Lake]:
         """The pooled connection for one task: tasks hold it one at a time (a user's worker may run several threads),
-        and each holding is counted in `turn`, so a task can tell whether another one ran since a given turn."""
+        and each holding is counted in `turn`, so a task can tell whether another one ran since a given turn. It is
+        settled before the task (LakeLost when the lake cannot be attached again) and after it."""
         with self.task_lock:
             self.turn += 1
-            yield self.lake
+            if self.lake is not None:
+                self.settle()
+            try:
+                yield self.lake
+            finally:
+                try:
+                    self.settle()
+                except Exception:  # noqa: BLE001 - the next task settles again, and reports what still fails
+                    pass
+
+    def databases(self, con=None) -> dict[str, str]:
+        """Each database attached to the worker's DuckDB instance (attachments are the instance's, shared by its
+        cursors), with its type (`ducklake`, `duckdb`)."""
+        # qualified with system.main: an unqualified name is looked up in the default database first, which for the
+        # lake is a catalog transaction (~2 ms here); these read only the instance's own state (~0.1 ms)
+        rows = (con or self.lake.con).execute("SELECT database_name, type FROM system.main.duckdb_databases()").fetchall()
+        return {name: kind for name, kind in rows}
+
+    def lake_attached(self) -> bool:
+        """Whether the lake's database is attached now (asked of the connection, not remembered)."""
+        if self.lake is None or self._inspect is None:
+            return False
+        return self.databases(self._inspect).get(self.lake.alias) == "ducklake"
+
+    def settle(self) -> None:
+        """Put the pooled connection back as the kit made it, for the next task (whoever's it is): a task that ran
+        `USE memory; DETACH lake` left every later task without the lake, one that ran `ATTACH ... AS evil` left
+        `evil` to them all. Costs two queries of the instance's own state (~0.2 ms) when nothing changed."""
+        lake, con = self.lake, self.lake.con
+        attached = self.databases()
+        current, schema = con.execute("SELECT system.main.current_database(), system.main.current_schema()").fetchone()
+        if LOCAL_DB not in attached:
+            con.execute(f"ATTACH ':memory:' AS {LOCAL_DB}")  # its tables went with it
+        if attached.get(lake.alias) != "ducklake":
+            if lake.alias in attached:  # the name now holds something else: it goes, never while it is the default
+                con.execute(f"USE {LOCAL_DB}")
+                current = LOCAL_DB
+                con.execute(f"DETACH {quote_ident(lake.alias)}")
+            try:
+                for stmt in [*secret_statements(self.endpoints), attach_statement(self.endpoints, lake.alias)]:
+                    con.execute(stmt)  # the secrets again too: a task may have dropped them
+            except Exception as exc:  # noqa: BLE001 - said in one line by the task that needed the lake
+                raise LakeLost(f"worker {self.worker_name} lost the lake (a task detached it) and could not attach it "
+                               f"again ({first_line(exc)})", "run `workers`; `down` and `up` restart the workers") from None
+            self.snapshots.pop(lake.alias, None)
+        # the default stays only when a step of the kit chose one of its catalogs and no SQL has changed it since
+        kept = current == lake.alias or (current == self.default_db and current in self.catalogs)
+        if not kept or schema != "main":
+            con.execute(f"USE {quote_ident(lake.alias)}")
+            current = lake.alias
+        self.default_db = current
+        for name in set(attached) - KEPT_DATABASES - {lake.alias} - set(self.catalogs):
+            con.execute(f"DETACH {quote_ident(name)}")
+        for alias in set(self.catalogs) - set(attached):  # a step's catalog a task detached: attached again when used
+            del self.catalogs[alias]
+            self.snapshots.pop(alias, None)
 
     def count_task(self) -> None:
         with self._lock:
@@ -137,10 +208,13 @@ def worker_state(name: str, dask_worker=None) -> WorkerState:
     if plugin is None:
         return WorkerState(str(worker.name), os.getpid(), False, None, 0, 0.0)  # not installed yet (it is being set up)
     tables: list[str] = []
-    error = plugin.error
+    error, attached = plugin.error, False
     try:
+        attached = plugin.lake_attached()
+        if plugin.lake is not None and not attached:
+            error = "a task detached the lake's database; the worker attaches it again before its next task"
         tables = plugin.local_tables()
     except Exception as exc:  # noqa: BLE001 - listing must not break `workers`
-        error = error or f"could not list worker-local tables ({first_line(exc)})"
-    return WorkerState(str(worker.name), os.getpid(), plugin.lake is not None, error, plugin.tasks_run, plugin.started, tables,
+        error = error or f"could not read the worker's databases ({first_line(exc)})"
+    return WorkerState(str(worker.name), os.getpid(), attached, error, plugin.tasks_run, plugin.started, tables,
                        round(psutil.Process().memory_info().rss / 2**20, 1))

@@ -17,7 +17,7 @@ from distributed import get_worker
 from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake, StatementFailed, StatementResult
 from ducklake_kit.lake.transactions import commit
-from ducklake_kit.workers.plugin import LakePlugin, plugin_on
+from ducklake_kit.workers.plugin import LakeLost, LakePlugin, plugin_on
 
 
 @dataclass
@@ -133,18 +133,23 @@ def run_statements(plugin: str, texts: list[str], message: str | None = None, to
         result.finished_at = time.time()
         return result
     lake: Lake = lake_plugin.lake
-    with lake_plugin.exclusive():  # one task at a time on the shared connection, whatever the worker's thread count
-        deadline = Deadline(lake, timeout_s)
-        try:
-            lake.con.execute(f"USE {lake.alias}")  # a task that ran `USE local` must not change the next task's default
-            lake_plugin.default_db = None  # the user's SQL below may USE anything
-            if message is not None:
-                _run_transaction(lake, texts, message, result, deadline)
-            else:
-                _run_autocommit(lake, texts, result, deadline)
-        finally:
-            deadline.stop()  # before the lock goes: no interrupt can reach the next task
-    if deadline.interrupted and result.error is not None:
+    deadline = None
+    try:
+        with lake_plugin.exclusive():  # one task at a time on the shared connection, whatever the worker's threads
+            deadline = Deadline(lake, timeout_s)
+            try:
+                if lake_plugin.default_db != lake.alias:  # settled: the lake, or a catalog a step chose
+                    lake.con.execute(f"USE {lake.alias}")
+                lake_plugin.default_db = None  # the user's SQL below may USE anything (settled after the task)
+                if message is not None:
+                    _run_transaction(lake, texts, message, result, deadline)
+                else:
+                    _run_autocommit(lake, texts, result, deadline)
+            finally:
+                deadline.stop()  # before the lock goes: no interrupt can reach the next task
+    except LakeLost as exc:
+        result.error = TaskError(exc.what)
+    if deadline is not None and deadline.interrupted and result.error is not None:
         result.timed_out = True
         result.error.error = f"interrupted after the task's timeout of {timeout_s:g}s ({result.error.error})"
     result.seconds = round(time.perf_counter() - start, 6)
