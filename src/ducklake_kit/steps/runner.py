@@ -71,10 +71,10 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
                                     "define it under `workload:` or with `--set name=value`, or fix the spelling")
 
 
-def declared_catalogs(playbook: Playbook) -> set[str]:
+def declared_catalogs(playbook: Playbook) -> frozenset[str]:
     """The databases a step may USE: the catalogs the playbook names (catalog_name, when it is not a template), the
     kit's lake and the worker-local database."""
-    return {LAKE, LOCAL_DB} | {s.catalog.name for s in playbook.steps.values() if "{" not in s.catalog.name}
+    return frozenset({LAKE, LOCAL_DB} | {s.catalog.name for s in playbook.steps.values() if "{" not in s.catalog.name})
 
 
 def check_session(playbook: Playbook) -> None:

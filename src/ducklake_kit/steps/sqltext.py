@@ -208,7 +208,8 @@ def setting_scope(name: str) -> str | None:
     return row[0] if row else None
 
 
-def session_refused(sql: str, catalogs: set[str]) -> str | None:
+@functools.lru_cache(maxsize=1024)  # a loop's iterations usually send the same text: parsed once
+def session_refused(sql: str, catalogs: frozenset[str]) -> str | None:
     """Why a step may not run `sql`, or None: ATTACH and DETACH (a step names its catalog with catalog_name and
     auth/catalog_connection), USE of a database other than `catalogs` (those the playbook declares, the lake and
     `local`), and SET/RESET of a setting of the whole worker. Every task on a worker shares its connection: what a
