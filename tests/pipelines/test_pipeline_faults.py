@@ -102,3 +102,90 @@ def test_a_second_run_of_a_running_pipeline_names_the_run_and_changes_nothing(st
     # the lock went with the first run: the pipeline runs again
     again = cli(stack.env, "pipeline", "run", str(slow_file), "--select", "after")
     assert again.exit_code == 0, again.output
+
+
+# -- exactly once: a node whose worker or scheduler dies is decided by its token in the lake ------------------------
+
+ONCE = """-- id: ins
+-- node: w2
+INSERT INTO once_t SELECT count(*) FROM range({n}) t(i) WHERE i % 7 = 3;
+-- id: after
+-- depends_on: ins
+CREATE OR REPLACE TABLE once_after AS SELECT count(*) AS n FROM once_t;
+"""
+
+
+def _once_stack(stack, tmp_path, n: int) -> tuple:
+    stack.platform.up()
+    ep = stack.platform.endpoints()
+    plane.up(stack.state, ep, 2)
+    with Lake(ep) as lake:
+        lake.run("CREATE TABLE once_t (n BIGINT)")
+    path = tmp_path / "onceonly.sql"
+    path.write_text(ONCE.format(n=n))
+    return ep, path
+
+
+def _wait_for_commit(ep, node: str, timeout: float = 120) -> int:
+    """Poll the catalog for the node's commit, as the fault campaign did, and return its snapshot."""
+    from ducklake_kit.platforms import postgres
+
+    deadline = time.monotonic() + timeout
+    with postgres.connect(ep.pg) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute("SELECT snapshot_id FROM ducklake_snapshot_changes WHERE commit_message LIKE %s",
+                               [f"pipeline onceonly: node {node} (run %"]).fetchone()
+            if row:
+                return row[0]
+            time.sleep(0.005)
+    raise AssertionError(f"node {node} never committed")
+
+
+def _pid_of(stack, service: str) -> int:
+    return procs.read_pid(stack.state.pid_file(service)).pid
+
+
+def _rows(ep) -> list:
+    with Lake(ep) as lake:
+        return lake.con.execute("SELECT n FROM once_t").fetchall()
+
+
+@pytest.mark.parametrize("victim", ["worker-w2", "scheduler"])
+def test_a_node_whose_worker_or_scheduler_dies_after_its_commit_is_ok_and_never_run_again(
+        fresh_stack, cli, tmp_path, monkeypatch, victim):
+    monkeypatch.setenv("DUCKLAKE_FAULT", "pause-after-commit=30")  # the workers wait there: the kill lands in it
+    ep, path = _once_stack(fresh_stack, tmp_path, 1000)
+    proc = _start(fresh_stack, "pipeline", "run", str(path), "--json")
+    snapshot = _wait_for_commit(ep, "ins")
+    os.kill(_pid_of(fresh_stack, victim), signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    ins = {n["id"]: n for n in json.loads(out)["result"]["nodes"]}["ins"]
+    assert (ins["status"], ins["snapshot_id"]) == ("ok", snapshot), (ins, err)
+    assert "found in the lake by its token" in ins["reason"]
+    if victim == "scheduler":  # the rest of the run was lost with the plane
+        assert proc.returncode == 1
+    monkeypatch.delenv("DUCKLAKE_FAULT")
+    plane.up(fresh_stack.state, ep, 2)  # replaces what was killed
+    again = cli(fresh_stack.env, "pipeline", "run", str(path), "--from-failed", "--json")
+    assert again.exit_code == 0, again.output
+    rerun = [n["id"] for n in json.loads(again.stdout)["result"]["nodes"]]
+    assert "ins" not in rerun  # committed once: never again
+    assert _rows(ep) == [(143,)]  # one row: i % 7 = 3 below 1000, counted once
+
+
+def test_a_node_whose_worker_dies_before_its_commit_fails_and_runs_once_when_run_again(fresh_stack, cli, tmp_path):
+    ep, path = _once_stack(fresh_stack, tmp_path, 1_500_000_000)
+    proc = _start(fresh_stack, "pipeline", "run", str(path), "--json")
+    _wait_for_line(proc, "node ins: started")
+    time.sleep(1.0)  # the INSERT is running on w2
+    os.kill(_pid_of(fresh_stack, "worker-w2"), signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 1, err
+    nodes = {n["id"]: n for n in json.loads(out)["result"]["nodes"]}
+    assert nodes["ins"]["status"] == "failed" and "did not commit (its token is not in the lake)" in nodes["ins"]["error"]
+    assert nodes["after"]["status"] == "skipped"
+    assert _rows(ep) == []
+    plane.up(fresh_stack.state, ep, 2)
+    again = cli(fresh_stack.env, "pipeline", "run", str(path), "--from-failed")
+    assert again.exit_code == 0, again.output
+    assert _rows(ep) == [(214285714,)]  # once: count of i % 7 = 3 below 1.5e9

@@ -116,6 +116,8 @@ def run_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None,
     def on_event(kind: str, node) -> None:
         if kind == "start":
             step(f"node {node.id}: started" + (f" on {node.pin}" if node.pin else ""))
+        elif node.status == "ok" and node.duration_ms is None:  # its worker died after the commit: the lake said ok
+            step(f"node {node.id}: ok ({node.reason})")
         elif node.status == "ok":
             step(f"node {node.id}: ok on {node.worker} in {node.duration_ms:.0f} ms")
         else:

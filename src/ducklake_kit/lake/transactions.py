@@ -77,10 +77,11 @@ def rollback_quietly(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTHOR,
-           before_commit: Callable[[], None] | None = None) -> Commit:
+           before_commit: Callable[[], None] | None = None, token: str | None = None,
+           extra: dict[str, Any] | None = None) -> Commit:
     """Run `sql` (one text of one or more statements, or a list of texts) in ONE transaction with `message`
     as its commit message: one snapshot, or nothing when anything fails. `before_commit`: called once the
-    statements ran, before the COMMIT."""
+    statements ran, before the COMMIT. `token`, `extra`: see `commit_with`."""
     results: list[StatementResult] = []
     texts = [sql] if isinstance(sql, str) else sql
 
@@ -96,7 +97,7 @@ def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTH
                 raise StatementFailed(len(results) + exc.index, len(results) + exc.total + later, exc.statement,
                                       exc.error, results + exc.results) from None
 
-    made = commit_with(lake, run_texts, message, author=author, before_commit=before_commit)
+    made = commit_with(lake, run_texts, message, author=author, before_commit=before_commit, token=token, extra=extra)
     made.results = results
     return made
 

@@ -12,6 +12,7 @@ from typing import Any
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.locks import held_exclusively, named_key
+from ducklake_kit.lake.transactions import snapshot_of_token
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.pipelines import dag, history, runner
 from ducklake_kit.pipelines.dag import Node, Pipeline
@@ -110,7 +111,7 @@ def run(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, select
         else:
             only = pipeline.select(select) if select else set(pipeline.nodes)
         done = runner.run(pipeline, plane, only=only, run_id=run_id, timeout_s=timeout_s, selector=selector,
-                          on_event=on_event)
+                          on_event=on_event, landed=lambda token: snapshot_of_token(lake, token))
         warnings = list(pipeline.warnings)
         local: dict[str, list] = {}
         try:  # the worker-local tables' columns, for column lineage through them

@@ -10,6 +10,7 @@ each such node is one snapshot (or nothing). A node is never submitted twice (se
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ class NodeRun:
     statements: list[StatementOutcome] = field(default_factory=list)  # what its task reported, statement by statement
     snapshot_id: int | None = None  # the snapshot the node committed
     sql: str = ""
+    unknown: bool = False  # failed in a way that leaves open whether it committed (its worker or the plane died)
 
     @property
     def duration_ms(self) -> float | None:
@@ -109,7 +111,7 @@ def _statement_dict(s: StatementOutcome) -> dict[str, Any]:
 def _node_run(node: Node, result: TaskResult) -> NodeRun:
     run = NodeRun(node.id, OK if result.ok else FAILED, result.worker, _when(result.started_at),
                   _when(result.finished_at), statements=list(result.statements),
-                  snapshot_id=result.snapshot_id, sql=node.sql)
+                  snapshot_id=result.snapshot_id, sql=node.sql, unknown=result.lost)
     if result.error is not None:
         run.error = result.error.error + (" (rolled back)" if result.rolled_back else "")
     return run
@@ -141,11 +143,16 @@ def critical_rank(graph: dict[str, set[str]]) -> dict[str, int]:
 
 def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None, run_id: str | None = None,
         timeout_s: float | None = None, selector: str | None = None, among: list[str] | None = None,
-        on_event: Callable[[str, NodeRun | Node], None] = lambda _kind, _node: None) -> PipelineRun:
+        on_event: Callable[[str, NodeRun | Node], None] = lambda _kind, _node: None,
+        landed: Callable[[str], int | None] | None = None) -> PipelineRun:
     """Run the nodes of `only` (default: all) in dependency order. `timeout_s`: per node, enforced on its worker.
     `among`: the workers unpinned nodes may run on (default: any). `on_event("start", Node)` when a node is
     submitted, `on_event("end", NodeRun)` when it is done. Never raises for a node: a run the worker plane could not
-    finish comes back `aborted`, the nodes it was running failed and the rest skipped."""
+    finish comes back `aborted`, the nodes it was running failed and the rest skipped.
+
+    Exactly once: a node that changes the lake commits a token of its own (with the pipeline, run and node in its
+    commit_extra_info). When its fate is unknown (its worker or the scheduler died), `landed(token)` asks the lake:
+    a snapshot means it committed (recorded ok, never run again); None means it did not (failed, safe to re-run)."""
     from distributed import as_completed
 
     run_id = run_id or new_run_id()
@@ -158,6 +165,8 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
     running: dict[str, str] = {}  # future key -> node id
     pending = as_completed(loop=plane.client.loop)
     finished: list = []  # futures read, to release after the next submissions
+    tokens: dict[str, str | None] = {}  # node -> the token its commit carries (None: it commits nothing)
+    settle = functools.partial(_settle, landed=landed)
     try:
         while sorter.is_active():
             # the longest chain first: submitted first, it is also the first a free worker gets
@@ -170,8 +179,10 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
                     sorter.done(node_id)
                     continue
                 message = commit_message(pipeline.name, node_id, run_id) if node.commits else None
+                tokens[node_id] = uuid.uuid4().hex if node.commits else None
                 future = plane.submit([node.sql], worker=node.pin, message=message, timeout_s=timeout_s,
-                                      priority=rank[node_id], among=among)
+                                      priority=rank[node_id], among=among, commit_token=tokens[node_id],
+                                      extra={"pipeline": pipeline.name, "run": run_id, "node": node_id})
                 running[future.key] = node_id
                 pending.add(future)
                 on_event("start", node)
@@ -181,7 +192,8 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
                 continue  # only skips were decided: their dependents may be ready now
             future = next(pending)
             node_id = running[future.key]
-            done[node_id] = _finished(pipeline.nodes[node_id], plane, future)  # PlaneLost: still running, for the handler
+            # PlaneLost: still running, for the handler
+            done[node_id] = settle(_finished(pipeline.nodes[node_id], plane, future), tokens.get(node_id))
             del running[future.key]
             finished.append(future)
             on_event("end", done[node_id])
@@ -190,8 +202,9 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
         record.aborted = (exc.args[0] if isinstance(exc, PlaneLost)
                           else f"the run stopped: {type(exc).__name__}: {first_line(exc)}")
         for node_id in running.values():
-            done[node_id] = NodeRun(node_id, FAILED, sql=pipeline.nodes[node_id].sql, error=(
-                f"{record.aborted}, while this node ran; it may or may not have committed: check the lake"))
+            done[node_id] = settle(NodeRun(node_id, FAILED, sql=pipeline.nodes[node_id].sql, unknown=True, error=(
+                f"{record.aborted}, while this node ran; it may or may not have committed: check the lake")),
+                tokens.get(node_id))
         for node_id in graph:
             done.setdefault(node_id, NodeRun(node_id, SKIPPED, sql=pipeline.nodes[node_id].sql,
                                              reason=f"not run: {record.aborted}"))
@@ -199,6 +212,31 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
     record.finished_at = datetime.now(timezone.utc)
     record.nodes = [done[n] for n in pipeline.nodes if n in done]
     return record
+
+
+def _settle(run: NodeRun, token: str | None, *, landed: Callable[[str], int | None] | None) -> NodeRun:
+    """A node whose fate is unknown, decided by the lake: its token found (it committed: ok, with that snapshot) or
+    not (it did not: failed, and --from-failed may run it again). A node that commits nothing changed no lake table,
+    so running it again is safe either way."""
+    if not run.unknown or landed is None:
+        return run
+    if token is None:
+        run.error = f"{run.error.split(';')[0]}; it commits nothing to the lake, so running it again is safe"
+        return run
+    try:
+        snapshot = landed(token)
+    except Exception as exc:  # noqa: BLE001 - the catalog cannot say: the fate stays unknown, and is said so
+        run.error = f"{run.error} (the lake could not be asked: {first_line(exc)})"
+        return run
+    if snapshot is None:
+        run.error = (f"{run.error.split(';')[0]}; it did not commit (its token is not in the lake), so "
+                     "`--from-failed` may run it again")
+        return run
+    run.status, run.snapshot_id, run.unknown = OK, snapshot, False
+    run.reason = (f"{run.error.split(';')[0]}, after its commit landed: found in the lake by its token "
+                  f"(snapshot {snapshot}), never run again")
+    run.error = None
+    return run
 
 
 def _release(futures: list) -> None:
@@ -221,6 +259,6 @@ def _finished(node: Node, plane: WorkerPlane, future) -> NodeRun:
     except Exception as exc:  # noqa: BLE001 - e.g. cancelled by a scheduler restart: still one node's outcome
         if plane.scheduler_lost():
             raise PlaneLost(f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})") from None
-        return NodeRun(node.id, FAILED, sql=node.sql,
+        return NodeRun(node.id, FAILED, sql=node.sql, unknown=True,
                        error=f"the task failed on the worker plane ({type(exc).__name__}: {first_line(exc)}); it may "
                              "or may not have committed: check the lake")

@@ -162,14 +162,17 @@ class WorkerPlane:
 
     # -- tasks ---------------------------------------------------------------------------------------------------
     def submit(self, texts: list[str] | str, *, worker: str | None = None, message: str | None = None,
-               timeout_s: float | None = None, priority: int = 0, among: list[str] | None = None):
+               timeout_s: float | None = None, priority: int = 0, among: list[str] | None = None,
+               commit_token: str | None = None, extra: dict[str, Any] | None = None):
         """Submit a task (a Dask future). `worker`: a worker's name (or address) it must run on; other workers
         never take it. `message`: run all the statements in one transaction with this commit message. `timeout_s`:
         the worker interrupts the running statement after that long. `priority`: queued tasks with a higher one
-        are given to a free worker first. `among`: without `worker`, the workers (names) it may run on."""
+        are given to a free worker first. `among`: without `worker`, the workers (names) it may run on.
+        `commit_token`, `extra`: with `message`, carried by the commit (a task whose fate is unknown, because its
+        worker died, is found in the lake by its token)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         return self.submit_call(run_statements, texts, message, timeout_s=timeout_s, worker=worker, priority=priority,
-                                among=among)
+                                among=among, commit_token=commit_token, extra=extra)
 
     def submit_call(self, fn, *args, worker: str | None = None, among: list[str] | None = None, priority: int = 0,
                     **kwargs):
@@ -197,7 +200,7 @@ class WorkerPlane:
             last = getattr(exc, "last_worker", None)
             name = str(getattr(last, "name", None) or "?")
             address = str(getattr(last, "address", None) or "")
-            return TaskResult(name, address, error=TaskError(
+            return TaskResult(name, address, lost=True, error=TaskError(
                 f"worker {name} ({address}) died while it held this task; the task was not run again, because its "
                 "statements may have committed: check the lake before re-running it"))
         except (FutureTimeout, TimeoutError):

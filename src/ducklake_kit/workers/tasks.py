@@ -7,8 +7,10 @@ keeps the results of the statements before it, so the caller sees what did run.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -16,7 +18,7 @@ from distributed import get_worker
 
 from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake, StatementFailed, StatementResult
-from ducklake_kit.lake.transactions import commit
+from ducklake_kit.lake.transactions import commit, snapshot_of_token
 from ducklake_kit.workers.plugin import LakeLost, LakePlugin, plugin_on
 
 
@@ -65,6 +67,7 @@ class TaskResult:
     started_at: float | None = None  # when the task started and finished on its worker (seconds since the epoch)
     finished_at: float | None = None
     timed_out: bool = False  # interrupted on its worker after `timeout_s`
+    lost: bool = False  # its worker died while it held the task: whether it committed is for the lake to say
 
     @property
     def ok(self) -> bool:
@@ -117,13 +120,16 @@ def task_lake(plugin: str, token: str | None) -> tuple[LakePlugin | None, str | 
 
 
 def run_statements(plugin: str, texts: list[str], message: str | None = None, token: str | None = None,
-                   timeout_s: float | None = None) -> TaskResult:
+                   timeout_s: float | None = None, commit_token: str | None = None,
+                   extra: dict[str, Any] | None = None) -> TaskResult:
     """Run on a worker: each text (one or more statements) in order on the worker's pooled connection.
 
     Without `message` every statement autocommits (a write is its own snapshot, reported per statement). With
     `message` all of them run in ONE transaction with that commit message: one snapshot, or nothing. `token`: the
     submission's own, so that a second run of the same task refuses (`claim_once`). `timeout_s`: the running
-    statement is interrupted after that long (DuckDB's own interrupt: it fails, and its transaction rolls back)."""
+    statement is interrupted after that long (DuckDB's own interrupt: it fails, and its transaction rolls back).
+    `commit_token`, `extra`: with `message`, what the commit carries in its commit_extra_info (the caller's token
+    says later, from the lake alone, whether this transaction landed: see lake.transactions.snapshot_of_token)."""
     worker = get_worker()
     start = time.perf_counter()
     result = TaskResult(str(worker.name), worker.address, message=message, started_at=time.time())
@@ -142,7 +148,7 @@ def run_statements(plugin: str, texts: list[str], message: str | None = None, to
                     lake.con.execute(f"USE {lake.alias}")
                 lake_plugin.default_db = None  # the user's SQL below may USE anything (settled after the task)
                 if message is not None:
-                    _run_transaction(lake, texts, message, result, deadline)
+                    _run_transaction(lake, texts, message, result, deadline, commit_token, extra)
                 else:
                     _run_autocommit(lake, texts, result, deadline)
             finally:
@@ -219,13 +225,17 @@ def _run_autocommit(lake: Lake, texts: list[str], result: TaskResult, deadline: 
     result.snapshot_id = committed[-1] if committed else None
 
 
-def _run_transaction(lake: Lake, texts: list[str], message: str, result: TaskResult, deadline: Deadline) -> None:
+def _run_transaction(lake: Lake, texts: list[str], message: str, result: TaskResult, deadline: Deadline,
+                     token: str | None = None, extra: dict[str, Any] | None = None) -> None:
     done: list[StatementResult] = []
+    token = token or uuid.uuid4().hex
     try:
         deadline.arm()
-        made = commit(lake, texts, message, before_commit=deadline.disarm)  # the COMMIT is never interrupted
+        # the COMMIT is never interrupted
+        made = commit(lake, texts, message, before_commit=deadline.disarm, token=token, extra=extra)
         done = made.results
         result.snapshot_id = made.snapshot_id
+        _fault_after_commit()
     except (StatementFailed, TimeoutError) as exc:
         if isinstance(exc, StatementFailed):
             done = exc.results
@@ -234,12 +244,31 @@ def _run_transaction(lake: Lake, texts: list[str], message: str, result: TaskRes
             result.error = TaskError(str(exc))
         result.rolled_back = True
     except Exception as exc:  # noqa: BLE001 - the commit message or the COMMIT itself failed
-        # a COMMIT that failed may still have reached the catalog: say so instead of claiming a rollback
-        result.error = TaskError(f"the transaction's commit failed, so it may or may not have committed "
-                                 f"({getattr(exc, 'what', None) or first_line(exc)}): check the lake before re-running it")
+        # a COMMIT that failed may still have reached the catalog: its token in the lake says whether it did
+        why = getattr(exc, "what", None) or first_line(exc)
+        try:
+            landed = snapshot_of_token(lake, token)
+        except Exception:  # noqa: BLE001 - the catalog cannot say either: the fate stays unknown
+            result.error = TaskError(f"the transaction's commit failed, so it may or may not have committed ({why}): "
+                                     "check the lake before re-running it")
+        else:
+            if landed is not None:
+                result.snapshot_id = landed  # it did land: a success, whatever the error on the way back said
+            else:
+                result.error = TaskError(f"the transaction's commit failed and did not land ({why}): nothing of it "
+                                         "committed")
+                result.rolled_back = True
     finally:
         deadline.disarm()
     result.statements = _outcomes(done)
+
+
+def _fault_after_commit() -> None:
+    """Test hook (DUCKLAKE_FAULT=pause-after-commit=SECONDS, in the worker's environment): the window in which the
+    transaction has landed but its result has not reached the client, where a test kills the worker."""
+    fault = os.environ.get("DUCKLAKE_FAULT", "")
+    if fault.startswith("pause-after-commit="):
+        time.sleep(float(fault.split("=", 1)[1]))
 
 
 def end_open_transaction(lake: Lake) -> bool:
