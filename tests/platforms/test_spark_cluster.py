@@ -19,7 +19,7 @@ import pytest
 
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
-from ducklake_kit.platforms import s3
+from ducklake_kit.platforms import procs, s3
 from ducklake_kit.platforms.spark_cluster import SparkCluster
 from ducklake_kit.taxi import spark as spark_mod
 
@@ -96,6 +96,25 @@ def test_a_month_loads_through_a_two_worker_standalone_cluster(stack, local_only
     with Lake(stack.platform.endpoints()) as lake:
         n = lake.con.execute("SELECT count(*) FROM trips WHERE load_id = ?", [body["load_id"]]).fetchone()[0]
     assert n == body["files"][0]["rows_accepted"]
+
+
+def test_spark_up_connect_starts_a_dead_worker_again(stack, local_only, cluster):
+    # the cluster of the test above: a master, w1, w2, and the Connect server on them
+    before = procs.live_pid(cluster.state.pid_file("spark-worker-w1"))
+    assert before is not None
+    killed = before.process()
+    killed.kill()
+    killed.wait(10)
+    r = kit(stack.env, "spark", "up", "--mode", "connect", "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    after = procs.live_pid(cluster.state.pid_file("spark-worker-w1"))
+    assert after is not None and after.pid != before.pid, "spark up --mode connect left worker w1 dead"
+    # ALIVE at the master: the worker it lists on a port the new w1 process listens on (the killed one may still be
+    # listed ALIVE for a minute, until its heartbeats are missed)
+    ports = {c.laddr.port for c in after.process().net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    workers = cluster._master_json()["workers"]
+    assert [w["state"] for w in workers if w["port"] in ports] == ["ALIVE"], (ports, workers)
+    assert json.loads(r.stdout)["result"]["connect_master"] == cluster.master_url
 
 
 def test_a_month_loads_through_spark_connect_with_its_token(stack, local_only, cluster):

@@ -226,8 +226,19 @@ class SparkCluster:
                 self._ensure_workers(n)
                 self.state.save_settings(spark_workers=n)
             else:
+                if self._standalone_started():
+                    # the Connect server runs its jobs on the standalone cluster: a master or worker that died since
+                    # is started again first, as plain `spark up` does (else the server runs on fewer cores, or on
+                    # local[*])
+                    self._ensure_master()
+                    self._ensure_workers(n)
                 self._ensure_connect()
         return self.status()
+
+    def _standalone_started(self) -> bool:
+        """`spark up` (standalone) ran in this state folder and `spark down` has not: its pid files are there, the
+        processes alive or not."""
+        return procs.read_pid(self.state.pid_file(MASTER)) is not None or bool(self.kit_workers())
 
     def _busy(self, port: int, what: str, key: str) -> None:
         busy = procs.busy_port(port, what, PORT_OPTIONS[key])
@@ -309,15 +320,30 @@ class SparkCluster:
             started.append(name)
 
         def ready() -> bool | None:
+            registered = []
             for name in started:
-                if procs.live_pid(self.state.pid_file(_worker_service(name))) is None:
+                rec = procs.live_pid(self.state.pid_file(_worker_service(name)))
+                if rec is None:
                     log = self.state.log_file(_worker_service(name))
                     raise procs.GiveUp(KitError(f"Spark worker {name} exited while starting", f"read {log}",
                                                 detail=f"last lines of {log}:\n{procs.log_tail(log)}"))
-            return True if self._alive() >= n else None
+                registered.append(self._registered(rec))
+            # each worker started now, by its own port: a worker killed a moment ago stays ALIVE at the master until its
+            # heartbeats are missed (a minute), so a count alone would be satisfied before its successor registered
+            return True if all(registered) and self._alive() >= n else None
 
         procs.wait_until(ready, what=f"{n} ALIVE Spark worker(s) at the master", timeout=READY_TIMEOUT_S,
                          fix="read the workers' logs (spark-worker-w*.log) in the state folder's logs/")
+
+    def _registered(self, rec: procs.PidRecord) -> bool:
+        """The master lists an ALIVE worker on a port this worker process listens on."""
+        proc = rec.process()
+        try:
+            ports = {c.laddr.port for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN} if proc else set()
+            workers = (self._master_json() or {}).get("workers", [])
+        except (psutil.Error, OSError, ValueError):
+            return False
+        return any(w.get("state") == "ALIVE" and w.get("port") in ports for w in workers)
 
     def _connect_master(self) -> str:
         """What the Connect server runs on: the kit's standalone cluster when its master answers, else local[*]."""
