@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import psutil
@@ -20,7 +23,7 @@ import pytest
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms import procs, s3
-from ducklake_kit.platforms.spark_cluster import SparkCluster
+from ducklake_kit.platforms.spark_cluster import CONNECT, SparkCluster
 from ducklake_kit.taxi import spark as spark_mod
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,6 +69,55 @@ def cluster(stack):
         yield c
     finally:
         c.down()
+
+
+class RunningLoad:
+    """A load in its own process, as a user starts it, its progress lines read as they come."""
+
+    def __init__(self, stack, month: str, master: str, rows: int = 20000):
+        argv = [sys.executable, str(ROOT / "ducklake_test.py"), "load", "--source", "synthetic", "--months", month,
+                "--rows-per-month", str(rows), "--spark-master", master]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     stdin=subprocess.DEVNULL, env={**os.environ, **stack.env, "COLUMNS": "200"})
+        self.lines: list[str] = []
+        self.stderr = ""
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+
+    def wait_for_line(self, text: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in ln for ln in self.lines):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"no line with {text!r}: {self.lines} {self.proc.stderr.read()[-2000:]}")
+            time.sleep(0.05)
+
+    def ends_within(self, seconds: float) -> float:
+        """How long the load took to end; fails the test (and kills it) when it runs longer than `seconds`."""
+        started = time.monotonic()
+        try:
+            _out, self.stderr = self.proc.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _out, self.stderr = self.proc.communicate()
+            pytest.fail(f"the load did not end within {seconds:g} s: {self.lines[-3:]} {self.stderr[-1500:]}")
+        return time.monotonic() - started
+
+
+def connect_server(cluster: SparkCluster) -> psutil.Process:
+    rec = procs.live_pid(cluster.state.pid_file(CONNECT))
+    assert rec is not None, "the Connect server is not running"
+    proc = rec.process()
+    assert proc is not None and proc.name() == "java", proc  # the JVM itself (spark-submit execs it)
+    return proc
+
+
+def lake_snapshots(stack) -> list[int]:
+    with Lake(stack.platform.endpoints()) as lake:
+        return [r[0] for r in lake.con.execute(f"SELECT snapshot_id FROM ducklake_snapshots('{lake.alias}')").fetchall()]
 
 
 def app_folders(cluster: SparkCluster) -> set[Path]:
@@ -142,6 +194,13 @@ def test_a_month_loads_through_spark_connect_with_its_token(stack, local_only, c
     refused = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                              env={k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"})
     assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stderr, refused.stderr[-2000:]
+    # and a load given a wrong token says so, in one line, before anything is landed
+    r = kit(stack.env, "load", "--source", "synthetic", "--months", "2019-09", "--rows-per-month", "2000",
+            "--spark-master", f"{cluster.connect_url}/;token=wrong")
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
+    assert r.stderr.splitlines() == [
+        f"Error: token refused by the Spark Connect server at {cluster.connect_url}. Try: give the server's own token, "
+        "`;token=...` in the URL or SPARK_CONNECT_AUTHENTICATE_TOKEN (for the kit's server: --spark-master connect)."], r.stderr
 
     r = kit(stack.env, "spark", "down")
     assert r.returncode == 0, r.stderr
@@ -149,6 +208,44 @@ def test_a_month_loads_through_spark_connect_with_its_token(stack, local_only, c
     assert cluster_processes(stack.home) == [], "spark down left processes behind"
     r = kit(stack.env, "spark", "status")
     assert r.returncode == 0 and "not running" in r.stdout, r.stdout
+
+
+def test_a_connect_server_killed_mid_load_ends_it_with_one_line_and_the_lake_unchanged(stack, local_only, cluster):
+    r = kit(stack.env, "spark", "up", "--mode", "connect", "--json")  # after `spark down`: on local[*]
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    snapshots = lake_snapshots(stack)
+    load = RunningLoad(stack, "2019-08", "connect", rows=200000)
+    load.wait_for_line("Spark: conform")  # the load's job has started on the server
+    connect_server(cluster).kill()
+    # PySpark's own retries kept such a load silent for 14.6 minutes, Ctrl-C or not
+    took = load.ends_within(120)
+    assert load.proc.returncode == 3, (took, load.lines[-3:], load.stderr[-2000:])
+    assert load.stderr.splitlines() == [
+        f"Error: the Spark Connect server at {cluster.connect_url} stopped answering during the load; nothing was "
+        "committed and the lake is unchanged. Try: run `spark up --mode connect`, then the same load again."], load.stderr
+    assert lake_snapshots(stack) == snapshots
+
+
+def test_ctrl_c_ends_a_load_waiting_on_a_connect_server_that_hangs(stack, local_only, cluster):
+    r = kit(stack.env, "spark", "up", "--mode", "connect", "--json")  # a new server for the one killed above
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    snapshots = lake_snapshots(stack)
+    load = RunningLoad(stack, "2019-08", "connect", rows=200000)
+    load.wait_for_line("Spark: conform")
+    server = connect_server(cluster)
+    server.suspend()  # SIGSTOP: its port still takes connections, nothing on it answers
+    try:
+        time.sleep(3)  # the load is now waiting on the server
+        load.proc.send_signal(signal.SIGINT)
+        took = load.ends_within(15)
+    finally:
+        server.resume()
+    assert load.proc.returncode == 3, (took, load.lines[-3:], load.stderr[-2000:])
+    assert load.stderr.splitlines() == ["Error: the load was interrupted (Ctrl-C); nothing was committed and the lake "
+                                        "is unchanged. Try: run the same load again."], load.stderr
+    assert lake_snapshots(stack) == snapshots
+    r = kit(stack.env, "spark", "down")
+    assert r.returncode == 0, r.stderr
 
 
 def test_executors_without_the_kits_python_stop_the_load_with_one_line_and_nothing_landed(stack, local_only, tmp_path):

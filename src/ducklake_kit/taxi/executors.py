@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.taxi.spark import connect_failure
 
 PROBE_SCHEMA = "host string, python string, problem string"
 WRITER_EXTENSIONS = ("httpfs",)  # the lake writer only writes Parquet to S3: it never reads the catalog
@@ -106,6 +107,9 @@ def check_executors(spark, ep: Endpoints, paths: list[str], *, python: str | Non
     try:
         rows = spark.range(parallelism, numPartitions=parallelism).mapInArrow(probe, PROBE_SCHEMA).collect()
     except Exception as exc:  # noqa: BLE001 - Spark surfaces executor failures as several exception types
+        gone = connect_failure(spark, exc, "nothing was landed or loaded")  # a Connect server that went away, Ctrl-C
+        if gone is not None:
+            raise gone from None
         if timed_out.is_set():
             raise KitError(f"no Spark executor ran the load's first tasks within {timeout_s:.0f} s; nothing was landed "
                            "or loaded", "run `spark status` (a cluster's cores may be held by another application, "

@@ -347,9 +347,10 @@ def run_load(
         t = time.perf_counter()
         spark = spark_mod.session(spark_target, log_path=spark_log)
         if spark_target.kind == "connect":  # a new session per load: given back to the server however the load ends
-            life.callback(spark.stop)
-        check_executors(spark, ep, [str(f.path) for f in todo] + [str(zones_path)],
-                        python=None if spark_target.kind == "connect" else os.environ.get("PYSPARK_PYTHON"))
+            life.callback(spark_mod.stop, spark)
+        with spark_mod.interruptible(spark, "nothing was landed or loaded"):
+            check_executors(spark, ep, [str(f.path) for f in todo] + [str(zones_path)],
+                            python=None if spark_target.kind == "connect" else os.environ.get("PYSPARK_PYTHON"))
         result.timings["spark_start"] = round(time.perf_counter() - t, 2)
         on_step("landing raw files in s3://raw")
         t = time.perf_counter()
@@ -358,12 +359,17 @@ def run_load(
 
         on_step("Spark: conform, flag quality, derive, write Parquet from the executors")
         t = time.perf_counter()
-        df = build_frame(spark, todo, zones_path, load_id)
-        try:
-            written = df.mapInArrow(make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt", load_id),
-                                    WRITTEN_SCHEMA).collect()
-        except Exception as exc:  # noqa: BLE001 - Spark surfaces executor failures as several exception types
-            raise spark_job_failed(exc, ep) from None
+        done = "nothing was committed and the lake is unchanged"
+        with spark_mod.interruptible(spark, done):
+            try:
+                df = build_frame(spark, todo, zones_path, load_id)  # Spark Connect: calls to the server already
+                written = df.mapInArrow(make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt",
+                                                    load_id), WRITTEN_SCHEMA).collect()
+            except KitError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - Spark surfaces executor failures as several exception types
+                # a Spark Connect server that went away (or Ctrl-C) is said as such, not as a failed job
+                raise (spark_mod.connect_failure(spark, exc, done) or spark_job_failed(exc, ep)) from None
         result.timings["spark"] = round(time.perf_counter() - t, 2)
 
         by_table = {TRIPS: [r for r in written if r.tbl == TRIPS], QUARANTINE: [r for r in written if r.tbl == QUARANTINE]}

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -125,12 +125,9 @@ def session(master: "str | SparkTarget | None" = None, app_name: str = "ducklake
     t = master if isinstance(master, SparkTarget) else target(master)
     if t.kind == "connect":
         _stop_classic()  # one kind of session per process
-        try:
-            # this builder also switches the process to Connect mode (pyspark.sql.functions build Connect columns)
-            return SparkSession.builder.remote(t.remote).appName(app_name).create()
-        except Exception as exc:  # noqa: BLE001 - gRPC and Spark errors
-            raise KitError(f"the Spark Connect server at {t.url} did not answer ({first_line(exc)[:300]})",
-                           "run `spark status`, or check SPARK_REMOTE and its token") from None
+        from ducklake_kit.taxi import spark_connect  # grpc and the Connect client: only for a Connect session
+
+        return spark_connect.open_session(t)
     # an explicit classic master wins over SPARK_REMOTE (PySpark would refuse to start with both set)
     for var in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
         os.environ.pop(var, None)
@@ -172,6 +169,30 @@ def session(master: "str | SparkTarget | None" = None, app_name: str = "ducklake
                        "read logs/spark.log in the state folder; for the kit's cluster run `spark status`") from None
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def interruptible(spark, done: str):
+    """Around the waits on a Spark Connect session's jobs: Ctrl-C ends them at once, one line saying `done` (see
+    spark_connect). Nothing for a classic session: its Ctrl-C is Spark's own."""
+    connect = sys.modules.get("ducklake_kit.taxi.spark_connect")
+    return connect.interruptible(spark, done) if connect else nullcontext()
+
+
+def connect_failure(spark, exc: BaseException, done: str) -> KitError | None:
+    """When a Spark Connect session's job ended because its server stopped answering, or by Ctrl-C: that, in one line
+    saying `done`. None otherwise (a classic session, or a failure of the job itself)."""
+    connect = sys.modules.get("ducklake_kit.taxi.spark_connect")  # not imported: no Connect session was ever opened
+    return connect.failure(spark, exc, done) if connect else None
+
+
+def stop(spark) -> None:
+    """Stop a session this module started: a Connect one is given back to its server, or closed without asking the
+    server anything when it went away."""
+    connect = sys.modules.get("ducklake_kit.taxi.spark_connect")
+    if connect and isinstance(spark, connect.SparkSession):
+        connect.close(spark)
+    else:
+        spark.stop()
 
 
 def _stop_classic() -> None:
