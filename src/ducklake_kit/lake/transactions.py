@@ -7,7 +7,7 @@ another thread can move it. Each commit therefore carries a token of its own in 
 `commit_extra_info`, and the snapshot is the one that holds it.
 
 A failed statement or a failed COMMIT rolls back and raises; nothing here is ever re-run, since a COMMIT that
-failed may still have reached the catalog."""
+failed may still have reached the catalog. The COMMIT passes the lake's commit gate (lake/gate.py)."""
 
 from __future__ import annotations
 
@@ -111,16 +111,18 @@ def commit_with(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], m
     token = token or uuid.uuid4().hex
     extra_info = json.dumps({"commit": token, **(extra or {})})
     con = lake.con
-    con.execute("BEGIN TRANSACTION")
+    lake.begin()
     try:
         work(con)
         if before_commit is not None:
             before_commit()
         con.execute("CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)",
                     [lake.alias, author, message, extra_info])
-        con.execute("COMMIT")
+        # through the lake's commit gate (lake/gate.py), held for the COMMIT only: `work` may be long (a pipeline
+        # node's CREATE TABLE AS), and other writers must not wait for it
+        lake.commit()
     except BaseException:
-        rollback_quietly(con)
+        lake.rollback()  # after a failed COMMIT there is nothing left to roll back: that error is ignored
         raise
     return Commit(snapshot_with_token(lake, token, last_committed_snapshot(lake), extra_info), message)
 
