@@ -127,7 +127,7 @@ def session(master: "str | SparkTarget | None" = None, app_name: str = "ducklake
         _stop_classic()  # one kind of session per process
         from ducklake_kit.taxi import spark_connect  # grpc and the Connect client: only for a Connect session
 
-        return spark_connect.open_session(t)
+        return spark_connect.open_session(t.url, t.remote, t.kit)
     # an explicit classic master wins over SPARK_REMOTE (PySpark would refuse to start with both set)
     for var in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"):
         os.environ.pop(var, None)

@@ -25,17 +25,12 @@ import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
-
 import grpc
 from pyspark.sql.connect.client.core import DefaultChannelBuilder
 from pyspark.sql.connect.client.retries import DefaultPolicy, RetryPolicyState
 from pyspark.sql.connect.session import SparkSession
 
 from ducklake_kit.errors import KitError, first_line
-
-if TYPE_CHECKING:
-    from ducklake_kit.taxi.spark import SparkTarget
 
 RETRY_S = float(os.environ.get("DUCKLAKE_SPARK_CONNECT_RETRY_S", "60"))
 FIRST_CALL_RETRY_S = 10.0  # a server that is not there when the session starts is said in seconds
@@ -127,18 +122,19 @@ def _grpc_code(exc: BaseException) -> "grpc.StatusCode | None":
 _GUARDS: "weakref.WeakKeyDictionary[SparkSession, _Guard]" = weakref.WeakKeyDictionary()
 
 
-def open_session(t: "SparkTarget") -> SparkSession:
-    """A new Connect session on `t` with the kit's retry policy, checked by a first round trip (a refused token and a
-    server that is not there are one line each)."""
+def open_session(url: str, remote: str, kit: bool) -> SparkSession:
+    """A new Connect session on `remote` (`url` with its `;token=...`, if any) with the kit's retry policy, checked by
+    a first round trip (a refused token and a server that is not there are one line each). `kit`: the server is the
+    one `spark up` started."""
     # what pyspark.sql's own builder does for a `remote`: the process is now in Connect mode (pyspark.sql.functions
     # build Connect columns); a classic session later takes it back (spark.session)
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
-    builder = _Builder(t.remote)
+    builder = _Builder(remote)
     policy = BoundedRetries(FIRST_CALL_RETRY_S)
     # no builder options: `create()` then makes no call, so the first one already runs under this policy
     spark = SparkSession.builder.channelBuilder(builder).create()
     spark.client.set_retry_policies([policy])
-    guard = _Guard(t.url, t.kit, builder, policy)
+    guard = _Guard(url, kit, builder, policy)
     try:
         spark.version  # noqa: B018 - a real round trip
     except Exception as exc:  # noqa: BLE001 - gRPC and Spark errors
@@ -146,10 +142,10 @@ def open_session(t: "SparkTarget") -> SparkSession:
         close(spark, guard)
         if _grpc_code(exc) == grpc.StatusCode.UNAUTHENTICATED:
             fix = ("run `spark down`, then `spark up --mode connect` (it starts the server with this state folder's "
-                   "token)") if t.kit else ("give the server's own token, `;token=...` in the URL or "
+                   "token)") if kit else ("give the server's own token, `;token=...` in the URL or "
                                             "SPARK_CONNECT_AUTHENTICATE_TOKEN (for the kit's server: --spark-master connect)")
-            raise KitError(f"token refused by the Spark Connect server at {t.url}", fix) from None
-        raise KitError(f"the Spark Connect server at {t.url} did not answer ({first_line(exc)[:300]})",
+            raise KitError(f"token refused by the Spark Connect server at {url}", fix) from None
+        raise KitError(f"the Spark Connect server at {url} did not answer ({first_line(exc)[:300]})",
                        "run `spark status`, or check SPARK_REMOTE") from None
     policy.budget_s = RETRY_S
     _GUARDS[spark] = guard
