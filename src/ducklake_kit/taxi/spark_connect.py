@@ -7,8 +7,8 @@ exit). Here:
 
 - the retries of one call end `RETRY_S` after its first failure (PySpark's own policy otherwise: what it retries,
   the backoff), so a server that went away is one line within about a minute, not a quarter of an hour;
-- Ctrl-C while the kit waits on a job (`interruptible`) makes a short try at cancelling the job on the server, then closes the channel: every call on it, in any
-  thread, ends at once;
+- Ctrl-C while the kit waits on a job (`interruptible`) makes a short try at cancelling the job on the server, then
+  closes the channel: every call on it, in any thread, ends at once;
 - a session whose server went away, or that Ctrl-C ended, is closed without asking the server anything.
 
 Imported only when a Connect session starts (grpc and the Connect client are optional extras of pyspark).
@@ -25,6 +25,7 @@ import warnings
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
+
 import grpc
 from pyspark.sql.connect.client.core import DefaultChannelBuilder
 from pyspark.sql.connect.client.retries import DefaultPolicy, RetryPolicyState
