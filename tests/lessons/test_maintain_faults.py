@@ -58,16 +58,21 @@ class Stream:
             t.join(60)
 
 
-def test_maintain_during_an_insert_stream_on_a_catalog_that_ends_idle_transactions(fresh_stack):
-    fresh_stack.platform.up()
-    ep = fresh_stack.platform.endpoints()
+def small_files(ep) -> None:
+    """maint.big in FILES Parquet files (what the merge reads and rewrites), and the stream's table."""
     with Lake(ep) as lake:
         lake.run("CREATE SCHEMA maint; CREATE TABLE maint.big (i BIGINT, s VARCHAR); "
                  "CREATE TABLE maint.stream (writer INTEGER, op INTEGER)")
         lake.con.execute("CALL lake.set_option('data_inlining_row_limit', 0, schema => 'maint', table_name => 'big')")
-        for k in range(FILES):  # one Parquet file each: what the merge reads and rewrites
+        for k in range(FILES):
             lake.run(f"INSERT INTO maint.big SELECT i, md5(i::VARCHAR) FROM range({k * ROWS_PER_FILE}, "
                      f"{(k + 1) * ROWS_PER_FILE}) r(i)")
+
+
+def test_maintain_during_an_insert_stream_on_a_catalog_that_ends_idle_transactions(fresh_stack):
+    fresh_stack.platform.up()
+    ep = fresh_stack.platform.endpoints()
+    small_files(ep)
     admin = postgres.connect(ep.pg, timeout=10)
     admin.execute(f"ALTER DATABASE {ep.pg.dbname} SET idle_in_transaction_session_timeout = '{TIMEOUT}'")
     try:
@@ -91,3 +96,43 @@ def test_maintain_during_an_insert_stream_on_a_catalog_that_ends_idle_transactio
         n, distinct = lake.con.execute("SELECT count(*), count(DISTINCT (writer, op)) FROM maint.stream").fetchone()
         assert n == distinct == len(stream.done)  # every reported insert there, once
         assert lake.scalar("SELECT count(*) FROM maint.big") == FILES * ROWS_PER_FILE
+
+
+def test_maintain_during_a_load_on_a_catalog_that_ends_idle_transactions(fresh_stack):
+    """The same timeout, `maintain` started while a synthetic load (Spark) runs: both succeed, every check passes."""
+    from ducklake_kit.taxi import flow
+
+    fresh_stack.platform.up()
+    ep = fresh_stack.platform.endpoints()
+    small_files(ep)
+    admin = postgres.connect(ep.pg, timeout=10)
+    admin.execute(f"ALTER DATABASE {ep.pg.dbname} SET idle_in_transaction_session_timeout = '{TIMEOUT}'")
+    loaded: list = []
+    load_ended: list[float] = []
+
+    def load() -> None:
+        try:
+            loaded.append(flow.load_and_verify(fresh_stack.platform, fresh_stack.state, source="synthetic",
+                                               months="2023-01..2023-02", rows_per_month=5000, seed=3))
+        except Exception as exc:  # noqa: BLE001 - the load's failure is the finding
+            loaded.append(exc)
+        load_ended.append(time.monotonic())
+
+    try:
+        loader = threading.Thread(target=load, daemon=True)
+        loader.start()
+        time.sleep(3)  # Spark is starting or writing: the load's Lake is open
+        checks = CheckRun()
+        maintain_started = time.monotonic()
+        result = run_maintain(fresh_stack.platform, checks)
+        loader.join(600)
+    finally:
+        admin.execute(f"ALTER DATABASE {ep.pg.dbname} RESET idle_in_transaction_session_timeout")
+        admin.close()
+    assert checks.ok, [c.as_dict() for c in checks.failed]
+    assert result["done"]["merged"]["maint.big"]["files_processed"] >= FILES
+    assert len(loaded) == 1 and not isinstance(loaded[0], Exception), loaded
+    assert load_ended[0] > maintain_started  # they did overlap: maintain started while the load ran
+    load_result, load_checks = loaded[0]
+    assert load_checks.ok, [c.as_dict() for c in load_checks.failed]
+    assert [f.status for f in load_result.files] == ["loaded", "loaded"]
