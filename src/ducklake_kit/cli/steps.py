@@ -11,7 +11,7 @@ from rich.markup import escape
 
 from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
 from ducklake_kit.cli.output import console, print_json, table
-from ducklake_kit.errors import EXIT_CHECK_FAILED
+from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 from ducklake_kit.workers.config import PlaneConfig
 
 if TYPE_CHECKING:
@@ -25,6 +25,10 @@ app.add_typer(steps_app, name="steps")
 FileArg = Annotated[Path, typer.Argument(help="The playbook, e.g. steps/basic.yaml.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option(
     "--set", help="Override or add a workload value: name=value (read as YAML: 3, [1, 2], text). Repeatable.")]
+ResumeOpt = Annotated[Optional[str], typer.Option(
+    "--resume", metavar="RUN", help="Run an earlier run again under its execution id: each step or iteration the lake "
+    "says that run committed (by its token) is not run again; one whose statements autocommit one by one is not run "
+    "again either (the lake cannot say).")]
 ROWS_SHOWN = 10
 
 
@@ -51,8 +55,9 @@ def validate_cmd(file: FileArg, set_: SetOpt = None, as_json: JsonOpt = False) -
 
 @steps_app.command("run")
 @command
-def run_cmd(ctx: typer.Context, file: FileArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
-    """Run a playbook on the worker plane. Exit 1 if a step failed (its command index, SQL and DuckDB's error are shown)."""
+def run_cmd(ctx: typer.Context, file: FileArg, set_: SetOpt = None, resume: ResumeOpt = None,
+            as_json: JsonOpt = False) -> None:
+    """Run a playbook on the worker plane. Exit 1 if a step failed (its command index, SQL and DuckDB's error are shown) or the plane was lost."""
     from ducklake_kit.steps import runner
 
     c: Ctx = ctx.obj
@@ -68,18 +73,30 @@ def run_cmd(ctx: typer.Context, file: FileArg, set_: SetOpt = None, as_json: Jso
             it = data["iteration"]
             where = f" on {it['worker']}" if it["worker"] else ""
             say(escape(f"  iteration {it['index'] + 1}/{data['total']} {it['status']}{where}"
-                       + (f": {it['error']['message']}" if it["error"] else "")))
+                       + (f": {it['error']['message']}" if it["error"] else "")
+                       + (f" ({it['note']})" if it["note"] else "")))
         elif kind == "skipped":
             say(escape(f"step {data['step']}: skipped ({data['reason']})"))
 
     out = runner.run_file(playbook, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(),
-                          c.state.home, overrides=overrides, on_event=on_event)
+                          c.state.home, overrides=overrides, on_event=on_event, resume=resume)
     if as_json:
         print_json("ok" if out.ok else "error", out.as_dict(), out.catalog_info)
     else:
         _print(out)
+    if out.aborted:  # the details (each step's and iteration's fate) are in the output above
+        typer.echo(_aborted_line(out.aborted, file, out.execution_id), err=True)
     if not out.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
+
+
+def _aborted_line(aborted: str, file: Path, execution_id: str) -> str:
+    """The one error line of a run the worker plane could not finish."""
+    again = f"`steps run {file} --resume {execution_id}`"
+    if aborted.startswith("the worker plane's scheduler was lost"):
+        return KitError("the worker plane's scheduler was lost during the run",
+                        f"run `up` to start it again, then {again}").line()
+    return KitError(aborted, f"run `status`, then {again}").line()
 
 
 def _print(run: "PlaybookRun") -> None:
@@ -89,7 +106,7 @@ def _print(run: "PlaybookRun") -> None:
     for warning in run.warnings:
         out.print(f"warning: {warning}", markup=False)
     s = run.summary()
-    verdict = "PASS" if run.ok else "FAIL"
+    verdict = "PASS" if run.ok else "ABORTED" if run.aborted else "FAIL"
     out.print(f"{verdict}: playbook {run.playbook} (run {run.execution_id}): {s['steps_ok']} ok, {s['steps_failed']} "
               f"failed, {s['steps_skipped']} skipped in {run.seconds:.2f} s", markup=False)
 
@@ -106,6 +123,9 @@ def _print_step(out, step: "StepRun") -> None:
         rows = [[len(its), sum(1 for it in its if not it.failure), sum(1 for it in its if it.failure), ", ".join(workers) or "-",
                  f"{statistics.median(ms):.1f}" if ms else "-", f"{step.seconds:.2f}"]]
         out.print(table(title + " (loop)", ["iterations", "ok", "failed", "workers", "median ms", "total s"], rows))
+        for it in its:  # how an iteration's fate was decided when its worker could not say
+            if it.note:
+                out.print(f"  iteration {it.index}: {it.note}", markup=False)
     elif step.attempt is not None:
         a = step.attempt
         rows = [[i, s.statement_type or "-", "error" if s.error else "ok",
@@ -120,6 +140,8 @@ def _print_step(out, step: "StepRun") -> None:
                             last.rows[:ROWS_SHOWN]))
     else:
         out.print(title, markup=False)
+    if step.attempt is not None and step.attempt.note:
+        out.print(f"  {step.attempt.note}", markup=False)
     error = step.error
     if error is not None:
         out.print(f"  error: {error.line()}" + (f"\n  sql: {_one_line(error.sql)}" if error.sql else ""), markup=False)

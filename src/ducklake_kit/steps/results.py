@@ -54,6 +54,7 @@ class Attempt:
     failure: Failure | None = None
     snapshot_id: int | None = None  # the transaction's snapshot (transaction: true)
     rolled_back: bool = False
+    note: str | None = None  # how its fate was decided when its worker could not say (found in the lake by its token)
 
     @classmethod
     def of(cls, task: StepTask) -> "Attempt":
@@ -64,6 +65,8 @@ class Attempt:
         self.statements, self.worker, self.started_at, self.finished_at = (task.statements, task.worker, task.started_at,
                                                                            task.finished_at)
         self.seconds, self.snapshot_id, self.rolled_back = task.seconds, task.snapshot_id, task.rolled_back
+        self.note = task.note or (f"an earlier attempt had already committed it (snapshot {task.snapshot_id}, found in "
+                                  "the lake by its token): not committed again" if task.landed_before else None)
         failed = next((i for i, s in enumerate(task.statements) if s.error), None)
         if failed is not None:
             s = task.statements[failed]
@@ -91,7 +94,8 @@ class Iteration(Attempt):
     def as_dict(self) -> dict[str, Any]:
         return {"index": self.index, "element": self.element, "status": self.status, "worker": self.worker,
                 "started_at": self.started_at, "finished_at": self.finished_at, "seconds": self.seconds,
-                "result": self.result(), "error": self.failure.as_dict() if self.failure else None}
+                "snapshot_id": self.snapshot_id, "note": self.note, "result": self.result(),
+                "error": self.failure.as_dict() if self.failure else None}
 
 
 @dataclass
@@ -135,7 +139,7 @@ class StepRun:
                "catalog_info": self.catalog_info or {}, "error": error.as_dict() if error else None,
                "seconds": self.seconds, "vars": self.vars, "warnings": self.warnings}
         if self.attempt is not None:
-            out.update(worker=self.attempt.worker, snapshot_id=self.attempt.snapshot_id)
+            out.update(worker=self.attempt.worker, snapshot_id=self.attempt.snapshot_id, note=self.attempt.note)
         if self.reason:
             out["reason"] = self.reason
         return out
@@ -160,10 +164,12 @@ class PlaybookRun:
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
     vars: dict[str, Any] = field(default_factory=dict)
+    resumed: bool = False  # --resume: the same execution id, what its earlier run committed not run again
+    aborted: str | None = None  # why the run stopped before every step was decided (the worker plane was lost)
 
     @property
     def ok(self) -> bool:
-        return all(s.status != ERROR for s in self.steps)
+        return self.aborted is None and all(s.status != ERROR for s in self.steps)
 
     @property
     def catalog_info(self) -> dict[str, Any]:
@@ -173,7 +179,8 @@ class PlaybookRun:
     def summary(self) -> dict[str, Any]:
         count = {k: sum(1 for s in self.steps if s.status == k) for k in (OK, ERROR, SKIPPED)}
         return {"playbook": self.playbook, "file": self.file, "execution_id": self.execution_id, "shape": self.shape,
-                "status": OK if self.ok else ERROR, "steps_ok": count[OK], "steps_failed": count[ERROR],
+                "resumed": self.resumed, "aborted": self.aborted, "status": OK if self.ok else ERROR,
+                "steps_ok": count[OK], "steps_failed": count[ERROR],
                 "steps_skipped": count[SKIPPED], "seconds": self.seconds}
 
     def as_dict(self) -> dict[str, Any]:

@@ -9,20 +9,25 @@ with the reason. Any failed step makes the run fail.
 Each step is one task on a worker (its commands on the worker's pooled connection); a loop's iterations are one
 task each: `async` keeps up to `max_in_flight` of them running at once (default: one per worker thread, so all of
 the workers), `sequential` runs them one after another. Every iteration runs and is reported; the loop fails if any did.
+
+Exactly once (see `once`): a step or iteration that writes commits a token of its own; when its fate is unknown (its
+worker died, the plane's scheduler was lost) the runner looks it up in the lake. `--resume RUN` runs a run again under
+its execution id: what the lake says it committed is not run again. A lost scheduler ends the run `aborted`.
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ducklake_kit.errors import KitError
+from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import LAKE
 from ducklake_kit.platforms.base import Endpoints
-from ducklake_kit.steps import catalogs, noetl, sqltext, templates
+from ducklake_kit.steps import catalogs, noetl, once, sqltext, templates
 from ducklake_kit.steps.model import ASYNC, EXCLUSIVE, Playbook, Step
 from ducklake_kit.steps.results import ERROR, OK, SKIPPED, Attempt, Failure, Iteration, PlaybookRun, StepRun
 from ducklake_kit.steps.schema import PlaybookError, load_value
@@ -128,12 +133,25 @@ class _StepFailed(Exception):
         self.failure = failure
 
 
+class PlaneLost(Exception):
+    """The runner lost the plane's scheduler: no task's outcome can come from the plane any more. `task`: the step's
+    own outcome, decided by the lake, when it was running."""
+
+    def __init__(self, why: str, task: StepTask | None = None):
+        super().__init__(why)
+        self.why, self.task = why, task
+
+
 class Runner:
     def __init__(self, playbook: Playbook, plane: WorkerPlane, endpoints: Endpoints, home: Path, *,
-                 overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None):
+                 overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None,
+                 resume: str | None = None):
         self.playbook, self.plane, self.endpoints, self.home = playbook, plane, endpoints, home
         self.on_event = on_event
-        self.execution_id = uuid.uuid4().hex[:12]
+        self.resume = resume
+        self.execution_id = resume or uuid.uuid4().hex[:12]
+        self.fates = once.Fates(endpoints)
+        self.aborted: str | None = None
         workload = {**playbook.workload, **(overrides or {})}
         self.vars: dict[str, Any] = {}
         self.context: dict[str, Any] = {**workload, "workload": workload, "vars": self.vars,
@@ -169,17 +187,46 @@ class Runner:
             texts.append(text)
         return texts
 
-    def _submit(self, step: Step, prepared: tuple, *, with_info: bool, label: str):
-        target, texts, params, settings = prepared
-        message = f"steps {self.playbook.name}: {label} (run {self.execution_id})" if step.transaction else None
-        return self.plane.submit_call(run_step, target, texts, params, message=message,
-                                      keep_going=step.on_error == "continue", settings=settings, with_info=with_info)
+    def _unit(self, step: Step, prepared: tuple, index: int | None = None, element: Any = None) -> once.Unit:
+        return once.Unit(self.playbook.name, self.execution_id, step.name, index, element,
+                         once.kind_of(step.transaction, prepared[1]))
 
-    def _outcome(self, future) -> StepTask:
-        res = self.plane.result(future)
-        if isinstance(res, TaskResult):  # the worker died holding the task: never run again
-            return StepTask(res.worker, res.address, error=res.error.line() if res.error else "the worker died")
+    def _submit(self, step: Step, prepared: tuple, unit: once.Unit, *, with_info: bool, label: str):
+        target, texts, params, settings = prepared
+        decided = unit.kind == once.DECIDED  # one transaction, whose commit carries the unit's token
+        message = f"steps {self.playbook.name}: {label} (run {self.execution_id})" if decided else None
+        return self.plane.submit_call(run_step, target, texts, params, message=message,
+                                      keep_going=step.on_error == "continue", settings=settings, with_info=with_info,
+                                      commit_token=unit.token if decided else None,
+                                      extra=unit.extra if decided else None, recheck=decided and self.resume is not None)
+
+    def _outcome(self, future, unit: once.Unit, target: Target) -> StepTask:
+        """The task's result; a task whose worker died, or that failed on the plane, decided by the lake (`once`).
+        PlaneLost when the scheduler is gone (the caller settles what was running)."""
+        try:
+            res = self.plane.result(future)
+        except Exception as exc:  # noqa: BLE001 - e.g. cancelled because the scheduler went away
+            if self.plane.scheduler_lost():
+                raise PlaneLost(f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})") from None
+            return self.fates.settle(unit, target, f"the task failed on the worker plane ({type(exc).__name__}: "
+                                                   f"{first_line(exc)})")
+        if isinstance(res, TaskResult):  # the worker died holding the task: never run again, the lake decides
+            why = res.error.error.split(";")[0] if res.error else "its worker died"
+            return self.fates.settle(unit, target, why, res.worker, res.address)
         return res
+
+    def _one(self, step: Step, prepared: tuple, unit: once.Unit, *, with_info: bool, label: str) -> StepTask:
+        """A step (or iteration) run on the plane, unless --resume finds it must not run again."""
+        if self.resume is not None:
+            known = self.fates.before(unit, prepared[0])
+            if known is not None:
+                return known
+        future = self._submit(step, prepared, unit, with_info=with_info, label=label)
+        try:
+            return self._outcome(future, unit, prepared[0])
+        except PlaneLost as exc:
+            raise PlaneLost(exc.why, self.fates.settle(unit, prepared[0], f"{exc.why}, while this step ran",
+                                                       final=False)) from None
 
     def _prepare(self, step: Step, ctx: dict[str, Any], warnings: list[str]) -> tuple:
         """(the catalog, the commands' text, the params, the step's settings), rendered for `ctx`."""
@@ -204,13 +251,20 @@ class Runner:
             if step.tool is None:
                 pass  # a step that only routes
             elif step.loop is None:
-                task = self._outcome(self._submit(step, self._prepare(step, self.context, run.warnings), with_info=True,
-                                                  label=f"step {step.name}"))
+                prepared = self._prepare(step, self.context, run.warnings)
+                task = self._one(step, prepared, self._unit(step, prepared), with_info=True, label=f"step {step.name}")
                 run.attempt, run.catalog_info = Attempt.of(task), task.catalog_info
             else:
                 self._run_loop(step, run)
         except _StepFailed as exc:
             run.failure = exc.failure
+        except Exception as exc:  # noqa: BLE001 - the plane failed under the step: the run stops, saying so
+            if not isinstance(exc, PlaneLost) and not self.plane.scheduler_lost():
+                raise
+            if isinstance(exc, PlaneLost) and exc.task is not None:
+                run.attempt, run.catalog_info = Attempt.of(exc.task), None
+            self.aborted = exc.why if isinstance(exc, PlaneLost) else (
+                f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})")
         run.status = ERROR if run.error else OK
         run.seconds = round(time.perf_counter() - start, 6)
         return run
@@ -235,11 +289,14 @@ class Runner:
             limit = len(collection) or 1
         run.iterations = [Iteration(index=i, element=e) for i, e in enumerate(collection)]
         pending = list(run.iterations)
-        running: dict[Any, Iteration] = {}
+        running: dict[Any, tuple[Iteration, once.Unit, Target]] = {}
         target: Target | None = None
         from distributed import as_completed
 
         done_iter = as_completed([], loop=self.plane.client.loop)  # the plane's client is not Dask's default one
+
+        def report(it: Iteration) -> None:
+            self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": len(collection)})
 
         def submit_next() -> None:
             nonlocal target
@@ -251,25 +308,44 @@ class Runner:
                     prepared = self._prepare(step, ctx, run.warnings)
                 except _StepFailed as exc:
                     it.failure = exc.failure
-                    self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": len(collection)})
+                    report(it)
                     continue
                 target = target or prepared[0]
-                future = self._submit(step, prepared, with_info=False, label=f"step {step.name} iteration {it.index}")
-                running[future] = it
+                unit = self._unit(step, prepared, it.index, it.element)
+                known = self.fates.before(unit, prepared[0]) if self.resume is not None else None
+                if known is not None:  # --resume: committed before (or undecidable): not run again
+                    it.take(known)
+                    report(it)
+                    continue
+                future = self._submit(step, prepared, unit, with_info=False,
+                                      label=f"step {step.name} iteration {it.index}")
+                running[future] = (it, unit, prepared[0])
                 done_iter.add(future)
 
         started = time.perf_counter()
-        submit_next()
-        while running:
-            future = next(done_iter)
-            it = running.pop(future)
-            it.take(self._outcome(future))
-            self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": len(collection)})
+        try:
             submit_next()
+            while running:
+                future = next(done_iter)
+                it, unit, where = running[future]
+                it.take(self._outcome(future, unit, where))
+                del running[future]
+                report(it)
+                submit_next()
+        except Exception as exc:  # noqa: BLE001 - the scheduler went away: what ran is decided by the lake
+            if not isinstance(exc, PlaneLost) and not self.plane.scheduler_lost():
+                raise
+            why = exc.why if isinstance(exc, PlaneLost) else (
+                f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})")
+            for it, unit, where in running.values():
+                it.take(self.fates.settle(unit, where, f"{why}, while this iteration ran", final=False))
+            for it in pending:
+                it.failure = Failure(f"not run: {why}")
+            raise PlaneLost(why) from None
         run.iterations_seconds = round(time.perf_counter() - started, 6)
         if target is not None:  # the catalog's state once every iteration is done
-            info = self._outcome(self.plane.submit_call(run_step, target, [], {}, with_info=True))
-            run.catalog_info = info.catalog_info
+            info = self.plane.result(self.plane.submit_call(run_step, target, [], {}, with_info=True))
+            run.catalog_info = info.catalog_info if isinstance(info, StepTask) else None
 
     # -- routing -------------------------------------------------------------------------------------------------
     def _route(self, step: Step, run: StepRun, ctx: dict[str, Any]) -> list[str]:
@@ -312,24 +388,36 @@ class Runner:
         return []
 
     def run(self) -> PlaybookRun:
+        try:
+            return self._run()
+        finally:
+            self.fates.close()
+
+    def _run(self) -> PlaybookRun:
         start = time.perf_counter()
-        out = PlaybookRun(self.playbook.name, self.playbook.file, self.execution_id, self.playbook.shape)
+        out = PlaybookRun(self.playbook.name, self.playbook.file, self.execution_id, self.playbook.shape,
+                          resumed=self.resume is not None)
         reached = {self.playbook.start: "start"}
         failed_before: str | None = None
         for name in noetl.order(self.playbook):
             step = self.playbook.steps[name]
-            if name not in reached:
-                why = f"not run: step '{failed_before}' failed" if failed_before else "not reached: no route led to it"
+            if name not in reached or self.aborted:
+                why = (f"not run: {self.aborted}" if self.aborted else f"not run: step '{failed_before}' failed"
+                       if failed_before else "not reached: no route led to it")
                 out.steps.append(StepRun(name, SKIPPED, step.desc, reason=why))
                 self.on_event("skipped", {"step": name, "reason": why})
                 continue
             run = self.run_step(step)
-            for target in self._finish(step, run):
-                reached.setdefault(target, name)
+            if self.aborted:  # no later step can run: its result is published, no route followed
+                self.context[step.name] = run.context()
+            else:
+                for target in self._finish(step, run):
+                    reached.setdefault(target, name)
             if run.status == ERROR and failed_before is None:
                 failed_before = name
             out.steps.append(run)
             self.on_event("done", {"step": name, "run": run})
+        out.aborted = self.aborted
         out.vars = dict(self.vars)
         out.warnings = paste_warnings(self.playbook) + [w for s in out.steps for w in s.warnings]
         out.seconds = round(time.perf_counter() - start, 6)
@@ -337,9 +425,11 @@ class Runner:
 
 
 def run(playbook: Playbook, plane: WorkerPlane, endpoints: Endpoints, home: Path, *,
-        overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None) -> PlaybookRun:
-    """Run a playbook read (and name-checked, with the same overrides) by `load`."""
-    return Runner(playbook, plane, endpoints, home, overrides=overrides, on_event=on_event).run()
+        overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None,
+        resume: str | None = None) -> PlaybookRun:
+    """Run a playbook read (and name-checked, with the same overrides) by `load`. `resume`: an earlier run's
+    execution id, run again: what the lake says that run committed is not run again (see `once`)."""
+    return Runner(playbook, plane, endpoints, home, overrides=overrides, on_event=on_event, resume=resume).run()
 
 
 def load(file: Path, overrides: dict[str, Any] | None = None) -> Playbook:
@@ -351,8 +441,12 @@ def load(file: Path, overrides: dict[str, Any] | None = None) -> Playbook:
 
 
 def run_file(file: Path | Playbook, scheduler: str, endpoints: Endpoints, home: Path, *,
-             overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None) -> PlaybookRun:
+             overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None,
+             resume: str | None = None) -> PlaybookRun:
     """`steps run FILE`: the playbook on the worker plane at `scheduler`."""
     playbook = file if isinstance(file, Playbook) else load(file, overrides)
+    if resume is not None and not re.fullmatch(r"[0-9a-f]{12}", resume):
+        raise KitError(f"--resume {resume!r} is not a run's execution id",
+                       "give the 12 hex digits `steps run` printed as its run (execution_id in --json)")
     with WorkerPlane(scheduler, endpoints) as plane:
-        return run(playbook, plane, endpoints, home, overrides=overrides, on_event=on_event)
+        return run(playbook, plane, endpoints, home, overrides=overrides, on_event=on_event, resume=resume)

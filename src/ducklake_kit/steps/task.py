@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,10 +22,10 @@ from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake, StatementFailed, attach_statement
 from ducklake_kit.lake.connection import bound_params
 from ducklake_kit.lake.sql import quote_ident, quote_literal
-from ducklake_kit.lake.transactions import commit_with
+from ducklake_kit.lake.transactions import commit_with, snapshot_of_token
 from ducklake_kit.platforms.base import PgEndpoint
 from ducklake_kit.workers.plugin import LakeLost, LakePlugin
-from ducklake_kit.workers.tasks import end_open_transaction, task_lake
+from ducklake_kit.workers.tasks import _fault_after_commit, end_open_transaction, task_lake
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ class StepTask:
     rolled_back: bool = False
     transaction: bool = False  # the step ran as one transaction (transaction: true)
     snapshot_id: int | None = None  # the snapshot the step's transaction made (transaction: true)
+    landed_before: bool = False  # its token was already in the lake (an earlier attempt committed it): not committed again
+    note: str | None = None  # how the runner decided a task whose fate its worker could not report (never the worker)
     catalog_info: dict[str, Any] | None = None
     last_snapshot: int | None = None  # the instance's last committed snapshot for the step's catalog, at its end
     started_at: float = 0.0
@@ -89,10 +92,17 @@ class StepTask:
 
 def run_step(plugin: str, target: Target, commands: list[str], params: dict[str, Any], *, message: str | None = None,
              keep_going: bool = False, settings: dict[str, Any] | None = None, with_info: bool = True,
-             token: str | None = None) -> StepTask:
-    """Run on a worker. `message`: every command in ONE transaction with that commit message. `keep_going`: a failed
-    statement does not stop the later ones (on_error: continue). `with_info`: add the catalog's state after it."""
+             token: str | None = None, commit_token: str | None = None, extra: dict[str, Any] | None = None,
+             recheck: bool = False) -> StepTask:
+    """Run on a worker. `message`: every command in ONE transaction with that commit message, carrying `commit_token`
+    and `extra` in its commit_extra_info (the runner finds it in the lake by the token when the task's fate is
+    unknown). `recheck`: before the COMMIT, look the token up: an attempt that is already in the lake is not
+    committed again. `keep_going`: a failed statement does not stop the later ones (on_error: continue). `with_info`:
+    add the catalog's state after it."""
     worker = get_worker()
+    # the worker's name in the commit too: which worker made a step's snapshot is in the lake's own record
+    extra = {**extra, "worker": str(worker.name)} if extra is not None else None
+    gate = _Gate(commit_token, extra, recheck)
     start = time.perf_counter()
     out = StepTask(str(worker.name), worker.address, started_at=time.time())
     lake_plugin, refused = task_lake(plugin, token)
@@ -101,7 +111,7 @@ def run_step(plugin: str, target: Target, commands: list[str], params: dict[str,
     else:
         try:
             with lake_plugin.exclusive():  # settled first: LakeLost when the lake cannot be attached again
-                _run_held(lake_plugin, target, commands, params, message, keep_going, settings, with_info, out)
+                _run_held(lake_plugin, target, commands, params, message, keep_going, settings, with_info, out, gate)
         except LakeLost as exc:
             out.error = exc.what
     out.finished_at = time.time()
@@ -109,8 +119,24 @@ def run_step(plugin: str, target: Target, commands: list[str], params: dict[str,
     return out
 
 
+@dataclass
+class _Gate:
+    """What a step's transaction carries: its token and extra info, and whether to look the token up first."""
+
+    token: str | None = None
+    extra: dict[str, Any] | None = None
+    recheck: bool = False
+
+
+class _AlreadyLanded(Exception):
+    def __init__(self, snapshot: int):
+        super().__init__(f"already committed as snapshot {snapshot}")
+        self.snapshot = snapshot
+
+
 def _run_held(lake_plugin: LakePlugin, target: Target, commands: list[str], params: dict[str, Any], message: str | None,
-              keep_going: bool, settings: dict[str, Any] | None, with_info: bool, out: StepTask) -> None:
+              keep_going: bool, settings: dict[str, Any] | None, with_info: bool, out: StepTask,
+              gate: _Gate | None = None) -> None:
     """The step on the worker's connection, held by this task."""
     lake: Lake = lake_plugin.lake
     try:
@@ -119,7 +145,7 @@ def _run_held(lake_plugin: LakePlugin, target: Target, commands: list[str], para
         try:
             _use(lake_plugin, target.alias if target.use else lake.alias)
             if message is not None:
-                _transaction(view, commands, params, message, out)
+                _transaction(view, commands, params, message, out, gate or _Gate())
             else:
                 _autocommit(view, commands, params, keep_going, out, _known_snapshot(lake_plugin, target.alias))
                 lake_plugin.snapshots[target.alias] = (lake_plugin.turn, out.last_snapshot)
@@ -236,9 +262,11 @@ def _autocommit(view: Lake, commands: list[str], params: dict[str, Any], keep_go
         out.error = out.error or "the step left a transaction open (BEGIN without COMMIT); it was rolled back"
 
 
-def _transaction(view: Lake, commands: list[str], params: dict[str, Any], message: str, out: StepTask) -> None:
+def _transaction(view: Lake, commands: list[str], params: dict[str, Any], message: str, out: StepTask,
+                 gate: _Gate) -> None:
     out.transaction = True
     done: list[StatementRun] = []
+    token = gate.token or uuid.uuid4().hex
 
     def work(_con) -> None:
         for c, s, stmt in _parsed(view, commands):
@@ -253,20 +281,45 @@ def _transaction(view: Lake, commands: list[str], params: dict[str, Any], messag
             done.append(StatementRun(c, s, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows,
                                      r.seconds or 0.0))
 
+    def before_commit() -> None:
+        # a re-run (--resume) of an attempt whose worker may have finished it after its plane was lost: the token in
+        # the lake says it landed, so this one rolls back instead of committing the same change twice
+        landed = snapshot_of_token(view, token) if gate.recheck else None
+        if landed is not None:
+            raise _AlreadyLanded(landed)
+
     try:
-        made = commit_with(view, work, message)
+        made = commit_with(view, work, message, token=token, extra=gate.extra, before_commit=before_commit)
         out.snapshot_id = made.snapshot_id
         for run in done:  # every statement that wrote is part of the one snapshot the transaction made
             run.snapshot_id = made.snapshot_id if run.statement_type != "SELECT" else None
+        _fault_after_commit()  # test hook: the window between a landed commit and its result reaching the runner
+    except _AlreadyLanded as exc:
+        out.snapshot_id, out.landed_before, done = exc.snapshot, True, []
     except (duckdb.Error, StatementFailed) as exc:
         out.rolled_back = True
         if not any(r.error for r in done):  # the COMMIT itself failed: it may have reached the catalog
-            out.error = (f"the step's commit failed, so it may or may not have committed ({first_line(exc)}): "
-                         "check the lake before running it again")
+            _failed_commit(view, token, first_line(exc), out)
+            for run in done if not out.rolled_back else []:
+                run.snapshot_id = out.snapshot_id if run.statement_type != "SELECT" else None
     except Exception as exc:  # noqa: BLE001 - a command that does not parse: nothing ran
         out.rolled_back = True
         out.error = getattr(exc, "what", None) or first_line(exc)
     out.statements = done
+
+
+def _failed_commit(view: Lake, token: str, why: str, out: StepTask) -> None:
+    """A COMMIT that raised may still have reached the catalog: the token in the lake says whether it did."""
+    try:
+        landed = snapshot_of_token(view, token)
+    except Exception:  # noqa: BLE001 - the catalog cannot say either: the fate stays unknown, and is said so
+        out.error = (f"the step's commit failed, so it may or may not have committed ({why}): check the lake before "
+                     "running it again")
+        return
+    if landed is None:
+        out.error = f"the step's commit failed and did not land ({why}): nothing of it committed"
+    else:  # it landed: a success, whatever the error on the way back said
+        out.snapshot_id, out.rolled_back = landed, False
 
 
 def catalog_info(view: Lake) -> dict[str, Any]:
