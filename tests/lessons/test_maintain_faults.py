@@ -98,7 +98,7 @@ def test_maintain_during_an_insert_stream_on_a_catalog_that_ends_idle_transactio
         assert lake.scalar("SELECT count(*) FROM maint.big") == FILES * ROWS_PER_FILE
 
 
-def test_maintain_during_a_load_on_a_catalog_that_ends_idle_transactions(fresh_stack):
+def test_maintain_during_a_load_on_a_catalog_that_ends_idle_transactions(fresh_stack, monkeypatch):
     """The same timeout, `maintain` started while a synthetic load (Spark) runs: both succeed, every check passes."""
     from ducklake_kit.taxi import flow
 
@@ -110,10 +110,19 @@ def test_maintain_during_a_load_on_a_catalog_that_ends_idle_transactions(fresh_s
     loaded: list = []
     load_ended: list[float] = []
 
+    # the load's own hook holds it, its files written and its Lake open, until maintain has started
+    monkeypatch.setenv("DUCKLAKE_FAULT", "pause-before-commit=8")
+    paused = threading.Event()
+
+    def on_step(line: str) -> None:
+        if line.startswith("test hook: every file written"):
+            paused.set()
+
     def load() -> None:
         try:
             loaded.append(flow.load_and_verify(fresh_stack.platform, fresh_stack.state, source="synthetic",
-                                               months="2023-01..2023-02", rows_per_month=5000, seed=3))
+                                               months="2023-01..2023-02", rows_per_month=5000, seed=3,
+                                               on_step=on_step))
         except Exception as exc:  # noqa: BLE001 - the load's failure is the finding
             loaded.append(exc)
         load_ended.append(time.monotonic())
@@ -121,7 +130,7 @@ def test_maintain_during_a_load_on_a_catalog_that_ends_idle_transactions(fresh_s
     try:
         loader = threading.Thread(target=load, daemon=True)
         loader.start()
-        time.sleep(3)  # Spark is starting or writing: the load's Lake is open
+        assert paused.wait(300), "the load never reached its pause before the commit"
         checks = CheckRun()
         maintain_started = time.monotonic()
         result = run_maintain(fresh_stack.platform, checks)
