@@ -208,10 +208,11 @@ def bound_params(stmt, params: dict[str, Any] | None, index: int, total: int, re
     return {name: params[name] for name in names}  # type: ignore[index]
 
 
-# autocommit statements that take the commit gate: the writes. Not COPY (an export would hold the gate while it
-# writes its file; a COPY into a lake table commits optimistically, still correctly), nor CALLs and SELECTs of
-# DuckLake's maintenance functions (maintain's merges would hold it for minutes).
-_GATED_KINDS = _DML | {"CREATE", "DROP", "ALTER"}
+# The writes, by DuckDB's statement type: each autocommits as one transaction, so it takes the commit gate, and a
+# token of its own can decide its fate (steps/once.py). Not COPY (an export would hold the gate while it writes its
+# file; a COPY into a lake table commits optimistically, still correctly), nor CALLs and SELECTs of DuckLake's
+# maintenance functions (maintain's merges would hold it for minutes).
+WRITE_KINDS = frozenset(_DML | {"CREATE", "DROP", "ALTER"})
 
 
 class _Transaction:
@@ -377,7 +378,7 @@ class Lake:
         start = time.perf_counter()
         if kind == "TRANSACTION":
             rel = self._transaction_statement(stmt, params)
-        elif kind in _GATED_KINDS and self.gate is not None and not self._txn.open:
+        elif kind in WRITE_KINDS and self.gate is not None and not self._txn.open:
             rel = self.write(stmt, params)
         else:
             rel = self.con.execute(stmt, params)

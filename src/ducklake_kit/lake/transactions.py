@@ -45,7 +45,7 @@ def last_committed_snapshot(lake: Lake) -> int | None:
 
 def snapshot_with_token(lake: Lake, token: str, hint: int | None = None, extra: str | None = None) -> int | None:
     """The snapshot whose commit_extra_info carries `token` (`extra`: the whole extra info, when the commit added
-    more to it than the token): `hint` first (one catalog row), else a search."""
+    more to it than the token): `hint` first (one catalog row), else a search by the token (`snapshot_of_token`)."""
     extra = extra if extra is not None else json.dumps({"commit": token})
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
     if hint is not None:
@@ -53,9 +53,7 @@ def snapshot_with_token(lake: Lake, token: str, hint: int | None = None, extra: 
                                [hint]).fetchone()
         if row and row[0] == extra:
             return hint
-    row = lake.con.execute(f"SELECT max(snapshot_id) FROM {meta}.ducklake_snapshot_changes WHERE commit_extra_info = ?",
-                           [extra]).fetchone()
-    return int(row[0]) if row and row[0] is not None else None
+    return snapshot_of_token(lake, token)
 
 
 def snapshot_of_token(lake: Lake, token: str) -> int | None:

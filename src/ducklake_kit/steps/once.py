@@ -23,13 +23,13 @@ import duckdb
 
 from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake
+from ducklake_kit.lake.connection import WRITE_KINDS
 from ducklake_kit.lake.transactions import snapshot_of_token
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.steps.task import StepTask, Target
 
 DECIDED, HARMLESS, UNDECIDED = "decided", "harmless", "undecided"
 READ_ONLY = {"SELECT", "EXPLAIN", "SET", "VARIABLE_SET"}  # DuckDB's statement types that commit nothing to the lake
-ONE_COMMIT = {"INSERT", "UPDATE", "DELETE", "MERGE_INTO", "CREATE", "DROP", "ALTER"}
 UNDECIDED_WHY = ("its statements autocommit one by one, so the lake cannot say which of them committed (with "
                  "`transaction: true` it is one commit the runner decides)")
 
@@ -76,7 +76,7 @@ def kind_of(transaction: bool, texts: list[str]) -> str:
     types = [t for text in texts for t in (_types(text) or ())]
     if all(t in READ_ONLY for t in types):
         return HARMLESS
-    if len(types) == 1 and types[0] in ONE_COMMIT:
+    if len(types) == 1 and types[0] in WRITE_KINDS:  # autocommit makes it one commit: one token decides it
         return DECIDED
     return UNDECIDED
 
