@@ -31,8 +31,16 @@ os.environ.setdefault("DUCKLAKE_ALL_ROWS_PER_MONTH", "20000")
 os.environ["DUCKLAKE_TLC_BASE_URL"] = "http://127.0.0.1:9"
 # each test stack saves its own worker plane ports; these (set by .ci/run for `just ducklake-test`, or by a user's
 # shell) would override them and send every stack to one port, or the tests to a user's Dask cluster
-for _var in ("DUCKLAKE_SCHEDULER", "DUCKLAKE_SCHEDULER_PORT", "DUCKLAKE_DASHBOARD_PORT", "SPARK_REMOTE", "SPARK_MASTER",
-             "DUCKLAKE_SPARK_MASTER_PORT", "DUCKLAKE_SPARK_UI_PORT", "DUCKLAKE_SPARK_CONNECT_PORT"):
+for _var in (
+    "DUCKLAKE_SCHEDULER",
+    "DUCKLAKE_SCHEDULER_PORT",
+    "DUCKLAKE_DASHBOARD_PORT",
+    "SPARK_REMOTE",
+    "SPARK_MASTER",
+    "DUCKLAKE_SPARK_MASTER_PORT",
+    "DUCKLAKE_SPARK_UI_PORT",
+    "DUCKLAKE_SPARK_CONNECT_PORT",
+):
     os.environ.pop(_var, None)
 PG_IMAGE = "postgres:16.6"
 RCLONE_IMAGE = "rclone/rclone:1.75.2"

@@ -12,10 +12,32 @@ ROOT = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"(?<!!)\[[^\]]+\]\(([^)\s]+)\)")
 HEADING = re.compile(r"^#{1,6} (.+?)\s*$", re.M)
 # the terms the learning-material issue names; the glossary may hold more
-REQUIRED_TERMS = ["DuckLake", "Catalog", "Data path", "Snapshot", "Time travel", "Change feed", "Data inlining",
-                  "Partitioning", "Parquet", "S3 path style", "rclone", "Port-forward", "Kustomize base and overlay",
-                  "k3d", "Driver", "Executor", "Spark master", "Spark worker", "Spark Connect", "Dynamic table", "Target lag", "Incremental refresh",
-                  "Affected keys", "Full refresh"]
+REQUIRED_TERMS = [
+    "DuckLake",
+    "Catalog",
+    "Data path",
+    "Snapshot",
+    "Time travel",
+    "Change feed",
+    "Data inlining",
+    "Partitioning",
+    "Parquet",
+    "S3 path style",
+    "rclone",
+    "Port-forward",
+    "Kustomize base and overlay",
+    "k3d",
+    "Driver",
+    "Executor",
+    "Spark master",
+    "Spark worker",
+    "Spark Connect",
+    "Dynamic table",
+    "Target lag",
+    "Incremental refresh",
+    "Affected keys",
+    "Full refresh",
+]
 
 
 def slug(heading: str) -> str:
@@ -34,7 +56,11 @@ def markdown_of(path: Path) -> str:
 def doc_files() -> list[Path]:
     files = [ROOT / "README.md", ROOT / "LEARNING_PATH.md", ROOT / "GLOSSARY.md"]
     files += sorted((ROOT / "notebooks").glob("*.md")) + sorted((ROOT / "notebooks").glob("*.ipynb"))
-    files += sorted(ROOT.glob("overlays/*/README.md")) + sorted(ROOT.glob("databases/README.md")) + sorted(ROOT.glob("base/README.md"))
+    files += (
+        sorted(ROOT.glob("overlays/*/README.md"))
+        + sorted(ROOT.glob("databases/README.md"))
+        + sorted(ROOT.glob("base/README.md"))
+    )
     return [f for f in files if f.exists()]
 
 
@@ -66,8 +92,10 @@ def test_the_link_checker_catches_a_broken_anchor_and_a_missing_file(tmp_path):
     (tmp_path / "GLOSSARY.md").write_text("# Glossary\n\n## Snapshot\ntext\n")
     doc = tmp_path / "doc.md"
     doc.write_text("[ok](GLOSSARY.md#snapshot) [bad](GLOSSARY.md#snapshots) [gone](nope.md)\n")
-    assert broken_links(doc) == ["doc.md: GLOSSARY.md#snapshots (no heading with that anchor in GLOSSARY.md)",
-                                 "doc.md: nope.md (no such file)"]
+    assert broken_links(doc) == [
+        "doc.md: GLOSSARY.md#snapshots (no heading with that anchor in GLOSSARY.md)",
+        "doc.md: nope.md (no such file)",
+    ]
 
 
 def test_slug_matches_github_for_the_lab_headings():
@@ -89,5 +117,5 @@ def test_glossary_has_one_heading_per_required_term_and_each_says_where_the_kit_
 
 def test_the_docs_link_to_the_glossary():
     # the learner meets the terms where they are used: the learning path links each one at first use
-    linked = {a for a in re.findall(r"GLOSSARY\.md#([\w-]+)", (ROOT / "LEARNING_PATH.md").read_text())}
+    linked = set(re.findall(r"GLOSSARY\.md#([\w-]+)", (ROOT / "LEARNING_PATH.md").read_text()))
     assert {"catalog", "snapshot", "data-path", "time-travel", "change-feed", "data-inlining"} <= linked

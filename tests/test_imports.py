@@ -14,12 +14,17 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 PACKAGE = "ducklake_kit"
 # the layer of each top-level part of the package; a module may import its own layer or lower ones
 LAYERS = {
-    "errors": 0, "checks": 0,
+    "errors": 0,
+    "checks": 0,
     "platforms": 1,
     "lake": 2,
-    "taxi": 3, "workers": 3,
-    "steps": 4, "pipelines": 4, "dynamic_tables": 4,
-    "lessons": 5, "bench": 5,
+    "taxi": 3,
+    "workers": 3,
+    "steps": 4,
+    "pipelines": 4,
+    "dynamic_tables": 4,
+    "lessons": 5,
+    "bench": 5,
     "cli": 6,
 }
 
@@ -70,7 +75,10 @@ def test_the_graph_is_read():
     # a few edges that exist, so a parser that finds nothing fails here
     assert "ducklake_kit.lake.connection" in g["ducklake_kit.lessons.timetravel"] | g["ducklake_kit.lake"]
     assert "ducklake_kit.taxi.reference" in g["ducklake_kit.taxi.verify"]
-    assert "ducklake_kit.platforms.state" in g["ducklake_kit.cli.app"] or "ducklake_kit.platforms.state" in g["ducklake_kit.cli.common"]
+    assert (
+        "ducklake_kit.platforms.state" in g["ducklake_kit.cli.app"]
+        or "ducklake_kit.platforms.state" in g["ducklake_kit.cli.common"]
+    )
 
 
 def test_every_module_has_a_layer():
@@ -86,8 +94,12 @@ def test_no_import_cycles():
 
 
 def test_no_module_imports_a_higher_layer():
-    upward = sorted(f"{m} (layer {layer(m)}) imports {dep} (layer {layer(dep)})"
-                    for m, deps in graph().items() for dep in deps if (layer(dep) or 0) > (layer(m) or 0))
+    upward = sorted(
+        f"{m} (layer {layer(m)}) imports {dep} (layer {layer(dep)})"
+        for m, deps in graph().items()
+        for dep in deps
+        if (layer(dep) or 0) > (layer(m) or 0)
+    )
     assert upward == []
 
 

@@ -20,8 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from ducklake_kit.platforms.state import DEFAULT_DASHBOARD_PORT, DEFAULT_PG_PORT, DEFAULT_S3_PORT, DEFAULT_SCHEDULER_PORT
-
+from ducklake_kit.platforms.state import (
+    DEFAULT_DASHBOARD_PORT,
+    DEFAULT_PG_PORT,
+    DEFAULT_S3_PORT,
+    DEFAULT_SCHEDULER_PORT,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB_HEADING = re.compile(r"^## (\d\d) · (.+)$", re.M)
@@ -49,7 +53,7 @@ def parse_labs(markdown: str) -> list[Lab]:
     heads = list(LAB_HEADING.finditer(markdown))
     labs = []
     for i, h in enumerate(heads):
-        text = markdown[h.end(): heads[i + 1].start() if i + 1 < len(heads) else len(markdown)]
+        text = markdown[h.end() : heads[i + 1].start() if i + 1 < len(heads) else len(markdown)]
         steps_part, _, rest = text.partition("**Verify:**")
         verify_part = rest.partition("**Next:**")[0]
         labs.append(Lab(h.group(1), h.group(2), text, _blocks(steps_part), _blocks(verify_part)))
@@ -74,15 +78,21 @@ def test_every_lab_has_the_shape_purpose_steps_verify_next():
     assert [lab.number for lab in LABS] == sorted(lab.number for lab in LABS), "labs are numbered in order"
     assert LABS[0].title == "Prerequisites" and LABS[-1].title == "Teardown"
     for lab in LABS:
-        positions = [lab.text.find(f"**{part}:**") for part in ("Purpose", "Steps", "Verify", "Next")][: 4 if lab is not LABS[-1] else 3]
-        assert -1 not in positions and positions == sorted(positions), f"lab {lab.number}: Purpose, Steps, Verify, Next in order"
+        positions = [lab.text.find(f"**{part}:**") for part in ("Purpose", "Steps", "Verify", "Next")][
+            : 4 if lab is not LABS[-1] else 3
+        ]
+        assert -1 not in positions and positions == sorted(positions), (
+            f"lab {lab.number}: Purpose, Steps, Verify, Next in order"
+        )
         runnable = [b for b in lab.verify if b.lang == "bash" and not b.note.startswith("not run")]
         assert runnable, f"lab {lab.number} has no Verify command the test can run"
 
 
 def test_the_parser_finds_a_failing_verification():
     # the harness below must be able to fail: a made-up lab whose Verify expects a wrong answer
-    lab = parse_labs("## 01 · X\n**Purpose:** p\n**Steps:** s\n**Verify:**\n```bash\necho 41\n```\n```text\n42\n```\n**Next:** n\n")[0]
+    lab = parse_labs(
+        "## 01 · X\n**Purpose:** p\n**Steps:** s\n**Verify:**\n```bash\necho 41\n```\n```text\n42\n```\n**Next:** n\n"
+    )[0]
     with pytest.raises(AssertionError, match="expected line '42'"):
         _run_block(lab.verify[0], os.environ.copy(), {})
 
@@ -105,8 +115,15 @@ def _run_block(block: Block, env: dict[str, str], rewrites: dict[str, str]) -> s
             continue
         for old, new in rewrites.items():
             line = line.replace(old, new)
-        r = subprocess.run(["bash", "-o", "pipefail", "-c", line], cwd=ROOT, env=env, capture_output=True, text=True,
-                           timeout=600, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            ["bash", "-o", "pipefail", "-c", line],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            stdin=subprocess.DEVNULL,
+        )
         assert r.returncode == 0, f"`{line}` exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
         output += r.stdout + r.stderr
     for expected in block.expected:
@@ -118,14 +135,23 @@ def _run_block(block: Block, env: dict[str, str], rewrites: dict[str, str]) -> s
 @pytest.mark.spark
 @pytest.mark.parametrize("lab", LABS, ids=[f"{lab.number}-{lab.title.split()[0].lower()}" for lab in LABS])
 def test_lab(lab: Lab, lab_stack):
-    env = {**os.environ, **lab_stack.env, "COLUMNS": "200", "NO_COLOR": "1",
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    rewrites = {f"127.0.0.1:{DEFAULT_S3_PORT}": f"127.0.0.1:{lab_stack.s3_port}",
-                f"127.0.0.1:{DEFAULT_PG_PORT}": f"127.0.0.1:{lab_stack.pg_port}",
-                f"127.0.0.1:{DEFAULT_SCHEDULER_PORT}": f"127.0.0.1:{lab_stack.scheduler_port}",
-                f"127.0.0.1:{DEFAULT_DASHBOARD_PORT}": f"127.0.0.1:{lab_stack.dashboard_port}",
-                ".ducklake/": f"{lab_stack.home}/"}
-    cluster_missing = _docker_and_k3d() if any(b.note.startswith("needs: docker") for b in lab.steps + lab.verify) else None
+    env = {
+        **os.environ,
+        **lab_stack.env,
+        "COLUMNS": "200",
+        "NO_COLOR": "1",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    rewrites = {
+        f"127.0.0.1:{DEFAULT_S3_PORT}": f"127.0.0.1:{lab_stack.s3_port}",
+        f"127.0.0.1:{DEFAULT_PG_PORT}": f"127.0.0.1:{lab_stack.pg_port}",
+        f"127.0.0.1:{DEFAULT_SCHEDULER_PORT}": f"127.0.0.1:{lab_stack.scheduler_port}",
+        f"127.0.0.1:{DEFAULT_DASHBOARD_PORT}": f"127.0.0.1:{lab_stack.dashboard_port}",
+        ".ducklake/": f"{lab_stack.home}/",
+    }
+    cluster_missing = (
+        _docker_and_k3d() if any(b.note.startswith("needs: docker") for b in lab.steps + lab.verify) else None
+    )
     skipped = []
     for block in lab.steps + lab.verify:
         if block.lang != "bash" or block.note.startswith("not run"):

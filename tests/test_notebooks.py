@@ -30,7 +30,7 @@ def test_there_are_numbered_notebooks_and_nothing_else_in_the_folder():
     assert names == [p.name for p in NOTEBOOKS]
     numbers = [n[:2] for n in names]
     assert numbers == [f"{i:02d}" for i in range(1, len(names) + 1)], "numbered 01, 02, ... without gaps or repeats"
-    assert SPARK <= set(names)
+    assert set(names) >= SPARK
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -38,13 +38,17 @@ def test_committed_without_outputs_and_with_checks(path: Path):
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)]
+    dirty = [
+        i for i, c in enumerate(nb.cells) if c.cell_type == "code" and (c.outputs or c.execution_count is not None)
+    ]
     assert dirty == [], f"cells {dirty} have outputs or execution counts: clear them before committing"
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3"
     first = nb.cells[0]
     assert first.cell_type == "markdown" and first.source.startswith(f"# {path.name[:2]} ")
     assert "What this teaches" in first.source and "What it assumes" in first.source
-    assert sum("assert " in c.source for c in code) >= 3, "a notebook checks its figures with assert, not only prints them"
+    assert sum("assert " in c.source for c in code) >= 3, (
+        "a notebook checks its figures with assert, not only prints them"
+    )
     assert any("plt.show()" in c.source for c in code), "every notebook draws at least one chart"
 
 
@@ -65,8 +69,14 @@ def test_glossary_links_name_headings_that_exist(path: Path):
 
 def _execute(path: Path, env: dict[str, str]) -> nbformat.NotebookNode:
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S, startup_timeout=120, allow_errors=False,
-                            resources={"metadata": {"path": str(NOTEBOOKS_DIR)}})  # cwd of the kernel
+    client = NotebookClient(
+        nb,
+        kernel_name="python3",
+        timeout=CELL_TIMEOUT_S,
+        startup_timeout=120,
+        allow_errors=False,
+        resources={"metadata": {"path": str(NOTEBOOKS_DIR)}},
+    )  # cwd of the kernel
     client.execute(env=env)  # raises CellExecutionError with the failing cell's source and traceback
     return nb
 

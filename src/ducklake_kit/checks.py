@@ -19,8 +19,14 @@ class Check:
     stage: str = ""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "passed": self.passed, "expected": self.expected, "actual": self.actual,
-                "seconds": self.seconds, "stage": self.stage}
+        return {
+            "name": self.name,
+            "passed": self.passed,
+            "expected": self.expected,
+            "actual": self.actual,
+            "seconds": self.seconds,
+            "stage": self.stage,
+        }
 
 
 class CheckRun:
@@ -38,7 +44,9 @@ class CheckRun:
         return passed
 
     def true(self, name: str, condition: bool, *, expected: Any = True, actual: Any = None) -> bool:
-        self.checks.append(Check(name, bool(condition), expected, condition if actual is None else actual, stage=self._stage))
+        self.checks.append(
+            Check(name, bool(condition), expected, condition if actual is None else actual, stage=self._stage)
+        )
         return bool(condition)
 
     @contextmanager

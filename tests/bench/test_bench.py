@@ -12,7 +12,6 @@ import pytest
 from ducklake_kit.bench import concurrency as bc
 from ducklake_kit.bench import queries as bq
 
-
 # -- unit: comparing answers and the Spark dialect fix -------------------------------------------------------
 
 
@@ -22,13 +21,16 @@ def test_compare_normalises_decimal_double_and_dates_the_same_way():
     assert bq.compare(duck, spark) is None
 
 
-@pytest.mark.parametrize("actual, why", [
-    ([(1, "a", 2.0)], "1 rows instead of 2"),
-    ([(1, "a", 2.0), (2, "b", 3.01)], "row 1"),
-    ([(2, "b", 3.0), (1, "a", 2.0)], "row 0"),  # the queries order their rows: order counts
-    ([(1, "a", 2.0), (2, "B", 3.0)], "row 1"),
-    ([(1, "a", 2.0), (2, "b", None)], "row 1"),
-])
+@pytest.mark.parametrize(
+    "actual, why",
+    [
+        ([(1, "a", 2.0)], "1 rows instead of 2"),
+        ([(1, "a", 2.0), (2, "b", 3.01)], "row 1"),
+        ([(2, "b", 3.0), (1, "a", 2.0)], "row 0"),  # the queries order their rows: order counts
+        ([(1, "a", 2.0), (2, "B", 3.0)], "row 1"),
+        ([(1, "a", 2.0), (2, "b", None)], "row 1"),
+    ],
+)
 def test_compare_reports_the_first_difference(actual, why):
     expected = [(1, "a", 2.0), (2, "b", 3.0)]
     diff = bq.compare(expected, actual)
@@ -43,12 +45,23 @@ def test_spark_sql_rewrites_dayname_only():
 def test_the_duckdb_engines_take_turns_after_spark():
     orders = [bq.round_order(i) for i in range(4)]
     assert all(o[0] == "spark" and sorted(o) == sorted(bq.ENGINES) for o in orders)
-    assert [o[1] for o in orders] == ["ducklake", "parquet", "ducklake", "parquet"]  # neither always right after the JVM
+    assert [o[1] for o in orders] == [
+        "ducklake",
+        "parquet",
+        "ducklake",
+        "parquet",
+    ]  # neither always right after the JVM
 
 
 def test_the_floor_is_cpu_bound_and_the_lone_writers_latency():
-    single = bc.SingleWriter(ops_per_worker=100, median_ms=4.0, p95_ms=6.0, min_ms=3.0, client_cpu_ms_per_insert=5.0,
-                             catalog_cpu_ms_per_insert=1.0)
+    single = bc.SingleWriter(
+        ops_per_worker=100,
+        median_ms=4.0,
+        p95_ms=6.0,
+        min_ms=3.0,
+        client_cpu_ms_per_insert=5.0,
+        catalog_cpu_ms_per_insert=1.0,
+    )
     f = bc.floor(single, workers=3, ops=100, cores=2)
     assert f.cpu_ms_per_insert == 6.0
     assert f.total_s_at_least == 0.9  # 300 inserts x 6 ms of CPU, 3 writers sharing 2 cores
@@ -83,27 +96,43 @@ def test_every_checked_query_is_benchmarked():
 
 
 def test_stats_of_three_runs():
-    assert bq._stats([0.3, 0.1, 0.2], 1000) == bq.EngineStats(median_s=0.2, min_s=0.1, max_s=0.3, rows_per_s=5000,
-                                                             runs_s=[0.3, 0.1, 0.2])
+    assert bq._stats([0.3, 0.1, 0.2], 1000) == bq.EngineStats(
+        median_s=0.2, min_s=0.1, max_s=0.3, rows_per_s=5000, runs_s=[0.3, 0.1, 0.2]
+    )
 
 
 def test_ratios_per_query_and_over_all_queries():
     assert bq.ratios(0.2, 0.25, 3.0) == {"ratio_ducklake_to_parquet": 0.8, "speedup_vs_spark": 15.0}
 
     def query(ducklake: float, parquet: float, spark: float) -> bq.QueryFigures:
-        engines = {e: bq.EngineStats(m, m, m, None, [m]) for e, m in (("ducklake", ducklake), ("parquet", parquet), ("spark", spark))}
+        engines = {
+            e: bq.EngineStats(m, m, m, None, [m])
+            for e, m in (("ducklake", ducklake), ("parquet", parquet), ("spark", spark))
+        }
         return bq.QueryFigures("q", "q.sql", 1, engines, 0.0, 0.0, True)
 
-    t = bq.totals([query(0.1, 0.1, 0.5), query(0.3, 0.2, 4.5)])  # sums 0.4 / 0.3 / 5.0: a slow query weighs what it costs
+    t = bq.totals(
+        [query(0.1, 0.1, 0.5), query(0.3, 0.2, 4.5)]
+    )  # sums 0.4 / 0.3 / 5.0: a slow query weighs what it costs
     assert t.total_median_s == {"ducklake": 0.4, "parquet": 0.3, "spark": 5.0}
     assert (t.ratio_ducklake_to_parquet, t.speedup_vs_spark, t.ratio_met, t.speedup_met) == (1.333, 12.5, False, True)
-    assert t.as_dict()["goals"] == {"ratio_ducklake_to_parquet_max": 1.05, "speedup_vs_spark_min": 10.0,
-                                    "ratio_met": False, "speedup_met": True}
+    assert t.as_dict()["goals"] == {
+        "ratio_ducklake_to_parquet_max": 1.05,
+        "speedup_vs_spark_min": 10.0,
+        "ratio_met": False,
+        "speedup_met": True,
+    }
 
 
 def test_summary_counts_lost_silently_lost_and_duplicate_rows():
     reports = [  # 2 writers x 3 inserts: writer 0 lost one to an error; 4 rows in the table, one of them twice
-        {"worker": 0, "start": 10.0, "end": 10.5, "latencies_s": [(0, 0.010), (2, 0.030)], "errors": {"conflicting lock": 1}},
+        {
+            "worker": 0,
+            "start": 10.0,
+            "end": 10.5,
+            "latencies_s": [(0, 0.010), (2, 0.030)],
+            "errors": {"conflicting lock": 1},
+        },
         {"worker": 1, "start": 10.1, "end": 11.0, "latencies_s": [(0, 0.020), (1, 0.040), (2, 0.050)], "errors": {}},
     ]
     s = bc._summary("file", reports, workers=2, ops=3, actual=5, distinct=4)
@@ -117,9 +146,25 @@ def test_summary_counts_lost_silently_lost_and_duplicate_rows():
 
 
 def _figures(**values) -> bc.WriterFigures:
-    base = dict(mode="ducklake", workers=3, ops_per_worker=100, total_s=0.8, ops_per_s=375.0, median_ms=6.0, p95_ms=9.0,
-                max_ms=12.0, succeeded=300, errors=0, errors_by_kind={}, expected_rows=300, actual_rows=300, rows_lost=0,
-                silently_lost=0, duplicate_rows=0, slowest_ops=[])
+    base = {
+        "mode": "ducklake",
+        "workers": 3,
+        "ops_per_worker": 100,
+        "total_s": 0.8,
+        "ops_per_s": 375.0,
+        "median_ms": 6.0,
+        "p95_ms": 9.0,
+        "max_ms": 12.0,
+        "succeeded": 300,
+        "errors": 0,
+        "errors_by_kind": {},
+        "expected_rows": 300,
+        "actual_rows": 300,
+        "rows_lost": 0,
+        "silently_lost": 0,
+        "duplicate_rows": 0,
+        "slowest_ops": [],
+    }
     return bc.WriterFigures(**{**base, **values})
 
 
@@ -134,7 +179,12 @@ def test_goals_met_and_reachable():
 
 def test_contention_goals_per_mode_and_whether_this_machine_can_reach_them():
     assert bc.contention_goals(_figures(p99_ms=40.0, max_ms=900.0, ops_per_s=120.0)) == {
-        "p99_ms": True, "max_ms": True, "ops_per_s": True, "rows_lost": True, "duplicate_rows": True}
+        "p99_ms": True,
+        "max_ms": True,
+        "ops_per_s": True,
+        "rows_lost": True,
+        "duplicate_rows": True,
+    }
     starved = bc.contention_goals(_figures(p99_ms=60.0, max_ms=113_000.0, ops_per_s=113.9, duplicate_rows=1))
     assert starved == {"p99_ms": False, "max_ms": False, "ops_per_s": False, "rows_lost": True, "duplicate_rows": False}
     assert bc.contention_goals(_figures(p99_ms=None))["p99_ms"] is False  # nothing succeeded: not met
@@ -142,35 +192,66 @@ def test_contention_goals_per_mode_and_whether_this_machine_can_reach_them():
     # 16 writers, 7 ms of CPU an insert on 2 cores: <= 285.7 inserts/s, a mean >= 56 ms <= 0.99 x 50 + 0.01 x 1000;
     # through the gate one at a time, 3 ms each (the fastest lone insert): <= 285.7/s too, the smaller of the two
     f = bc.floor(single, 16, 1000, 2)
-    assert (f.ops_per_s_at_most, f.mean_ms_at_least, f.gated_ops_per_s_at_most, f.gated_mean_ms_at_least) == (285.7, 56.0, 285.7, 56.0)
-    assert bc.contention_reachable(f) == {"p99_and_max_ms": True, "ops_per_s": True,
-                                          "p99_and_max_ms_through_the_gate": True, "ops_per_s_through_the_gate": True}
+    assert (f.ops_per_s_at_most, f.mean_ms_at_least, f.gated_ops_per_s_at_most, f.gated_mean_ms_at_least) == (
+        285.7,
+        56.0,
+        285.7,
+        56.0,
+    )
+    assert bc.contention_reachable(f) == {
+        "p99_and_max_ms": True,
+        "ops_per_s": True,
+        "p99_and_max_ms_through_the_gate": True,
+        "ops_per_s_through_the_gate": True,
+    }
     single.min_ms = 5.0  # 200/s through the gate: a mean >= 80 ms, which p99 <= 50 ms and max <= 1 s cannot average
     assert bc.contention_reachable(bc.floor(single, 16, 1000, 2)) == {
-        "p99_and_max_ms": True, "ops_per_s": True, "p99_and_max_ms_through_the_gate": False, "ops_per_s_through_the_gate": True}
+        "p99_and_max_ms": True,
+        "ops_per_s": True,
+        "p99_and_max_ms_through_the_gate": False,
+        "ops_per_s_through_the_gate": True,
+    }
     single.client_cpu_ms_per_insert = 16.0  # 18 ms: 111 inserts/s at most, a mean >= 144 ms, whatever the gate
     reach = bc.contention_reachable(bc.floor(single, 16, 1000, 2))
     assert not any(reach.values()), reach
 
 
 def test_the_modes_and_their_commit_gates():
-    assert [bc.commit_gate_of(m) for m in bc.MODES if m != "file"] == ["advisory", "optimistic", "advisory", "optimistic"]
+    assert [bc.commit_gate_of(m) for m in bc.MODES if m != "file"] == [
+        "advisory",
+        "optimistic",
+        "advisory",
+        "optimistic",
+    ]
 
 
 def test_the_lake_defect_is_a_lost_or_duplicated_row():
     machine = bc.Machine(2, [0.1, 0.1, 0.1], [0.2, 0.1, 0.1])
     assert bc.ConcurrencyRun(3, 100, machine, {"ducklake": _figures()}).lake_defect() is None
     lost = bc.ConcurrencyRun(3, 100, machine, {"ducklake": _figures(actual_rows=299, rows_lost=1, silently_lost=1)})
-    assert lost.lake_defect() == "DuckLake lost 1 and duplicated 0 of 300 rows (0 inserts reported an error, 1 lost silently)"
+    assert (
+        lost.lake_defect()
+        == "DuckLake lost 1 and duplicated 0 of 300 rows (0 inserts reported an error, 1 lost silently)"
+    )
     twice = bc.ConcurrencyRun(3, 100, machine, {"ducklake": _figures(duplicate_rows=2)})
     assert twice.lake_defect().startswith("DuckLake lost 0 and duplicated 2")
     # the same rule for the worker plane's writers
-    plane = bc.ConcurrencyRun(3, 100, machine, {"ducklake": _figures(), "workers": _figures(mode="workers", actual_rows=299,
-                                                                                           rows_lost=1, silently_lost=1)})
-    assert plane.lake_defect() == ("DuckLake through the worker plane lost 1 and duplicated 0 of 300 rows "
-                                   "(0 inserts reported an error, 1 lost silently)")
-    optimistic = bc.ConcurrencyRun(3, 100, machine, {"ducklake-optimistic": _figures(
-        mode="ducklake-optimistic", commit_gate="optimistic", duplicate_rows=1)})
+    plane = bc.ConcurrencyRun(
+        3,
+        100,
+        machine,
+        {"ducklake": _figures(), "workers": _figures(mode="workers", actual_rows=299, rows_lost=1, silently_lost=1)},
+    )
+    assert plane.lake_defect() == (
+        "DuckLake through the worker plane lost 1 and duplicated 0 of 300 rows "
+        "(0 inserts reported an error, 1 lost silently)"
+    )
+    optimistic = bc.ConcurrencyRun(
+        3,
+        100,
+        machine,
+        {"ducklake-optimistic": _figures(mode="ducklake-optimistic", commit_gate="optimistic", duplicate_rows=1)},
+    )
     assert optimistic.lake_defect().startswith("DuckLake without the commit gate lost 0 and duplicated 1")
     # the file mode's losses are the point of the comparison, not a defect
     assert bc.ConcurrencyRun(3, 100, machine, {"file": _figures(mode="file", rows_lost=40)}).lake_defect() is None
@@ -182,8 +263,16 @@ def test_the_lake_defect_is_a_lost_or_duplicated_row():
 def test_queries_suite_end_to_end(stack, tmp_path):
     json_path, png_path = tmp_path / "q.json", tmp_path / "q.png"
     steps: list[str] = []
-    result = bq.bench_queries(stack.platform, stack.state, rows=5000, runs=1, warmup=1, on_step=steps.append,
-                              json_path=json_path, png_path=png_path)
+    result = bq.bench_queries(
+        stack.platform,
+        stack.state,
+        rows=5000,
+        runs=1,
+        warmup=1,
+        on_step=steps.append,
+        json_path=json_path,
+        png_path=png_path,
+    )
     names = [q.name for q in bq.bench_query_list()]
     assert [q.name for q in result.queries] == names
     assert 0 < result.table_rows <= 5000  # the quarantine keeps the rows that fail a quality rule
@@ -199,13 +288,18 @@ def test_queries_suite_end_to_end(stack, tmp_path):
     # (a) and (b) read the very same files: same layout, same rows as the table; Spark's local copy holds them too
     data = result.data
     same = ("files", "row_groups", "rows", "compressed_bytes")
-    assert data["ducklake"]["files"] >= 1 and [data["ducklake"][k] for k in same] == [data["parquet_s3"][k] for k in same]
+    assert data["ducklake"]["files"] >= 1 and [data["ducklake"][k] for k in same] == [
+        data["parquet_s3"][k] for k in same
+    ]
     assert data["ducklake"]["rows"] == data["parquet_local"]["rows"] == result.table_rows
     fixed = result.fixed_cost
     assert fixed["catalog_round_trips"] >= 3 and fixed["ducklake_ms"] > 0 and fixed["parquet_ms"] > 0
     assert "ducklake_snapshot" in fixed["catalog_tables"] and "ducklake_data_file" in fixed["catalog_tables"]
     doc = json.loads(json_path.read_text())
-    assert doc["table_rows"] == result.table_rows and doc["queries"][0]["ducklake"]["median_s"] == result.queries[0].engines["ducklake"].median_s
+    assert (
+        doc["table_rows"] == result.table_rows
+        and doc["queries"][0]["ducklake"]["median_s"] == result.queries[0].engines["ducklake"].median_s
+    )
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # a second run finds the same data in the lake and both exports: nothing is reloaded or rewritten
@@ -221,7 +315,9 @@ def test_concurrency_suite_counts_add_up(stack, tmp_path):
 
     json_path, png_path = tmp_path / "c.json", tmp_path / "c.png"
     had_plane, had_workers = plane.scheduler_running(stack.state), plane.running_workers(stack.state)
-    result = bc.bench_concurrency(stack.platform, stack.state, workers=2, ops=20, json_path=json_path, png_path=png_path)
+    result = bc.bench_concurrency(
+        stack.platform, stack.state, workers=2, ops=20, json_path=json_path, png_path=png_path
+    )
     file, lake, tasks = result.results["file"], result.results["ducklake"], result.results["workers"]
     assert list(result.results) == list(bc.MODES)  # both commit gates, in one run
     for r in result.results.values():
@@ -258,15 +354,29 @@ def test_concurrency_suite_counts_add_up(stack, tmp_path):
         r = result.results[mode]
         assert (r.errors, r.rows_lost, r.duplicate_rows, r.actual_rows, r.snapshots) == (0, 0, 0, 40, 40), mode
     assert {m: r.commit_gate for m, r in result.results.items() if m != "file"} == {
-        "ducklake": "advisory", "ducklake-optimistic": "optimistic", "workers": "advisory", "workers-optimistic": "optimistic"}
-    assert set(result.goals.contention_met) == set(result.vs_floor) == {"ducklake", "ducklake-optimistic", "workers",
-                                                                         "workers-optimistic"}
-    assert set(result.goals.contention_reachable_here) == {"p99_and_max_ms", "ops_per_s", "p99_and_max_ms_through_the_gate",
-                                                           "ops_per_s_through_the_gate"}
+        "ducklake": "advisory",
+        "ducklake-optimistic": "optimistic",
+        "workers": "advisory",
+        "workers-optimistic": "optimistic",
+    }
+    assert (
+        set(result.goals.contention_met)
+        == set(result.vs_floor)
+        == {"ducklake", "ducklake-optimistic", "workers", "workers-optimistic"}
+    )
+    assert set(result.goals.contention_reachable_here) == {
+        "p99_and_max_ms",
+        "ops_per_s",
+        "p99_and_max_ms_through_the_gate",
+        "ops_per_s_through_the_gate",
+    }
     assert (plane.scheduler_running(stack.state), plane.running_workers(stack.state)) == (had_plane, had_workers)
     assert result.lake_defect() is None
     doc = json.loads(json_path.read_text())
-    assert doc["results"]["ducklake"]["actual_rows"] == 40 and doc["results"]["ducklake"]["single_writer"]["ops_per_worker"] == 20
+    assert (
+        doc["results"]["ducklake"]["actual_rows"] == 40
+        and doc["results"]["ducklake"]["single_writer"]["ops_per_worker"] == 20
+    )
     assert "reruns" not in doc["results"]["file"] and doc["floor"]["total_s_at_least"] == result.floor.total_s_at_least
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -296,8 +406,9 @@ def test_duckdb_alone_writes_the_rows_the_spark_load_wrote(stack):
     ep = stack.platform.endpoints()
     files = sources.synthetic_files(stack.state.cache_dir, [(2023, 5), (2023, 6)], 3000, seed=11)
     zones, _ = sources.zone_lookup(stack.state.cache_dir)
-    result = run_load(ep, files, zones_path=zones, zones_note="", source_note="test", mode="replace",
-                      schema_name="bench_c_test")
+    result = run_load(
+        ep, files, zones_path=zones, zones_note="", source_note="test", mode="replace", schema_name="bench_c_test"
+    )
     out = dd.duckdb_load(ep, files, zones, "bench-duckdb-test", result.load_id)
     try:
         accepted, rejected = sum(f.rows_accepted for f in result.files), sum(f.rows_rejected for f in result.files)
@@ -309,13 +420,24 @@ def test_duckdb_alone_writes_the_rows_the_spark_load_wrote(stack):
                 mine = [p for p in out.files if f"/{table}/" in p]
                 theirs = f"SELECT * FROM bench_c_test.{table} WHERE load_id = ?"
                 written = "SELECT * FROM read_parquet(?, hive_partitioning = false)"
-                for a, b, params in ((theirs, written, [result.load_id, mine]), (written, theirs, [mine, result.load_id])):
+                for a, b, params in (
+                    (theirs, written, [result.load_id, mine]),
+                    (written, theirs, [mine, result.load_id]),
+                ):
                     extra = lake.con.execute(f"SELECT count(*) FROM ({a} EXCEPT ALL {b})", params).fetchone()[0]
                     assert extra == 0, (table, a)
-            by_reason = lake.con.execute("SELECT reject_reason, count(*) FROM read_parquet(?) GROUP BY 1 ORDER BY 1",
-                                         [[p for p in out.files if "/quarantine/" in p]]).fetchall()
-            assert by_reason == lake.con.execute("SELECT reject_reason, count(*) FROM bench_c_test.quarantine "
-                                                 "WHERE load_id = ? GROUP BY 1 ORDER BY 1", [result.load_id]).fetchall()
+            by_reason = lake.con.execute(
+                "SELECT reject_reason, count(*) FROM read_parquet(?) GROUP BY 1 ORDER BY 1",
+                [[p for p in out.files if "/quarantine/" in p]],
+            ).fetchall()
+            assert (
+                by_reason
+                == lake.con.execute(
+                    "SELECT reject_reason, count(*) FROM bench_c_test.quarantine "
+                    "WHERE load_id = ? GROUP BY 1 ORDER BY 1",
+                    [result.load_id],
+                ).fetchall()
+            )
             assert lake.scalar(f"SELECT count(pu_zone) FROM bench_c_test.trips WHERE load_id = '{result.load_id}'") > 0
     finally:
         assert remove_prefix(ep, out.prefix) == len(out.files)
@@ -335,7 +457,9 @@ def test_load_suite_on_local_spark_has_every_side_and_ratio(stack):
     assert size.ratios["a_to_c"] == round(a.rows_per_s / c.rows_per_s, 3) and size.ratios["a_cluster_to_a"] is None
     assert a.seconds == round(a.spark_s + a.commit_s, 2) and a.snapshot_id is not None
     assert c.bytes > 0  # measured before its files were removed
-    assert bl.remove_prefix(stack.platform.endpoints(), f"{stack.platform.endpoints().data_path}{bl.DUCKDB_FOLDER}") == 0
+    assert (
+        bl.remove_prefix(stack.platform.endpoints(), f"{stack.platform.endpoints().data_path}{bl.DUCKDB_FOLDER}") == 0
+    )
     assert [g.met for g in r.goals] == [None, None]  # judged at 10M rows only
     doc = json.loads(json.dumps(r.as_dict()))
     assert doc["sizes"][0]["sides"]["c"]["rows_per_s"] == c.rows_per_s and doc["goals"][0]["rows"] == bl.GOAL_ROWS

@@ -18,8 +18,9 @@ def test_the_generated_dag_is_k_independent_nodes_and_a_chain():
 
 def test_pipeline_bench_figures_hold_together(stack, tmp_path):
     out = tmp_path / "pipeline.json"
-    r = bench_pipeline(stack.platform, stack.state, workers=2, independent=3, chain=2, node_s=0.1,
-                       scheduling_nodes=6, json_path=out)
+    r = bench_pipeline(
+        stack.platform, stack.state, workers=2, independent=3, chain=2, node_s=0.1, scheduling_nodes=6, json_path=out
+    )
     p, s = r.parallel, r.serial
     assert (p.nodes, s.nodes) == (5, 5) and r.order_held
     assert p.bound_s == pytest.approx(max(p.critical_path_s, p.total_node_s / 2), abs=0.002)  # figures rounded to ms

@@ -18,9 +18,13 @@ def test_steps_bench_counts_every_iteration_and_compares_in_one_run(stack, tmp_p
     f = r.runner
     assert (f.iterations, f.errors, f.rows_lost, f.duplicate_rows, f.rows_counted) == (12, 0, 0, 0, 12)
     with Lake(stack.platform.endpoints()) as lake:  # independently of the runner's report
-        assert lake.con.execute("SELECT count(*), count(DISTINCT i), min(i), max(i) FROM bench.step_inserts").fetchone() == \
-            (12, 12, 0, 11)
-        assert {r[0] for r in lake.con.execute("SELECT DISTINCT worker FROM bench.step_inserts").fetchall()} <= {"w1", "w2"}
+        assert lake.con.execute(
+            "SELECT count(*), count(DISTINCT i), min(i), max(i) FROM bench.step_inserts"
+        ).fetchone() == (12, 12, 0, 11)
+        assert {r[0] for r in lake.con.execute("SELECT DISTINCT worker FROM bench.step_inserts").fetchall()} <= {
+            "w1",
+            "w2",
+        }
     assert set(f.workers_used) <= {"w1", "w2"} and f.total_s > 0 and f.median_ms <= f.p95_ms
     assert r.direct_inserts == 12 and r.direct_errors == 0 and r.direct_rows_lost == 0 and r.plane_rows_lost == 0
     assert r.ratio_vs_direct == pytest.approx(f.total_s / r.direct_total_scaled_s, abs=0.01)

@@ -32,7 +32,9 @@ def test_all_runs_the_flow_and_every_check_holds(stack, cli):
     assert doc["catalog_info"]["data_path"] == "s3://lake/"
     names = [c["name"] for c in doc["result"]["checks"]]
     assert "the load made exactly one snapshot" in names and "re-running the load skips every file" in names
-    assert sum(n.startswith("pipeline: marts.") and "equals the same figure computed from trips" in n for n in names) == 5
+    assert (
+        sum(n.startswith("pipeline: marts.") and "equals the same figure computed from trips" in n for n in names) == 5
+    )
     assert "dynamic: main.daily_revenue_by_borough refreshed incrementally" in names
     assert sum(n.startswith("dynamic: ") and "equals its query run in full at snapshot" in n for n in names) == 3
     assert doc["catalog_info"]["snapshot_id"] >= doc["result"]["load"]["snapshot_id"]
@@ -64,7 +66,9 @@ def test_sql_returns_rows_for_any_row_returning_statement_and_real_affected_coun
 
 def test_time_travel_syntax_parses_through_sql(stack, cli):
     cli(stack.env, "sql", "CREATE OR REPLACE TABLE tt (i INT); INSERT INTO tt VALUES (1)")
-    v1 = _json(cli(stack.env, "sql", "SELECT max(snapshot_id) FROM ducklake_snapshots('lake')", "--json"))["result"]["statements"][0]["rows"][0][0]
+    v1 = _json(cli(stack.env, "sql", "SELECT max(snapshot_id) FROM ducklake_snapshots('lake')", "--json"))["result"][
+        "statements"
+    ][0]["rows"][0][0]
     cli(stack.env, "sql", "INSERT INTO tt VALUES (2), (3)")
     doc = _json(cli(stack.env, "sql", f"SELECT count(*) FROM tt AT (VERSION => {v1})", "--json"))
     assert doc["result"]["statements"][0]["rows"] == [[1]]
@@ -74,7 +78,10 @@ def test_time_travel_syntax_parses_through_sql(stack, cli):
     "query, message",
     [
         ("SELEC 1", "Error: SQL does not parse: Parser Error"),
-        ("SELECT * FROM no_such_table", "Error: SQL failed: Catalog Error: Table with name no_such_table does not exist"),
+        (
+            "SELECT * FROM no_such_table",
+            "Error: SQL failed: Catalog Error: Table with name no_such_table does not exist",
+        ),
     ],
 )
 def test_bad_sql_gives_one_line_and_a_nonzero_exit(stack, cli, query, message):
@@ -98,11 +105,17 @@ def test_sql_reads_a_file_or_stdin_that_starts_with_a_comment(stack, cli, tmp_pa
     assert cli(stack.env, "sql", "--file", str(path), "--expect", "42").exit_code == 0
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "Error: give the SQL as text or with --file, one of the two."),
-    (["SELECT 1", "--file", "q.sql"], "Error: give the SQL as text or with --file, one of the two."),
-    (["--file", "/no/such/file.sql"], "Error: cannot read the SQL file /no/such/file.sql (No such file or directory)."),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "Error: give the SQL as text or with --file, one of the two."),
+        (["SELECT 1", "--file", "q.sql"], "Error: give the SQL as text or with --file, one of the two."),
+        (
+            ["--file", "/no/such/file.sql"],
+            "Error: cannot read the SQL file /no/such/file.sql (No such file or directory).",
+        ),
+    ],
+)
 def test_sql_without_exactly_one_readable_source_is_one_line_and_exit_3(stack, cli, args, message):
     result = cli(stack.env, "sql", *args)
     assert result.exit_code == 3, result.output
@@ -128,9 +141,11 @@ def test_sql_when_the_s3_server_was_killed_names_it_and_up(fresh_stack, cli):
     url = p.endpoints().s3.url
     result = cli(fresh_stack.env, "sql", "SELECT sum(id) FROM on_s3")
     assert result.exit_code == 3, result.output
-    assert result.stderr.strip() == (f"Error: SQL failed because the lake's S3 server stopped answering (S3 at {url} "
-                                     "is not reachable). Try: run `up` (it restarts what is down), then the SQL "
-                                     "that did not run."), result.stderr
+    assert result.stderr.strip() == (
+        f"Error: SQL failed because the lake's S3 server stopped answering (S3 at {url} "
+        "is not reachable). Try: run `up` (it restarts what is down), then the SQL "
+        "that did not run."
+    ), result.stderr
     doc = _json(cli(fresh_stack.env, "sql", "SELECT sum(id) FROM on_s3", "--json"))
     assert doc["status"] == "error" and "S3 server stopped answering" in doc["result"]["error"]
     p.up()  # what the message says to do works (the fixture discards the stack afterwards)
@@ -164,11 +179,22 @@ def test_connect_prints_working_psql_and_duckdb_commands(stack, cli, local_only)
     # the printed psql command works as printed, with the password from the 0600 pgpass file
     import subprocess
 
-    out = subprocess.run(info["psql"] + " -tAc 'select count(*) > 0 from ducklake_snapshot'", shell=True,
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        info["psql"] + " -tAc 'select count(*) > 0 from ducklake_snapshot'",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode == 0 and out.stdout.strip() == "t", out.stderr
-    duck = subprocess.run(info["duckdb_cli"] + " -batch -noheader -csv -c \"SELECT count(*) > 0 FROM ducklake_snapshots('lake')\"",
-                          shell=True, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    duck = subprocess.run(
+        info["duckdb_cli"] + " -batch -noheader -csv -c \"SELECT count(*) > 0 FROM ducklake_snapshots('lake')\"",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     assert duck.returncode == 0 and duck.stdout.strip().splitlines()[-1] == "true", duck.stdout + duck.stderr
 
 
@@ -199,13 +225,20 @@ def test_external_platform_without_settings_says_what_to_set(cli, tmp_path):
 
 def test_external_wrong_password_is_one_line(stack, cli, local_only):
     ep = stack.platform.endpoints()
-    env = {"DUCKLAKE_PLATFORM": "external", "DUCKLAKE_HOME": str(stack.home),
-           "DUCKLAKE_PG_DSN": f"postgresql://{ep.pg.user}:wrong@127.0.0.1:{ep.pg.port}/{ep.pg.dbname}",
-           "DUCKLAKE_S3_ENDPOINT": ep.s3.url, "DUCKLAKE_S3_KEY_ID": ep.s3.key_id, "DUCKLAKE_S3_SECRET": ep.s3.secret}
+    env = {
+        "DUCKLAKE_PLATFORM": "external",
+        "DUCKLAKE_HOME": str(stack.home),
+        "DUCKLAKE_PG_DSN": f"postgresql://{ep.pg.user}:wrong@127.0.0.1:{ep.pg.port}/{ep.pg.dbname}",
+        "DUCKLAKE_S3_ENDPOINT": ep.s3.url,
+        "DUCKLAKE_S3_KEY_ID": ep.s3.key_id,
+        "DUCKLAKE_S3_SECRET": ep.s3.secret,
+    }
     result = cli(env, "sql", "SELECT 1")
     assert result.exit_code == 3
-    assert result.stderr.strip() == (f"Error: PostgreSQL at 127.0.0.1:{ep.pg.port} refused the password for user "
-                                     f"'{ep.pg.user}'. Try: check the catalog credentials.")
+    assert result.stderr.strip() == (
+        f"Error: PostgreSQL at 127.0.0.1:{ep.pg.port} refused the password for user "
+        f"'{ep.pg.user}'. Try: check the catalog credentials."
+    )
 
 
 def test_commands_before_up_say_to_run_up(cli, tmp_path):
@@ -228,11 +261,17 @@ def test_reset_asks_first_and_keeps_data_when_declined(fresh_stack, cli):
 def test_reset_with_no_answer_is_a_no_exit_3_and_one_line(tmp_path, stdin):
     # issue 16: no input gave "Aborted." with exit 1, a closed stdin a traceback; the README promises exit 3
     env = {**os.environ, "DUCKLAKE_HOME": str(tmp_path / "state"), "DUCKLAKE_PLATFORM": "local"}
-    proc = subprocess.run(["bash", "-c", f'"{sys.executable}" "{ROOT / "ducklake_test.py"}" reset {stdin}'], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", "-c", f'"{sys.executable}" "{ROOT / "ducklake_test.py"}" reset {stdin}'],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 3, proc.stderr
-    assert proc.stderr.strip() == ("Error: reset cancelled; nothing was deleted. "
-                                   "Try: pass --yes to reset without asking."), proc.stderr
+    assert proc.stderr.strip() == (
+        "Error: reset cancelled; nothing was deleted. Try: pass --yes to reset without asking."
+    ), proc.stderr
 
 
 @pytest.mark.parametrize("command", ["up", "status"])
@@ -255,8 +294,9 @@ def test_k3d_platform_without_docker_or_k3d_says_what_is_missing(cli, tmp_path):
     empty_bin.mkdir()
     result = cli({"DUCKLAKE_HOME": str(tmp_path / "home"), "PATH": str(empty_bin)}, "--platform", "k3d", "up")
     assert result.exit_code == 3
-    assert result.stderr.startswith("Error: docker, k3d not found (--platform k3d needs docker, k3d, kubectl). "
-                                    "Try: install Docker Engine"), result.stderr
+    assert result.stderr.startswith(
+        "Error: docker, k3d not found (--platform k3d needs docker, k3d, kubectl). Try: install Docker Engine"
+    ), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 

@@ -30,8 +30,11 @@ def may_2012(stack) -> int:
 
     from ducklake_kit.cli import app
 
-    result = CliRunner().invoke(app, ["load", "--source", "synthetic", "--months", MONTH, "--rows-per-month", str(ROWS), "--json"],
-                                env={**stack.env, "COLUMNS": "200"})
+    result = CliRunner().invoke(
+        app,
+        ["load", "--source", "synthetic", "--months", MONTH, "--rows-per-month", str(ROWS), "--json"],
+        env={**stack.env, "COLUMNS": "200"},
+    )
     assert result.exit_code == 0, result.output
     doc = _json(result)
     assert doc["status"] == "ok" and set(doc) == SHAPE
@@ -51,7 +54,9 @@ def test_query_json_has_the_shape_the_answer_and_its_check(stack, cli, may_2012)
     assert list(res["queries"]) == ["daily_summary", "q1_trips_by_vendor"]
     # each named query's answer was checked against the source files, and only those
     assert [(c["name"], c["passed"]) for c in res["checks"]] == [
-        ("query daily_summary matches the source", True), ("query q1_trips_by_vendor matches the source", True)]
+        ("query daily_summary matches the source", True),
+        ("query q1_trips_by_vendor matches the source", True),
+    ]
     assert res["failed"] == 0 and res["passed"] == 2
     # the answer itself: the days of May 2012 hold exactly the trips this module loaded
     daily = res["queries"]["daily_summary"]
@@ -72,7 +77,9 @@ def test_query_json_reports_a_failed_check_as_error(stack, cli, may_2012, monkey
     assert result.exit_code == 1, result.output
     doc = _json(result)
     assert doc["status"] == "error" and set(doc) == SHAPE
-    assert [(c["name"], c["passed"]) for c in doc["result"]["checks"]] == [("query q1_trips_by_vendor matches the source", False)]
+    assert [(c["name"], c["passed"]) for c in doc["result"]["checks"]] == [
+        ("query q1_trips_by_vendor matches the source", False)
+    ]
 
 
 def test_an_unknown_query_is_status_error_and_exit_3(stack, cli):
@@ -80,7 +87,9 @@ def test_an_unknown_query_is_status_error_and_exit_3(stack, cli):
     assert result.exit_code == 3
     doc = _json(result)
     assert set(doc) == SHAPE and doc["status"] == "error"
-    assert doc["result"]["error"].startswith("Error: unknown query 'no_such_query'. Try: choose one of: q1_trips_by_vendor")
+    assert doc["result"]["error"].startswith(
+        "Error: unknown query 'no_such_query'. Try: choose one of: q1_trips_by_vendor"
+    )
 
 
 def test_maintain_dry_run_json_changes_nothing(stack, cli):
@@ -119,7 +128,9 @@ def test_timetravel_json_every_figure_checked(stack, cli):
 def test_bench_concurrency_out_file(stack, cli, tmp_path):
     out = tmp_path / "bench" / "concurrency.json"
     out.parent.mkdir()
-    result = cli(stack.env, "bench", "--suite", "concurrency", "--workers", "2", "--ops", "5", "--out", str(out), "--json")
+    result = cli(
+        stack.env, "bench", "--suite", "concurrency", "--workers", "2", "--ops", "5", "--out", str(out), "--json"
+    )
     assert result.exit_code == 0, result.output
     # --json: stdout is the envelope alone (the table and progress went to stderr); --out: the same figures in a file
     envelope = _json(result)

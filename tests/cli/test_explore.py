@@ -15,8 +15,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _shell(stack, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "ducklake_test.py"), "shell", *args], cwd=ROOT,
-                          env={**os.environ, **stack.env}, input=stdin, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "ducklake_test.py"), "shell", *args],
+        cwd=ROOT,
+        env={**os.environ, **stack.env},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_shell_answers_from_the_lake_and_passes_its_arguments_to_duckdb(stack, cli):
@@ -38,7 +45,10 @@ def test_shell_exits_non_zero_on_bad_sql(stack):
 
 
 def test_sql_expect_passes_and_fails_on_the_computed_value(stack, cli):
-    assert cli(stack.env, "sql", "CREATE OR REPLACE TABLE explore_expect AS SELECT range AS id FROM range(5)").exit_code == 0
+    assert (
+        cli(stack.env, "sql", "CREATE OR REPLACE TABLE explore_expect AS SELECT range AS id FROM range(5)").exit_code
+        == 0
+    )
     ok = cli(stack.env, "sql", "SELECT count(*) FROM explore_expect", "--expect", "5")
     assert ok.exit_code == 0 and "ok: expected 5, got 5" in ok.output, ok.output
     wrong = cli(stack.env, "sql", "SELECT count(*) FROM explore_expect", "--expect", "6")

@@ -16,18 +16,30 @@ def one(text: str):
 
 
 def test_create_with_every_property():
-    s = one("CREATE OR REPLACE DYNAMIC TABLE Sales.Daily TARGET_LAG = '5 minutes' REFRESH_MODE = incremental "
-            "INITIALIZE = ON_SCHEDULE AS SELECT d, sum(x) AS s FROM t GROUP BY d")
-    assert (s.name, s.lag.seconds, s.refresh_mode, s.initialize, s.or_replace) == \
-        ("sales.daily", 300, "INCREMENTAL", "ON_SCHEDULE", True)
+    s = one(
+        "CREATE OR REPLACE DYNAMIC TABLE Sales.Daily TARGET_LAG = '5 minutes' REFRESH_MODE = incremental "
+        "INITIALIZE = ON_SCHEDULE AS SELECT d, sum(x) AS s FROM t GROUP BY d"
+    )
+    assert (s.name, s.lag.seconds, s.refresh_mode, s.initialize, s.or_replace) == (
+        "sales.daily",
+        300,
+        "INCREMENTAL",
+        "ON_SCHEDULE",
+        True,
+    )
     assert s.query == "SELECT d, sum(x) AS s FROM t GROUP BY d"
     assert isinstance(s.select, sqlglot.exp.Select)
 
 
 def test_defaults_downstream_and_main_schema():
     s = one("create dynamic table daily target_lag = downstream as select 1 as one")
-    assert (s.name, s.lag.downstream, s.refresh_mode, s.initialize, s.or_replace) == \
-        ("main.daily", True, "AUTO", "ON_CREATE", False)
+    assert (s.name, s.lag.downstream, s.refresh_mode, s.initialize, s.or_replace) == (
+        "main.daily",
+        True,
+        "AUTO",
+        "ON_CREATE",
+        False,
+    )
     assert str(s.lag) == "DOWNSTREAM"
 
 
@@ -40,12 +52,15 @@ def test_semicolons_and_comments_inside_the_query_are_not_separators():
     assert (b.name, b.lag.seconds, str(b.lag)) == ("main.b", 2 * 86400, "2 days")
 
 
-@pytest.mark.parametrize("text, action, lag", [
-    ("ALTER DYNAMIC TABLE s.x SUSPEND", "SUSPEND", None),
-    ("alter dynamic table x resume", "RESUME", None),
-    ("ALTER DYNAMIC TABLE x REFRESH", "REFRESH", None),
-    ("ALTER DYNAMIC TABLE x SET TARGET_LAG = '30 seconds'", "SET_LAG", 30),
-])
+@pytest.mark.parametrize(
+    "text, action, lag",
+    [
+        ("ALTER DYNAMIC TABLE s.x SUSPEND", "SUSPEND", None),
+        ("alter dynamic table x resume", "RESUME", None),
+        ("ALTER DYNAMIC TABLE x REFRESH", "REFRESH", None),
+        ("ALTER DYNAMIC TABLE x SET TARGET_LAG = '30 seconds'", "SET_LAG", 30),
+    ],
+)
 def test_alter(text, action, lag):
     s = one(text)
     assert isinstance(s, ddl.AlterDynamicTable) and s.action == action
@@ -63,26 +78,37 @@ def test_is_dynamic_tells_dynamic_ddl_from_other_sql():
     assert not ddl.has_dynamic("CREATE OR REPLACE TABLE t AS SELECT 1")
 
 
-@pytest.mark.parametrize("text, message", [
-    ("CREATE DYNAMIC TABLE x AS SELECT 1", "dynamic table main.x has no TARGET_LAG"),
-    ("CREATE DYNAMIC TABLE x TARGET_LAG = '5 fortnights' AS SELECT 1", "TARGET_LAG '5 fortnights' is not a lag"),
-    ("CREATE DYNAMIC TABLE x TARGET_LAG = '0 minutes' AS SELECT 1", "TARGET_LAG '0 minutes' is not a lag"),
-    ("CREATE DYNAMIC TABLE x TARGET_LAG = 5 AS SELECT 1", "TARGET_LAG = 5 is not a lag"),
-    ("CREATE DYNAMIC TABLE x TARGET_LAG = '\u00b2 days' AS SELECT 1", "TARGET_LAG '\u00b2 days' is not a lag"),
-    ("CREATE DYNAMIC TABLE x TARGET_LAG = '24856 days' AS SELECT 1",
-     "TARGET_LAG '24856 days' is too long: the longest lag is 24855 days"),
-    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' REFRESH_MODE = LAZY AS SELECT 1", "REFRESH_MODE = LAZY is not a mode"),
-    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' TARGET_LAG = '2 minutes' AS SELECT 1", "TARGET_LAG is given twice"),
-    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' WAREHOUSE = w AS SELECT 1", "unknown property 'WAREHOUSE'"),
-    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' AS", "has no query after AS"),
-    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' AS SELECT FROM WHERE (", "does not parse"),
-    ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' AS DELETE FROM t", "is defined by a DELETE statement"),
-    ("CREATE DYNAMIC TABLE a.b.c TARGET_LAG = '1 minute' AS SELECT 1", "'a.b.c' is not a dynamic table name"),
-    ("ALTER DYNAMIC TABLE x EXPLODE", "expected SET TARGET_LAG but found 'EXPLODE'"),
-    ("DROP DYNAMIC TABLE x y", "unexpected 'y'"),
-    ("SELECT 1", "`SELECT 1` is not a dynamic-table statement"),
-    ("", "no statement given"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("CREATE DYNAMIC TABLE x AS SELECT 1", "dynamic table main.x has no TARGET_LAG"),
+        ("CREATE DYNAMIC TABLE x TARGET_LAG = '5 fortnights' AS SELECT 1", "TARGET_LAG '5 fortnights' is not a lag"),
+        ("CREATE DYNAMIC TABLE x TARGET_LAG = '0 minutes' AS SELECT 1", "TARGET_LAG '0 minutes' is not a lag"),
+        ("CREATE DYNAMIC TABLE x TARGET_LAG = 5 AS SELECT 1", "TARGET_LAG = 5 is not a lag"),
+        ("CREATE DYNAMIC TABLE x TARGET_LAG = '\u00b2 days' AS SELECT 1", "TARGET_LAG '\u00b2 days' is not a lag"),
+        (
+            "CREATE DYNAMIC TABLE x TARGET_LAG = '24856 days' AS SELECT 1",
+            "TARGET_LAG '24856 days' is too long: the longest lag is 24855 days",
+        ),
+        (
+            "CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' REFRESH_MODE = LAZY AS SELECT 1",
+            "REFRESH_MODE = LAZY is not a mode",
+        ),
+        (
+            "CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' TARGET_LAG = '2 minutes' AS SELECT 1",
+            "TARGET_LAG is given twice",
+        ),
+        ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' WAREHOUSE = w AS SELECT 1", "unknown property 'WAREHOUSE'"),
+        ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' AS", "has no query after AS"),
+        ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' AS SELECT FROM WHERE (", "does not parse"),
+        ("CREATE DYNAMIC TABLE x TARGET_LAG = '1 minute' AS DELETE FROM t", "is defined by a DELETE statement"),
+        ("CREATE DYNAMIC TABLE a.b.c TARGET_LAG = '1 minute' AS SELECT 1", "'a.b.c' is not a dynamic table name"),
+        ("ALTER DYNAMIC TABLE x EXPLODE", "expected SET TARGET_LAG but found 'EXPLODE'"),
+        ("DROP DYNAMIC TABLE x y", "unexpected 'y'"),
+        ("SELECT 1", "`SELECT 1` is not a dynamic-table statement"),
+        ("", "no statement given"),
+    ],
+)
 def test_bad_statements_are_one_clear_line(text, message):
     with pytest.raises(ddl.DdlError) as info:
         ddl.parse(text)
@@ -90,14 +116,17 @@ def test_bad_statements_are_one_clear_line(text, message):
     assert message in line and "Try:" in line and "\n" not in line
 
 
-@pytest.mark.parametrize("query, named", [
-    ("SELECT g, random() AS r FROM t", "random()"),
-    ("SELECT id FROM t WHERE id < RANDOM() * 1000", "RANDOM()"),
-    ("SELECT id, gen_random_uuid()::VARCHAR AS u FROM t", "gen_random_uuid()"),
-    ("WITH c AS (SELECT id, uuid() AS u FROM t) SELECT id, u FROM c", "uuid()"),
-    ("SELECT id FROM t WHERE id IN (SELECT id FROM u WHERE uuidv7() IS NOT NULL)", "uuidv7()"),
-    ("SELECT setseed(0.5) AS s, id FROM t", "setseed()"),
-])
+@pytest.mark.parametrize(
+    "query, named",
+    [
+        ("SELECT g, random() AS r FROM t", "random()"),
+        ("SELECT id FROM t WHERE id < RANDOM() * 1000", "RANDOM()"),
+        ("SELECT id, gen_random_uuid()::VARCHAR AS u FROM t", "gen_random_uuid()"),
+        ("WITH c AS (SELECT id, uuid() AS u FROM t) SELECT id, u FROM c", "uuid()"),
+        ("SELECT id FROM t WHERE id IN (SELECT id FROM u WHERE uuidv7() IS NOT NULL)", "uuidv7()"),
+        ("SELECT setseed(0.5) AS s, id FROM t", "setseed()"),
+    ],
+)
 def test_random_functions_are_refused_wherever_they_are_and_named(query, named):
     # issue 29: such tables were accepted, then every `dynamic refresh --check` exited 1 forever
     with pytest.raises(ddl.DdlError) as info:
@@ -108,16 +137,24 @@ def test_random_functions_are_refused_wherever_they_are_and_named(query, named):
 
 
 def test_functions_of_the_clock_are_accepted_and_found_in_the_order_written():
-    [stmt] = ddl.parse("CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' AS SELECT g, now() AS seen FROM t "
-                       "WHERE d <= current_date AND id IN (SELECT id FROM u WHERE ts < get_current_timestamp())")
+    [stmt] = ddl.parse(
+        "CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' AS SELECT g, now() AS seen FROM t "
+        "WHERE d <= current_date AND id IN (SELECT id FROM u WHERE ts < get_current_timestamp())"
+    )
     assert ddl.time_calls(stmt.select, stmt.query) == ["now()", "current_date", "get_current_timestamp()"]
     assert ddl.random_calls(stmt.select, stmt.query) == []
 
 
 # ---- the planner ---------------------------------------------------------------------------------------------
 
-def plan_of(query: str, names: list[str] | None = None, *, types: dict[str, str] | None = None,
-            columns: set[str] | None = frozenset()) -> planner.Plan:
+
+def plan_of(
+    query: str,
+    names: list[str] | None = None,
+    *,
+    types: dict[str, str] | None = None,
+    columns: set[str] | None = frozenset(),
+) -> planner.Plan:
     """The plan, the result's column names being the select items' own unless given (DuckDB names them in the kit);
     `columns`: the sources' column names (the kit reads them from the catalog)."""
     parsed = sqlglot.parse_one(query, read="duckdb")
@@ -126,24 +163,27 @@ def plan_of(query: str, names: list[str] | None = None, *, types: dict[str, str]
     return planner.analyze(parsed, names, "lake", types=types, source_columns=columns)
 
 
-@pytest.mark.parametrize("query, reason", [
-    ("SELECT a FROM t UNION ALL SELECT a FROM u", "SET_OPERATION"),
-    ("WITH c AS (SELECT a FROM t) SELECT a FROM c", "WITH_CLAUSE"),
-    ("SELECT a FROM t WHERE a IN (SELECT a FROM u)", "SUBQUERY"),
-    ("SELECT a, row_number() OVER (ORDER BY a) AS r FROM t", "WINDOW_FUNCTION"),
-    ("SELECT DISTINCT a FROM t", "DISTINCT"),
-    ("SELECT a FROM t LIMIT 5", "LIMIT"),
-    ("SELECT t.a FROM t LEFT JOIN u ON t.a = u.a", "OUTER_JOIN"),
-    ("SELECT t.a FROM t ANTI JOIN u ON t.a = u.a", "OUTER_JOIN"),
-    ("SELECT a, random() AS r FROM t", "NONDETERMINISTIC_FUNCTION"),
-    ("SELECT a, now() AS r FROM t", "NONDETERMINISTIC_FUNCTION"),
-    ("SELECT a FROM read_parquet('x.parquet')", "TABLE_FUNCTION"),
-    ("SELECT a, sum(b) AS s FROM t GROUP BY ROLLUP (a)", "GROUPING_SETS"),
-    ("SELECT sum(b) AS s FROM t GROUP BY a", "GROUP_KEY_NOT_SELECTED"),
-    ("SELECT count(*) AS n FROM t", "GLOBAL_AGGREGATE"),
-    ("SELECT sum(v) AS s, count(*) AS n FROM t GROUP BY ALL", "GLOBAL_AGGREGATE"),
-    ("SELECT a FROM t USING SAMPLE 5", "SAMPLE"),
-])
+@pytest.mark.parametrize(
+    "query, reason",
+    [
+        ("SELECT a FROM t UNION ALL SELECT a FROM u", "SET_OPERATION"),
+        ("WITH c AS (SELECT a FROM t) SELECT a FROM c", "WITH_CLAUSE"),
+        ("SELECT a FROM t WHERE a IN (SELECT a FROM u)", "SUBQUERY"),
+        ("SELECT a, row_number() OVER (ORDER BY a) AS r FROM t", "WINDOW_FUNCTION"),
+        ("SELECT DISTINCT a FROM t", "DISTINCT"),
+        ("SELECT a FROM t LIMIT 5", "LIMIT"),
+        ("SELECT t.a FROM t LEFT JOIN u ON t.a = u.a", "OUTER_JOIN"),
+        ("SELECT t.a FROM t ANTI JOIN u ON t.a = u.a", "OUTER_JOIN"),
+        ("SELECT a, random() AS r FROM t", "NONDETERMINISTIC_FUNCTION"),
+        ("SELECT a, now() AS r FROM t", "NONDETERMINISTIC_FUNCTION"),
+        ("SELECT a FROM read_parquet('x.parquet')", "TABLE_FUNCTION"),
+        ("SELECT a, sum(b) AS s FROM t GROUP BY ROLLUP (a)", "GROUPING_SETS"),
+        ("SELECT sum(b) AS s FROM t GROUP BY a", "GROUP_KEY_NOT_SELECTED"),
+        ("SELECT count(*) AS n FROM t", "GLOBAL_AGGREGATE"),
+        ("SELECT sum(v) AS s, count(*) AS n FROM t GROUP BY ALL", "GLOBAL_AGGREGATE"),
+        ("SELECT a FROM t USING SAMPLE 5", "SAMPLE"),
+    ],
+)
 def test_shapes_refreshed_in_full_have_a_named_reason(query, reason):
     p = plan_of(query)
     assert (p.kind, p.reason) == (planner.FULL, reason)
@@ -151,12 +191,17 @@ def test_shapes_refreshed_in_full_have_a_named_reason(query, reason):
 
 
 def test_keys_are_traced_through_aliases_ordinals_and_expressions():
-    p = plan_of("SELECT z.borough AS b, date_trunc('day', t.pickup) AS day, sum(t.fare) AS s, count(*) AS n "
-                "FROM trips AS t JOIN zones AS z ON t.zone = z.id GROUP BY 1, day",
-                ["b", "day", "s", "n"], columns={"pickup", "fare", "zone", "id", "borough"})
+    p = plan_of(
+        "SELECT z.borough AS b, date_trunc('day', t.pickup) AS day, sum(t.fare) AS s, count(*) AS n "
+        "FROM trips AS t JOIN zones AS z ON t.zone = z.id GROUP BY 1, day",
+        ["b", "day", "s", "n"],
+        columns={"pickup", "fare", "zone", "id", "borough"},
+    )
     assert p.kind == planner.AGGREGATE
-    assert [(k.column, k.expr.sql("duckdb")) for k in p.keys] == [("b", "z.borough"),
-                                                                   ("day", "DATE_TRUNC('DAY', t.pickup)")]
+    assert [(k.column, k.expr.sql("duckdb")) for k in p.keys] == [
+        ("b", "z.borough"),
+        ("day", "DATE_TRUNC('DAY', t.pickup)"),
+    ]
     assert [(o.source, o.ref) for o in p.occurrences] == [("main.trips", "t"), ("main.zones", "z")]
     assert [(m.column, m.function) for m in p.merge] == [("s", "sum"), ("n", "count")]
 
@@ -176,8 +221,10 @@ def test_a_group_by_name_that_is_a_column_means_the_column_not_the_alias():
     """DuckDB groups `SELECT k % 3 AS k ... GROUP BY k` by the column k: the key is not in the result."""
     p = plan_of("SELECT k % 3 AS k, sum(v) AS s FROM t GROUP BY k", columns={"k", "v"})
     assert (p.kind, p.reason) == (planner.FULL, "GROUP_KEY_NOT_SELECTED")
-    assert plan_of("SELECT k % 3 AS bucket, sum(v) AS s FROM t GROUP BY bucket", columns={"k", "v"}).kind == \
-        planner.AGGREGATE
+    assert (
+        plan_of("SELECT k % 3 AS bucket, sum(v) AS s FROM t GROUP BY bucket", columns={"k", "v"}).kind
+        == planner.AGGREGATE
+    )
 
 
 def test_sources_of_a_full_plan_include_subqueries_and_ctes():
@@ -185,10 +232,13 @@ def test_sources_of_a_full_plan_include_subqueries_and_ctes():
     assert (p.kind, p.sources) == (planner.FULL, ["main.t", "s.u"])
 
 
-@pytest.mark.parametrize("query, message", [
-    ("SELECT k FROM t AT (VERSION => 2)", "at a version of its own"),
-    ('SELECT k FROM "x.y"', "a name with a dot in it"),
-])
+@pytest.mark.parametrize(
+    "query, message",
+    [
+        ("SELECT k FROM t AT (VERSION => 2)", "at a version of its own"),
+        ('SELECT k FROM "x.y"', "a name with a dot in it"),
+    ],
+)
 def test_sources_the_kit_cannot_keep_fresh_are_refused(query, message):
     with pytest.raises(ddl.DdlError, match=message):
         plan_of(query)
@@ -197,23 +247,28 @@ def test_sources_the_kit_cannot_keep_fresh_are_refused(query, message):
 def test_a_parenthesized_query_and_a_dotted_name():
     assert one("CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' AS (SELECT 1 AS a)").select.sql() == "SELECT 1 AS a"
     with pytest.raises(ddl.DdlError, match="is not a dynamic table name"):
-        ddl.parse('CREATE DYNAMIC TABLE "a.b" TARGET_LAG = \'1 hour\' AS SELECT 1 AS a')
+        ddl.parse("CREATE DYNAMIC TABLE \"a.b\" TARGET_LAG = '1 hour' AS SELECT 1 AS a")
 
 
-@pytest.mark.parametrize("query, why", [
-    ("SELECT a, max(b, 2) AS x FROM t GROUP BY a", "x is not a plain SUM, COUNT, MIN or MAX of one argument"),
-    ("SELECT a, avg(b) AS x FROM t GROUP BY a", "x is not a plain SUM, COUNT, MIN or MAX"),
-    ("SELECT a, sum(b) / count(*) AS x FROM t GROUP BY a", "x is not a plain SUM"),
-    ("SELECT a, count(DISTINCT b) AS x FROM t GROUP BY a", "x aggregates DISTINCT values"),
-    ("SELECT a, sum(b) AS x FROM t GROUP BY a HAVING sum(b) > 1", "HAVING"),
-])
+@pytest.mark.parametrize(
+    "query, why",
+    [
+        ("SELECT a, max(b, 2) AS x FROM t GROUP BY a", "x is not a plain SUM, COUNT, MIN or MAX of one argument"),
+        ("SELECT a, avg(b) AS x FROM t GROUP BY a", "x is not a plain SUM, COUNT, MIN or MAX"),
+        ("SELECT a, sum(b) / count(*) AS x FROM t GROUP BY a", "x is not a plain SUM"),
+        ("SELECT a, count(DISTINCT b) AS x FROM t GROUP BY a", "x aggregates DISTINCT values"),
+        ("SELECT a, sum(b) AS x FROM t GROUP BY a HAVING sum(b) > 1", "HAVING"),
+    ],
+)
 def test_aggregates_that_cannot_merge_inserts_still_refresh_incrementally(query, why):
     p = plan_of(query, ["a", "x"])
     assert p.kind == planner.AGGREGATE and p.merge is None and p.merge_reason.startswith(why)
 
 
 def test_a_floating_point_sum_is_not_merged():
-    p = plan_of("SELECT a, sum(b) AS s, max(b) AS m FROM t GROUP BY a", types={"a": "INTEGER", "s": "DOUBLE", "m": "DOUBLE"})
+    p = plan_of(
+        "SELECT a, sum(b) AS s, max(b) AS m FROM t GROUP BY a", types={"a": "INTEGER", "s": "DOUBLE", "m": "DOUBLE"}
+    )
     assert p.kind == planner.AGGREGATE and p.merge is None and p.merge_reason.startswith("s sums floating point")
 
 

@@ -38,8 +38,11 @@ def cli_env(stack, cli):
 
 def test_create_show_refresh_check_and_history(cli_env, tmp_path):
     f = tmp_path / "per_g.sql"
-    f.write_text(f"\ufeffCREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '5 minutes' AS\n"  # an editor's byte-order mark
-                 f"  SELECT g, sum(v) AS s, count(*) AS n FROM {S}.t GROUP BY g;\n", encoding="utf-8")
+    f.write_text(
+        f"\ufeffCREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '5 minutes' AS\n"  # an editor's byte-order mark
+        f"  SELECT g, sum(v) AS s, count(*) AS n FROM {S}.t GROUP BY g;\n",
+        encoding="utf-8",
+    )
     made = cli_env("dynamic", "create", str(f))
     assert made.exit_code == 0, made.output
     assert f"created {S}.per_g (lag 5 minutes, AUTO): 4 rows" in made.output
@@ -58,19 +61,29 @@ def test_create_show_refresh_check_and_history(cli_env, tmp_path):
 
 
 def test_refresh_check_fails_when_a_table_is_wrong(cli_env):
-    assert cli_env("sql", f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 hour' AS SELECT g, count(*) AS n "
-                          f"FROM {S}.t GROUP BY g").exit_code == 0
+    assert (
+        cli_env(
+            "sql",
+            f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 hour' AS SELECT g, count(*) AS n FROM {S}.t GROUP BY g",
+        ).exit_code
+        == 0
+    )
     cli_env("sql", f"UPDATE {S}.per_g SET n = n + 1 WHERE g = 0")  # someone wrote into it behind the refresher's back
     result = cli_env("dynamic", "refresh", f"{S}.per_g", "--check")
     assert result.exit_code == 1, result.output
-    assert f"FAIL: {S}.per_g differs from its query run in full (1 rows only in the table, 1 only in the query)" \
+    assert (
+        f"FAIL: {S}.per_g differs from its query run in full (1 rows only in the table, 1 only in the query)"
         in result.output
+    )
 
 
 def test_check_reports_a_table_of_the_clock_as_not_compared_and_compares_the_others(cli_env):
     # issue 29: a table over now() failed every `refresh --check`, for all tables, forever
-    made = cli_env("sql", f"CREATE DYNAMIC TABLE {S}.over TARGET_LAG = '1 hour' AS SELECT g, v, now() AS seen FROM {S}.t; "
-                          f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 hour' AS SELECT g, count(*) AS n FROM {S}.t GROUP BY g")
+    made = cli_env(
+        "sql",
+        f"CREATE DYNAMIC TABLE {S}.over TARGET_LAG = '1 hour' AS SELECT g, v, now() AS seen FROM {S}.t; "
+        f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 hour' AS SELECT g, count(*) AS n FROM {S}.t GROUP BY g",
+    )
     assert made.exit_code == 0, made.output
     assert cli_env("sql", f"INSERT INTO {S}.t VALUES (1, 1000)").exit_code == 0
     result = cli_env("dynamic", "refresh", "--check", "--json")
@@ -87,10 +100,14 @@ def test_check_reports_a_table_of_the_clock_as_not_compared_and_compares_the_oth
 
 
 def test_sql_takes_the_ddl_among_other_statements(cli_env):
-    result = cli_env("sql", f"INSERT INTO {S}.t VALUES (7, 7); "
-                            f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = DOWNSTREAM AS SELECT g, max(v) AS hi FROM {S}.t GROUP BY g; "
-                            f"CREATE DYNAMIC TABLE {S}.over TARGET_LAG = '1 minute' AS SELECT g, hi FROM {S}.per_g WHERE hi > 30; "
-                            "SHOW DYNAMIC TABLES", "--json")
+    result = cli_env(
+        "sql",
+        f"INSERT INTO {S}.t VALUES (7, 7); "
+        f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = DOWNSTREAM AS SELECT g, max(v) AS hi FROM {S}.t GROUP BY g; "
+        f"CREATE DYNAMIC TABLE {S}.over TARGET_LAG = '1 minute' AS SELECT g, hi FROM {S}.per_g WHERE hi > 30; "
+        "SHOW DYNAMIC TABLES",
+        "--json",
+    )
     assert result.exit_code == 0, result.output
     statements = _json(result)["result"]["statements"]
     assert statements[0]["affected_rows"] == 1
@@ -109,31 +126,62 @@ def test_sql_takes_the_ddl_among_other_statements(cli_env):
     assert all(r["name"] != f"{S}.over" for r in _json(ran)["result"]["refreshes"])  # suspended: not scheduled
 
 
-@pytest.mark.parametrize("args, message", [
-    (["dynamic", "create", "--sql", "CREATE DYNAMIC TABLE x TARGET_LAG = 'soon' AS SELECT 1 AS a"],
-     "Error: TARGET_LAG 'soon' is not a lag. Try: give a positive whole number and a unit"),
-    (["dynamic", "create", "--sql", f"CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' AS SELECT * FROM {S}.nope"],
-     f"Error: dynamic table main.x reads {S}.nope, which does not exist in the lake."),
-    (["dynamic", "create", "--sql", "CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL AS "
-      f"SELECT DISTINCT g FROM {S}.t"],
-     "Error: dynamic table main.x cannot be refreshed incrementally: DISTINCT: SELECT DISTINCT."),
-    # issue 29: blamed on the services (NumericValueOutOfRange ... Try: run `status`)
-    (["dynamic", "create", "--sql", f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '99999999999999999999 days' AS "
-      f"SELECT g FROM {S}.t"],
-     "Error: TARGET_LAG '99999999999999999999 days' is too long: the longest lag is 24855 days. "
-     "Try: give at most '24855 days'"),
-    (["sql", f"ALTER DYNAMIC TABLE {S}.per_g SET TARGET_LAG = '9999999999 seconds'"],
-     "Error: TARGET_LAG '9999999999 seconds' is too long: the longest lag is 24855 days."),
-    (["dynamic", "alter", "whatever", "lag", "2147483648 seconds"],
-     "Error: TARGET_LAG '2147483648 seconds' is too long: the longest lag is 24855 days."),
-    # issue 29: accepted, then every `refresh --check` failed
-    (["dynamic", "create", "--sql", f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 hour' AS "
-      f"SELECT g, v FROM {S}.t WHERE v < random() * 1000"],
-     f"Error: the query of dynamic table {S}.per_g calls random(), which is not deterministic"),
-    (["dynamic", "show", "no_such_table"], "Error: there is no dynamic table main.no_such_table"),
-    (["dynamic", "alter", "whatever", "explode"], "Error: `explode` is not an alteration."),
-    (["dynamic", "run", "--once", "--for", "3"], "Error: give --once or --for, not both."),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["dynamic", "create", "--sql", "CREATE DYNAMIC TABLE x TARGET_LAG = 'soon' AS SELECT 1 AS a"],
+            "Error: TARGET_LAG 'soon' is not a lag. Try: give a positive whole number and a unit",
+        ),
+        (
+            ["dynamic", "create", "--sql", f"CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' AS SELECT * FROM {S}.nope"],
+            f"Error: dynamic table main.x reads {S}.nope, which does not exist in the lake.",
+        ),
+        (
+            [
+                "dynamic",
+                "create",
+                "--sql",
+                "CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL AS "
+                f"SELECT DISTINCT g FROM {S}.t",
+            ],
+            "Error: dynamic table main.x cannot be refreshed incrementally: DISTINCT: SELECT DISTINCT.",
+        ),
+        # issue 29: blamed on the services (NumericValueOutOfRange ... Try: run `status`)
+        (
+            [
+                "dynamic",
+                "create",
+                "--sql",
+                f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '99999999999999999999 days' AS SELECT g FROM {S}.t",
+            ],
+            "Error: TARGET_LAG '99999999999999999999 days' is too long: the longest lag is 24855 days. "
+            "Try: give at most '24855 days'",
+        ),
+        (
+            ["sql", f"ALTER DYNAMIC TABLE {S}.per_g SET TARGET_LAG = '9999999999 seconds'"],
+            "Error: TARGET_LAG '9999999999 seconds' is too long: the longest lag is 24855 days.",
+        ),
+        (
+            ["dynamic", "alter", "whatever", "lag", "2147483648 seconds"],
+            "Error: TARGET_LAG '2147483648 seconds' is too long: the longest lag is 24855 days.",
+        ),
+        # issue 29: accepted, then every `refresh --check` failed
+        (
+            [
+                "dynamic",
+                "create",
+                "--sql",
+                f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 hour' AS "
+                f"SELECT g, v FROM {S}.t WHERE v < random() * 1000",
+            ],
+            f"Error: the query of dynamic table {S}.per_g calls random(), which is not deterministic",
+        ),
+        (["dynamic", "show", "no_such_table"], "Error: there is no dynamic table main.no_such_table"),
+        (["dynamic", "alter", "whatever", "explode"], "Error: `explode` is not an alteration."),
+        (["dynamic", "run", "--once", "--for", "3"], "Error: give --once or --for, not both."),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_3(cli_env, args, message):
     result = cli_env(*args)
     assert result.exit_code == 3, result.output
@@ -143,11 +191,22 @@ def test_bad_input_is_one_line_and_exit_3(cli_env, args, message):
 
 def test_run_stops_on_sigterm_after_the_round_under_way(stack, cli_env):
     """`dynamic run` as its own process: it refreshes a stale table, and SIGTERM stops it cleanly (exit 0)."""
-    assert cli_env("sql", f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 second' INITIALIZE = ON_SCHEDULE AS "
-                          f"SELECT g, sum(v) AS s FROM {S}.t GROUP BY g").exit_code == 0
-    proc = subprocess.Popen([sys.executable, "ducklake_test.py", "dynamic", "run", "--for", "120", "--tick", "0.2"],
-                            cwd=ROOT, env={**os.environ, **stack.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    assert (
+        cli_env(
+            "sql",
+            f"CREATE DYNAMIC TABLE {S}.per_g TARGET_LAG = '1 second' INITIALIZE = ON_SCHEDULE AS "
+            f"SELECT g, sum(v) AS s FROM {S}.t GROUP BY g",
+        ).exit_code
+        == 0
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "ducklake_test.py", "dynamic", "run", "--for", "120", "--tick", "0.2"],
+        cwd=ROOT,
+        env={**os.environ, **stack.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # the first round fills the table (ON_SCHEDULE: empty until then)

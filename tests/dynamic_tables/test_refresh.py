@@ -168,6 +168,7 @@ def test_the_property_tables_use_each_incremental_strategy(streams):
 
 # ---- the seed's defects, one test each --------------------------------------------------------------------------
 
+
 def small(env: Env, table: str = "t") -> str:
     name = f"lake.{S}.{table}"
     env.sql(f"CREATE OR REPLACE TABLE {name} (k INTEGER, g VARCHAR, v INTEGER)")
@@ -191,8 +192,10 @@ def test_keys_are_read_only_from_the_source_that_has_them(clean):
     t = small(clean)
     clean.sql(f"CREATE OR REPLACE TABLE lake.{S}.names (k INTEGER, label VARCHAR)")
     clean.sql(f"INSERT INTO lake.{S}.names VALUES (1, 'one'), (2, 'two')")
-    clean.create(f"CREATE DYNAMIC TABLE {S}.by_label TARGET_LAG = '1 hour' AS SELECT n.label, sum(t.v) AS s "
-                 f"FROM {S}.t JOIN {S}.names AS n ON t.k = n.k GROUP BY n.label")
+    clean.create(
+        f"CREATE DYNAMIC TABLE {S}.by_label TARGET_LAG = '1 hour' AS SELECT n.label, sum(t.v) AS s "
+        f"FROM {S}.t JOIN {S}.names AS n ON t.k = n.k GROUP BY n.label"
+    )
     clean.sql(f"INSERT INTO {t} VALUES (2, 'z', 9)")
     [r] = clean.refresh(f"{S}.by_label").refreshes
     assert (r.status, r.mode) == (SUCCEEDED, INCREMENTAL), r.error
@@ -202,8 +205,10 @@ def test_keys_are_read_only_from_the_source_that_has_them(clean):
 
 def test_aliased_and_expression_keys_map_to_the_tables_columns(clean):
     t = small(clean)
-    clean.create(f"CREATE DYNAMIC TABLE {S}.buckets TARGET_LAG = '1 hour' AS "
-                 f"SELECT upper(g) AS grp, k % 2 AS parity, min(v) AS lo FROM {S}.t GROUP BY grp, 2")
+    clean.create(
+        f"CREATE DYNAMIC TABLE {S}.buckets TARGET_LAG = '1 hour' AS "
+        f"SELECT upper(g) AS grp, k % 2 AS parity, min(v) AS lo FROM {S}.t GROUP BY grp, 2"
+    )
     clean.sql(f"DELETE FROM {t} WHERE v = 10")  # group ('X', 1) loses its only row; MIN of ('X', NULL) stays
     [r] = clean.refresh(f"{S}.buckets").refreshes
     assert (r.status, r.mode, r.rows_deleted, r.rows_inserted) == (SUCCEEDED, INCREMENTAL, 1, 0), r.error
@@ -229,14 +234,17 @@ def test_changes_committed_during_a_refresh_are_read_by_the_next(clean, stack):
     [second] = clean.refresh(f"{S}.total").refreshes
     assert second.status == SUCCEEDED and second.read_snapshot > first.read_snapshot
     assert clean.sql(f"SELECT s FROM lake.{S}.total WHERE g = 'x'") == [(1016,)]
-    assert clean.sql(f"SELECT g, s FROM lake.{S}.total ORDER BY g") == \
-        clean.sql(f"SELECT g, sum(v) FROM {t} GROUP BY g ORDER BY g")  # against the source read directly
+    assert clean.sql(f"SELECT g, s FROM lake.{S}.total ORDER BY g") == clean.sql(
+        f"SELECT g, sum(v) FROM {t} GROUP BY g ORDER BY g"
+    )  # against the source read directly
 
 
 def test_counts_are_the_rows_changed_not_the_tables_size(clean):
     t = f"lake.{S}.many"
     clean.sql(f"CREATE OR REPLACE TABLE {t} AS SELECT range % 50 AS k, range AS v FROM range(500)")
-    clean.create(f"CREATE DYNAMIC TABLE {S}.per_k TARGET_LAG = '1 hour' AS SELECT k, sum(v) AS s FROM {S}.many GROUP BY k")
+    clean.create(
+        f"CREATE DYNAMIC TABLE {S}.per_k TARGET_LAG = '1 hour' AS SELECT k, sum(v) AS s FROM {S}.many GROUP BY k"
+    )
     clean.sql(f"UPDATE {t} SET v = v + 1 WHERE v = 7")
     [r] = clean.refresh(f"{S}.per_k").refreshes
     assert (r.rows_inserted, r.rows_deleted) == (1, 1)
@@ -291,8 +299,10 @@ def test_a_refresh_whose_metadata_write_was_lost_is_not_applied_twice(clean):
     between the two), the next refresh starts from the lake's record."""
     t = small(clean)
     name = f"{S}.once"
-    clean.create(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' AS SELECT g, sum(v) AS s, count(*) AS n "
-                 f"FROM {S}.t GROUP BY g")
+    clean.create(
+        f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' AS SELECT g, sum(v) AS s, count(*) AS n "
+        f"FROM {S}.t GROUP BY g"
+    )
     before = clean.meta.get(name).data_snapshot
     clean.sql(f"INSERT INTO {t} VALUES (3, 'x', 1)")
     [r] = clean.refresh(name).refreshes
@@ -316,18 +326,38 @@ def test_a_landed_refresh_whose_metadata_write_was_lost_is_recorded_by_the_next(
     # the metadata write lost, in PostgreSQL itself: no history row, the definition and its source not moved
     with clean.meta.conn.transaction():
         clean.meta.conn.execute("DELETE FROM dynamic_tables.refresh_history WHERE id = %s", [landed.id])
-        clean.meta.conn.execute("UPDATE dynamic_tables.definitions SET data_snapshot = %s WHERE name = %s", [before, name])
+        clean.meta.conn.execute(
+            "UPDATE dynamic_tables.definitions SET data_snapshot = %s WHERE name = %s", [before, name]
+        )
         clean.meta.conn.execute("UPDATE dynamic_tables.sources SET read_snapshot = %s WHERE name = %s", [before, name])
     assert [h.trigger for h in clean.meta.history(name)] == ["create"]
     clean.sql(f"INSERT INTO {t} VALUES (4, 'y', 2)")
     [after] = clean.refresh(name).refreshes
     assert after.status == SUCCEEDED
-    shown = [(h.trigger, h.status, h.mode, h.read_snapshot, h.commit_snapshot, h.rows_inserted, h.rows_deleted)
-             for h in clean.meta.history(name)]
+    shown = [
+        (h.trigger, h.status, h.mode, h.read_snapshot, h.commit_snapshot, h.rows_inserted, h.rows_deleted)
+        for h in clean.meta.history(name)
+    ]
     assert shown[:2] == [
-        ("manual", SUCCEEDED, after.mode, after.read_snapshot, after.commit_snapshot, after.rows_inserted, after.rows_deleted),
-        ("manual", SUCCEEDED, landed.mode, landed.read_snapshot, landed.commit_snapshot, landed.rows_inserted,
-         landed.rows_deleted)]
+        (
+            "manual",
+            SUCCEEDED,
+            after.mode,
+            after.read_snapshot,
+            after.commit_snapshot,
+            after.rows_inserted,
+            after.rows_deleted,
+        ),
+        (
+            "manual",
+            SUCCEEDED,
+            landed.mode,
+            landed.read_snapshot,
+            landed.commit_snapshot,
+            landed.rows_inserted,
+            landed.rows_deleted,
+        ),
+    ]
     recovered = clean.meta.history(name)[1]
     assert recovered.reason.startswith(f"RECOVERED: landed in the lake at snapshot {landed.commit_snapshot}")
     assert recovered.snapshots_read == {f"{S}.t": landed.read_snapshot}
@@ -354,10 +384,14 @@ def test_a_table_rewritten_whole_with_the_same_rows_changes_nothing(clean):
     clean.sql(f"CREATE OR REPLACE TABLE lake.{S}.names (k INTEGER, label VARCHAR)")
     clean.sql(f"INSERT INTO lake.{S}.names VALUES (1, 'one'), (2, 'two'), (NULL, 'none')")
     name = f"{S}.labelled"
-    clean.create(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' AS SELECT n.label, count(*) AS n "
-                 f"FROM {S}.t JOIN {S}.names AS n ON t.k = n.k GROUP BY n.label")
-    clean.sql(f"BEGIN; DELETE FROM lake.{S}.names; INSERT INTO lake.{S}.names VALUES (2, 'two'), (NULL, 'none'), "
-              f"(1, 'one'); COMMIT")
+    clean.create(
+        f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' AS SELECT n.label, count(*) AS n "
+        f"FROM {S}.t JOIN {S}.names AS n ON t.k = n.k GROUP BY n.label"
+    )
+    clean.sql(
+        f"BEGIN; DELETE FROM lake.{S}.names; INSERT INTO lake.{S}.names VALUES (2, 'two'), (NULL, 'none'), "
+        f"(1, 'one'); COMMIT"
+    )
     [r] = clean.refresh(name).refreshes
     assert (r.status, r.commit_snapshot) == (NO_DATA, None), r.reason
     clean.sql(f"BEGIN; DELETE FROM lake.{S}.names; INSERT INTO lake.{S}.names VALUES (2, 'TWO'), (1, 'one'); COMMIT")
@@ -374,7 +408,8 @@ def test_incremental_mode_refuses_what_it_cannot_maintain_and_auto_says_why(clea
     with pytest.raises(KitError, match="cannot be refreshed incrementally: WINDOW_FUNCTION"):
         clean.create(f"CREATE DYNAMIC TABLE {S}.w TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL {window}")
     assert clean.meta.get(f"{S}.w") is None and not clean.sql(
-        f"SELECT 1 FROM duckdb_tables() WHERE schema_name = '{S}' AND table_name = 'w'")
+        f"SELECT 1 FROM duckdb_tables() WHERE schema_name = '{S}' AND table_name = 'w'"
+    )
     clean.create(f"CREATE DYNAMIC TABLE {S}.w TARGET_LAG = '1 hour' {window}")
     d = clean.meta.get(f"{S}.w")
     assert (d.plan_kind, d.reason) == ("full", "WINDOW_FUNCTION")
@@ -387,8 +422,10 @@ def test_incremental_mode_refuses_what_it_cannot_maintain_and_auto_says_why(clea
 def test_on_schedule_waits_for_the_scheduler_which_refreshes_what_is_stale(clean):
     t = small(clean)
     name = f"{S}.later"
-    clean.create(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 second' INITIALIZE = ON_SCHEDULE AS "
-                 f"SELECT g, max(v) AS hi FROM {S}.t GROUP BY g")
+    clean.create(
+        f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 second' INITIALIZE = ON_SCHEDULE AS "
+        f"SELECT g, max(v) AS hi FROM {S}.t GROUP BY g"
+    )
     assert clean.sql(f"SELECT count(*) FROM lake.{name}") == [(0,)]
     first = scheduler.run(clean.lake, clean.meta, once=True)
     assert [(r.name, r.status, r.mode) for r in first.refreshes] == [(name, SUCCEEDED, FULL)]
@@ -435,27 +472,51 @@ def test_history_reads_back_what_happened(clean):
 
 REVIEW_CASES = {
     # a source dropped and created again: its change feed knows nothing of the old rows
-    "source_replaced": (f"SELECT k, sum(v) AS s FROM {S}.t GROUP BY k",
-                        [f"DROP TABLE lake.{S}.t", f"CREATE TABLE lake.{S}.t (k INTEGER, g VARCHAR, v INTEGER)",
-                         f"INSERT INTO lake.{S}.t VALUES (3, 'z', 3)"], "SOURCE_REPLACED"),
+    "source_replaced": (
+        f"SELECT k, sum(v) AS s FROM {S}.t GROUP BY k",
+        [
+            f"DROP TABLE lake.{S}.t",
+            f"CREATE TABLE lake.{S}.t (k INTEGER, g VARCHAR, v INTEGER)",
+            f"INSERT INTO lake.{S}.t VALUES (3, 'z', 3)",
+        ],
+        "SOURCE_REPLACED",
+    ),
     # a table read only inside a subquery is a source too
-    "subquery_source": (f"SELECT k, v FROM {S}.t WHERE k IN (SELECT k FROM {S}.u)",
-                        [f"INSERT INTO lake.{S}.u VALUES (2, 'q', 0)"], "SUBQUERY"),
+    "subquery_source": (
+        f"SELECT k, v FROM {S}.t WHERE k IN (SELECT k FROM {S}.u)",
+        [f"INSERT INTO lake.{S}.u VALUES (2, 'q', 0)"],
+        "SUBQUERY",
+    ),
     # columns read through COLUMNS(*), the whole row as a struct, a USING join
-    "columns_star": (f"SELECT k FROM {S}.t WHERE COLUMNS(*) IS NOT NULL", [f"INSERT INTO lake.{S}.t VALUES (5, NULL, 1)"],
-                     "inserts appended"),
+    "columns_star": (
+        f"SELECT k FROM {S}.t WHERE COLUMNS(*) IS NOT NULL",
+        [f"INSERT INTO lake.{S}.t VALUES (5, NULL, 1)"],
+        "inserts appended",
+    ),
     "row_struct": (f"SELECT k, t AS r FROM {S}.t", [f"INSERT INTO lake.{S}.t VALUES (5, 'n', 1)"], "inserts appended"),
-    "using_join": (f"SELECT k, t.v, u.g FROM {S}.t JOIN {S}.u USING (k)", [f"UPDATE lake.{S}.t SET v = 0 WHERE k = 1"],
-                   "affected distinct rows recomputed"),
+    "using_join": (
+        f"SELECT k, t.v, u.g FROM {S}.t JOIN {S}.u USING (k)",
+        [f"UPDATE lake.{S}.t SET v = 0 WHERE k = 1"],
+        "affected distinct rows recomputed",
+    ),
     # ORDER BY in the query: the change terms are joined with UNION
-    "order_by": (f"SELECT k, v FROM {S}.t ORDER BY k", [f"UPDATE lake.{S}.t SET v = 3 WHERE k = 2"],
-                 "affected distinct rows recomputed"),
+    "order_by": (
+        f"SELECT k, v FROM {S}.t ORDER BY k",
+        [f"UPDATE lake.{S}.t SET v = 3 WHERE k = 2"],
+        "affected distinct rows recomputed",
+    ),
     # a DOUBLE sum is recomputed, not merged: 1e16 + 1 + 1 rounds differently month by month
-    "double_sum": (f"SELECT g, sum(v::DOUBLE * 1e15) AS s FROM {S}.t GROUP BY g",
-                   [f"INSERT INTO lake.{S}.t VALUES (9, 'x', 0.001), (9, 'x', 0.001)"], "affected groups recomputed"),
+    "double_sum": (
+        f"SELECT g, sum(v::DOUBLE * 1e15) AS s FROM {S}.t GROUP BY g",
+        [f"INSERT INTO lake.{S}.t VALUES (9, 'x', 0.001), (9, 'x', 0.001)"],
+        "affected groups recomputed",
+    ),
     # a table whose name has capitals (DuckDB keeps the case, and matches names without it)
-    "mixed_case": (f"SELECT k, count(*) AS n FROM {S}.Mixed GROUP BY k", [f"INSERT INTO lake.{S}.MIXED VALUES (1)"],
-                   "inserts merged"),
+    "mixed_case": (
+        f"SELECT k, count(*) AS n FROM {S}.Mixed GROUP BY k",
+        [f"INSERT INTO lake.{S}.MIXED VALUES (1)"],
+        "inserts merged",
+    ),
 }
 
 

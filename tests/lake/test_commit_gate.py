@@ -53,14 +53,19 @@ def rows(ep, what: str) -> int:
 def waiting_on_the_gate(ep) -> list[str]:
     """The sessions waiting for the gate's advisory lock, by application_name (the gate names its process)."""
     with postgres.connect(ep.pg, timeout=10) as conn:
-        return [r[0] for r in conn.execute(
-            "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
-            "WHERE l.locktype = 'advisory' AND NOT l.granted AND l.classid::bigint = %s AND l.objid::bigint = %s",
-            [GATE_KEY >> 32, GATE_KEY & 0xFFFFFFFF]).fetchall()]
+        return [
+            r[0]
+            for r in conn.execute(
+                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
+                "WHERE l.locktype = 'advisory' AND NOT l.granted AND l.classid::bigint = %s AND l.objid::bigint = %s",
+                [GATE_KEY >> 32, GATE_KEY & 0xFFFFFFFF],
+            ).fetchall()
+        ]
 
 
-def waits_for_the_holder(ep, holder: psycopg.Connection, what: str, commit: Callable[[], None],
-                         pid: int | None = os.getpid()) -> None:
+def waits_for_the_holder(
+    ep, holder: psycopg.Connection, what: str, commit: Callable[[], None], pid: int | None = os.getpid()
+) -> None:
     """`commit` (which writes one row `what`) waits while `holder` has the gate, and lands once it lets go; the
     waiting session is the gate of process `pid` (None: of some process, a worker's)."""
     done: list[BaseException | None] = []
@@ -77,8 +82,11 @@ def waits_for_the_holder(ep, holder: psycopg.Connection, what: str, commit: Call
     t.join(WAIT_S)
     assert t.is_alive() and not done, f"the commit of {what!r} did not wait for the gate: {done}"
     waiting = waiting_on_the_gate(ep)
-    assert (f"ducklake-kit commit gate pid {pid}" in waiting if pid else
-            any(w.startswith("ducklake-kit commit gate pid ") for w in waiting)), waiting
+    assert (
+        f"ducklake-kit commit gate pid {pid}" in waiting
+        if pid
+        else any(w.startswith("ducklake-kit commit gate pid ") for w in waiting)
+    ), waiting
     assert rows(ep, what) == 0  # nothing committed while it waits
     holder.execute("SELECT pg_advisory_unlock(%s)", [GATE_KEY])
     t.join(60)
@@ -89,7 +97,9 @@ def waits_for_the_holder(ep, holder: psycopg.Connection, what: str, commit: Call
 def test_an_autocommit_write_waits_for_the_gate_and_lands_when_it_is_released(ep, holder):
     with Lake(ep) as lake:
         assert lake.gate is not None  # the default
-        waits_for_the_holder(ep, holder, "autocommit", lambda: lake.run(f"INSERT INTO {SCHEMA}.t VALUES (1, 'autocommit')"))
+        waits_for_the_holder(
+            ep, holder, "autocommit", lambda: lake.run(f"INSERT INTO {SCHEMA}.t VALUES (1, 'autocommit')")
+        )
         # a read does not take the gate: it answers at once while another session holds it
         holder.execute("SELECT pg_advisory_lock(%s)", [GATE_KEY])
         start = time.monotonic()
@@ -103,8 +113,14 @@ def test_a_users_begin_commit_and_commit_with_wait_for_the_gate(ep, holder):
         lake.run(f"BEGIN; INSERT INTO {SCHEMA}.t VALUES (2, 'begin-commit')")
         waits_for_the_holder(ep, holder, "begin-commit", lambda: lake.run("COMMIT"))
         holder.execute("SELECT pg_advisory_lock(%s)", [GATE_KEY])
-        waits_for_the_holder(ep, holder, "commit_with", lambda: commit_with(
-            lake, lambda con: con.execute(f"INSERT INTO {SCHEMA}.t VALUES (3, 'commit_with')"), "gate test"))
+        waits_for_the_holder(
+            ep,
+            holder,
+            "commit_with",
+            lambda: commit_with(
+                lake, lambda con: con.execute(f"INSERT INTO {SCHEMA}.t VALUES (3, 'commit_with')"), "gate test"
+            ),
+        )
 
 
 def test_a_commit_that_raises_gives_the_gate_back(ep):
@@ -123,15 +139,17 @@ def test_a_commit_that_raises_gives_the_gate_back(ep):
 
 
 def test_a_process_killed_holding_the_gate_leaves_it_free(ep, stack):
-    code = ("import os, signal, sys\n"
-            "from ducklake_kit.lake.gate import CommitGate\n"
-            "from ducklake_kit.platforms.local import LocalPlatform\n"
-            "from ducklake_kit.platforms.state import State\n"
-            "from pathlib import Path\n"
-            f"ep = LocalPlatform(State(Path({str(stack.home)!r})), pg_port={stack.pg_port}, s3_port={stack.s3_port}).endpoints()\n"
-            "with CommitGate.of(ep.pg).held():\n"
-            "    print('held', flush=True)\n"
-            "    os.kill(os.getpid(), signal.SIGKILL)\n")
+    code = (
+        "import os, signal, sys\n"
+        "from ducklake_kit.lake.gate import CommitGate\n"
+        "from ducklake_kit.platforms.local import LocalPlatform\n"
+        "from ducklake_kit.platforms.state import State\n"
+        "from pathlib import Path\n"
+        f"ep = LocalPlatform(State(Path({str(stack.home)!r})), pg_port={stack.pg_port}, s3_port={stack.s3_port}).endpoints()\n"
+        "with CommitGate.of(ep.pg).held():\n"
+        "    print('held', flush=True)\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
     if stack.env["DUCKLAKE_PLATFORM"] != "local":
         pytest.skip("the killed process finds the catalog through the local platform")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

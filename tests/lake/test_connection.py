@@ -29,16 +29,22 @@ def test_setup_sql_quotes_secrets_and_keeps_the_password_out_of_attach():
 
 
 def test_writer_settings_go_before_the_attach_and_catalog_settings_into_its_options():
-    from ducklake_kit.lake import connection as lake
     from ducklake_kit.errors import KitError
+    from ducklake_kit.lake import connection as lake
     from ducklake_kit.platforms.base import Endpoints, PgEndpoint, S3Endpoint
 
     ep = Endpoints(PgEndpoint("h", 1, "u", "p"), S3Endpoint("e:1", "k", "s"))
-    stmts = lake.setup_statements(ep, settings={**lake.SMALL_WRITER_SETTINGS, "pg_pool_health_check_query": ""},
-                                  catalog_settings={"synchronous_commit": "off"})
+    stmts = lake.setup_statements(
+        ep,
+        settings={**lake.SMALL_WRITER_SETTINGS, "pg_pool_health_check_query": ""},
+        catalog_settings={"synchronous_commit": "off"},
+    )
     attach = next(i for i, s in enumerate(stmts) if s.startswith("ATTACH"))
-    assert {"SET threads = 1", "SET pg_pool_health_check_query = ''",
-            f"SET ducklake_max_retry_count = {lake.RETRY_SETTINGS['ducklake_max_retry_count']}"} <= set(stmts[:attach])
+    assert {
+        "SET threads = 1",
+        "SET pg_pool_health_check_query = ''",
+        f"SET ducklake_max_retry_count = {lake.RETRY_SETTINGS['ducklake_max_retry_count']}",
+    } <= set(stmts[:attach])
     assert "options=''-csynchronous_commit=off''" in stmts[attach]
     assert "options" not in next(s for s in lake.setup_statements(ep) if s.startswith("ATTACH"))
     with pytest.raises(KitError, match="not a plain name=value"):
@@ -66,7 +72,9 @@ def test_execute_retrying_reruns_only_commits_ducklake_gave_up(monkeypatch):
 
     waits: list[float] = []
     monkeypatch.setattr(lake.time, "sleep", waits.append)
-    gave_up = f"Failed to commit DuckLake transaction. {lake.DUCKLAKE_GAVE_UP} of 30 set by the ducklake_max_retry_count"
+    gave_up = (
+        f"Failed to commit DuckLake transaction. {lake.DUCKLAKE_GAVE_UP} of 30 set by the ducklake_max_retry_count"
+    )
     con = _Flaky(6, gave_up)
     assert lake.execute_retrying(con, "INSERT ...", [1], first_wait_s=0.1, cap_s=0.5) == 6 and con.calls == 7
     assert all(0.0 < w <= 0.5 for w in waits) and max(waits) > 0.25  # doubling, jittered, capped

@@ -44,13 +44,16 @@ def test_a_name_that_needs_quoting_round_trips(lake):
     assert schema_exists(lake.con, lake.alias, SCHEMA) and not schema_exists(lake.con, lake.alias, "no_such_schema")
 
 
-@pytest.mark.parametrize("sql, columns, rows", [
-    ("WITH t AS (SELECT 42 AS answer) SELECT * FROM t", ["answer"], [(42,)]),
-    ("-- a leading comment\nSELECT 1 AS one", ["one"], [(1,)]),
-    ("FROM (VALUES (1), (2)) v(n) ORDER BY n", ["n"], [(1,), (2,)]),
-    ("DESCRIBE SELECT 1 AS one", None, 1),
-    ("CALL ducklake_set_option('lake', 'parquet_compression', 'zstd')", None, None),
-])
+@pytest.mark.parametrize(
+    "sql, columns, rows",
+    [
+        ("WITH t AS (SELECT 42 AS answer) SELECT * FROM t", ["answer"], [(42,)]),
+        ("-- a leading comment\nSELECT 1 AS one", ["one"], [(1,)]),
+        ("FROM (VALUES (1), (2)) v(n) ORDER BY n", ["n"], [(1,), (2,)]),
+        ("DESCRIBE SELECT 1 AS one", None, 1),
+        ("CALL ducklake_set_option('lake', 'parquet_compression', 'zstd')", None, None),
+    ],
+)
 def test_run_returns_rows_whatever_the_first_keyword(lake, sql, columns, rows):
     (res,) = lake.run(sql)
     if columns is not None:
@@ -62,8 +65,10 @@ def test_run_returns_rows_whatever_the_first_keyword(lake, sql, columns, rows):
 
 def test_run_counts_affected_rows_and_keeps_the_results_before_a_failure(lake):
     t = f"{SCHEMA}.counted"
-    first, second, third = lake.run(f"CREATE TABLE {t} (x INTEGER); INSERT INTO {t} SELECT range FROM range(5); "
-                                    f"UPDATE {t} SET x = x + 1 WHERE x < 3")
+    first, second, third = lake.run(
+        f"CREATE TABLE {t} (x INTEGER); INSERT INTO {t} SELECT range FROM range(5); "
+        f"UPDATE {t} SET x = x + 1 WHERE x < 3"
+    )
     assert (first.affected_rows, second.affected_rows, third.affected_rows) == (None, 5, 3)
     with pytest.raises(StatementFailed) as info:
         lake.run(f"DELETE FROM {t} WHERE x = 1; SELECT * FROM no_such_table; CREATE TABLE {SCHEMA}.never (x INTEGER)")
@@ -82,14 +87,18 @@ def test_run_counts_affected_rows_and_keeps_the_results_before_a_failure(lake):
 def test_commit_reports_its_own_snapshot_even_when_another_writer_commits_next(stack, lake):
     t = f"{SCHEMA}.committed"
     lake.run(f"CREATE TABLE {t} (x INTEGER)")
-    done = commit(lake, [f"INSERT INTO {t} VALUES (1), (2)", f"DELETE FROM {t} WHERE x = 2"], "lake_tests: two rows, one deleted")
+    done = commit(
+        lake, [f"INSERT INTO {t} VALUES (1), (2)", f"DELETE FROM {t} WHERE x = 2"], "lake_tests: two rows, one deleted"
+    )
     assert done.affected_rows == 3
     with Lake(stack.platform.endpoints()) as other:  # another writer commits after us
         other.run(f"INSERT INTO {t} VALUES (9)")
         theirs = last_committed_snapshot(other)
     assert theirs is not None and done.snapshot_id is not None and theirs > done.snapshot_id
     assert last_committed_snapshot(lake) == done.snapshot_id  # ours stays ours
-    message = lake.scalar("SELECT commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?", [done.snapshot_id])
+    message = lake.scalar(
+        "SELECT commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?", [done.snapshot_id]
+    )
     assert message == "lake_tests: two rows, one deleted"
     assert lake.scalar(f"SELECT list(x ORDER BY x) FROM {t} AT (VERSION => {done.snapshot_id})") == [1]
 
@@ -113,8 +122,10 @@ def test_commit_finds_its_snapshot_by_its_token_when_the_instance_moved_on(lake,
     done = commit(lake, f"INSERT INTO {t} VALUES (1)", "lake_tests: token")
     monkeypatch.undo()
     assert last_committed_snapshot(lake) > done.snapshot_id  # the instance moved on, as it would have
-    assert lake.scalar("SELECT commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?",
-                       [done.snapshot_id]) == "lake_tests: token"
+    assert (
+        lake.scalar("SELECT commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?", [done.snapshot_id])
+        == "lake_tests: token"
+    )
     assert lake.scalar(f"SELECT list(x) FROM {t} AT (VERSION => {done.snapshot_id})") == [1]
     # a transaction that changes nothing makes no snapshot, and says so
     assert commit(lake, f"SELECT count(*) FROM {t}", "lake_tests: nothing").snapshot_id is None
@@ -127,7 +138,9 @@ def test_a_failed_commit_leaves_nothing(lake):
     with pytest.raises(StatementFailed):
         commit(lake, f"INSERT INTO {t} VALUES (1); INSERT INTO {t} VALUES ('not a number')", "lake_tests: never")
     assert lake.scalar(f"SELECT count(*) FROM {t}") == 0
-    assert lake.scalar("SELECT count(*) FROM ducklake_snapshots('lake') WHERE commit_message = 'lake_tests: never'") == 0
+    assert (
+        lake.scalar("SELECT count(*) FROM ducklake_snapshots('lake') WHERE commit_message = 'lake_tests: never'") == 0
+    )
     assert lake.current_snapshot() >= before  # nothing of ours; others may have committed
 
 
@@ -189,8 +202,10 @@ def test_a_refused_s3_credential_is_said_plainly(stack):
 
     ep = stack.platform.endpoints()
     with Lake(ep) as lake:
-        lake.run("CREATE SCHEMA IF NOT EXISTS s3_refused; "
-                 "CREATE OR REPLACE TABLE s3_refused.t AS SELECT range AS i FROM range(1000)")  # a Parquet file
+        lake.run(
+            "CREATE SCHEMA IF NOT EXISTS s3_refused; "
+            "CREATE OR REPLACE TABLE s3_refused.t AS SELECT range AS i FROM range(1000)"
+        )  # a Parquet file
     wrong = dataclasses.replace(ep, s3=dataclasses.replace(ep.s3, secret="not-the-secret"))
     try:
         with Lake(wrong) as lake, pytest.raises(KitError) as info:

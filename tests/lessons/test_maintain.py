@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import duckdb
@@ -52,7 +52,10 @@ def test_dry_run_changes_nothing_then_a_real_run_keeps_answers_and_expires(fresh
         cutoff = lake.scalar("SELECT now()")
         lake.run("INSERT INTO events VALUES (-1, 0, 'after the cutoff')")
         after_cutoff = lake.current_snapshot()
-        objects, all_snaps = s3_objects(ep), lake.con.execute("SELECT snapshot_id FROM ducklake_snapshots('lake')").fetchall()
+        objects, all_snaps = (
+            s3_objects(ep),
+            lake.con.execute("SELECT snapshot_id FROM ducklake_snapshots('lake')").fetchall(),
+        )
         # the fingerprint can fail: one changed value changes it
         fp = fingerprint(lake)
         assert fp["main.events"][0] == rows + 1
@@ -99,12 +102,28 @@ def test_dry_run_changes_nothing_then_a_real_run_keeps_answers_and_expires(fresh
 def test_orphaned_files_from_a_killed_load_are_removed_and_answers_unchanged(fresh_stack):
     fresh_stack.platform.up()
     ep = fresh_stack.platform.endpoints()
-    result, checks = flow.load_and_verify(fresh_stack.platform, fresh_stack.state, source="synthetic", months="2021-05",
-                                          rows_per_month=4000)
+    result, checks = flow.load_and_verify(
+        fresh_stack.platform, fresh_stack.state, source="synthetic", months="2021-05", rows_per_month=4000
+    )
     assert checks.ok
     env = {**os.environ, **fresh_stack.env, "DUCKLAKE_FAULT": "kill-before-commit"}
-    proc = subprocess.run([sys.executable, str(ROOT / "ducklake_test.py"), "load", "--source", "synthetic", "--months", "2021-06",
-                           "--rows-per-month", "4000"], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "ducklake_test.py"),
+            "load",
+            "--source",
+            "synthetic",
+            "--months",
+            "2021-06",
+            "--rows-per-month",
+            "4000",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == -9, proc.stdout + proc.stderr
     with Lake(ep) as lake:
         orphans = set(s3_objects(ep)) - referenced_files(lake)
@@ -116,7 +135,7 @@ def test_orphaned_files_from_a_killed_load_are_removed_and_answers_unchanged(fre
     assert checks.ok and dry["would"]["orphaned_files"] == []  # younger than the cutoff: a running load is safe
 
     checks = CheckRun()
-    real = run_maintain(fresh_stack.platform, checks, older_than=datetime.now(timezone.utc))
+    real = run_maintain(fresh_stack.platform, checks, older_than=datetime.now(UTC))
     assert checks.ok, [c.as_dict() for c in checks.failed]
     assert orphans <= set(real["done"]["orphans_deleted"])
     assert not orphans & set(s3_objects(ep))
@@ -177,16 +196,26 @@ def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack):
     ep = fresh_stack.platform.endpoints()
     env = {**os.environ, **fresh_stack.env}
     argv = [sys.executable, str(ROOT / "ducklake_test.py"), "load", "--source", "synthetic", "--rows-per-month", "3000"]
-    killed = subprocess.run(argv + ["--months", "2021-07"], env={**env, "DUCKLAKE_FAULT": "kill-before-commit"},
-                            capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(
+        argv + ["--months", "2021-07"],
+        env={**env, "DUCKLAKE_FAULT": "kill-before-commit"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert killed.returncode == -9, killed.stdout + killed.stderr
     with Lake(ep) as lake:
         left = unreferenced_files(lake, ep)
     dead, other = left["dead"], left["other"]  # other: the zones file DuckLake itself wrote in the killed commit
     assert dead and not left["running"] and all(load_id_of(p) is None for p in other), left
 
-    running = subprocess.Popen(argv + ["--months", "2021-08"], env={**env, "DUCKLAKE_FAULT": "pause-before-commit=45"},
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    running = subprocess.Popen(
+        argv + ["--months", "2021-08"],
+        env={**env, "DUCKLAKE_FAULT": "pause-before-commit=45"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         for line in running.stdout:  # until the running load has written all its files (seeing one is not enough:
             if "pausing 45 s before the commit" in line:  # its executors may still be writing the next)
@@ -198,7 +227,11 @@ def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack):
         assert alive, left
         checks = CheckRun()
         plain = run_maintain(fresh_stack.platform, checks)  # without the option: they stay, and it says why
-        assert checks.ok and plain["unreferenced_left"] == {"running": len(alive), "dead": len(dead), "other": len(other)}
+        assert checks.ok and plain["unreferenced_left"] == {
+            "running": len(alive),
+            "dead": len(dead),
+            "other": len(other),
+        }
         checks = CheckRun()
         result = run_maintain(fresh_stack.platform, checks, dead_loads=True)
         assert checks.ok, [c.as_dict() for c in checks.failed]

@@ -47,7 +47,7 @@ class Stream:
         except Exception as exc:  # noqa: BLE001
             self.failures.append(f"writer {writer} could not start: {exc}")
 
-    def __enter__(self) -> "Stream":
+    def __enter__(self) -> Stream:
         for t in self.threads:
             t.start()
         return self
@@ -61,12 +61,16 @@ class Stream:
 def small_files(ep) -> None:
     """maint.big in FILES Parquet files (what the merge reads and rewrites), and the stream's table."""
     with Lake(ep) as lake:
-        lake.run("CREATE SCHEMA maint; CREATE TABLE maint.big (i BIGINT, s VARCHAR); "
-                 "CREATE TABLE maint.stream (writer INTEGER, op INTEGER)")
+        lake.run(
+            "CREATE SCHEMA maint; CREATE TABLE maint.big (i BIGINT, s VARCHAR); "
+            "CREATE TABLE maint.stream (writer INTEGER, op INTEGER)"
+        )
         lake.con.execute("CALL lake.set_option('data_inlining_row_limit', 0, schema => 'maint', table_name => 'big')")
         for k in range(FILES):
-            lake.run(f"INSERT INTO maint.big SELECT i, md5(i::VARCHAR) FROM range({k * ROWS_PER_FILE}, "
-                     f"{(k + 1) * ROWS_PER_FILE}) r(i)")
+            lake.run(
+                f"INSERT INTO maint.big SELECT i, md5(i::VARCHAR) FROM range({k * ROWS_PER_FILE}, "
+                f"{(k + 1) * ROWS_PER_FILE}) r(i)"
+            )
 
 
 def test_maintain_during_an_insert_stream_on_a_catalog_that_ends_idle_transactions(fresh_stack):
@@ -120,9 +124,17 @@ def test_maintain_during_a_load_on_a_catalog_that_ends_idle_transactions(fresh_s
 
     def load() -> None:
         try:
-            loaded.append(flow.load_and_verify(fresh_stack.platform, fresh_stack.state, source="synthetic",
-                                               months="2023-01..2023-02", rows_per_month=5000, seed=3,
-                                               on_step=on_step))
+            loaded.append(
+                flow.load_and_verify(
+                    fresh_stack.platform,
+                    fresh_stack.state,
+                    source="synthetic",
+                    months="2023-01..2023-02",
+                    rows_per_month=5000,
+                    seed=3,
+                    on_step=on_step,
+                )
+            )
         except Exception as exc:  # noqa: BLE001 - the load's failure is the finding
             loaded.append(exc)
         load_ended.append(time.monotonic())

@@ -20,7 +20,9 @@ def _failed(checks: CheckRun) -> list[str]:
 
 def test_the_lesson_checks_every_figure_and_a_rerun_tells_the_same_story(stack):
     with Lake(stack.platform.endpoints()) as lake:
-        main_before = lake.con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND schema_name = 'main'").fetchone()
+        main_before = lake.con.execute(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND schema_name = 'main'"
+        ).fetchone()
     runs = []
     for _ in range(2):
         checks = CheckRun()
@@ -36,11 +38,26 @@ def test_the_lesson_checks_every_figure_and_a_rerun_tells_the_same_story(stack):
     assert counts == {"month 1": m1, "month 2": m1 + m2, "correction": m1 + m2 - zero, "restore": m1 + m2}
     assert 0 < zero < m1 + m2 and m1 + m2 < 2 * ROWS  # some trips quarantined, some corrected
     assert second["at_timestamp"]["trips"] == m1
-    assert second["changes"][1] == {"from": second["story"]["month2"], "to": second["story"]["correction"], "delete": zero, "insert": m2}
+    assert second["changes"][1] == {
+        "from": second["story"]["month2"],
+        "to": second["story"]["correction"],
+        "delete": zero,
+        "insert": m2,
+    }
     with Lake(stack.platform.endpoints()) as lake:
         # only one lesson schema's worth of tables, and `main` untouched
-        assert lake.scalar("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND schema_name = ?", [SCHEMA]) == 4
-        assert lake.con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND schema_name = 'main'").fetchone() == main_before
+        assert (
+            lake.scalar(
+                "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND schema_name = ?", [SCHEMA]
+            )
+            == 4
+        )
+        assert (
+            lake.con.execute(
+                "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND schema_name = 'main'"
+            ).fetchone()
+            == main_before
+        )
 
 
 def test_tampered_expectations_and_a_changed_table_fail_the_checks(stack):
@@ -62,7 +79,9 @@ def test_tampered_expectations_and_a_changed_table_fail_the_checks(stack):
         assert any("AT (TIMESTAMP =>" in n for n in _failed(off_by_one))
 
         # one trip changed behind the lesson's back: the restored table no longer equals the earlier version
-        lake.con.execute(f"UPDATE {SCHEMA}.trips SET tip_amount = tip_amount + 0.01 WHERE rowid = (SELECT min(rowid) FROM {SCHEMA}.trips)")
+        lake.con.execute(
+            f"UPDATE {SCHEMA}.trips SET tip_amount = tip_amount + 0.01 WHERE rowid = (SELECT min(rowid) FROM {SCHEMA}.trips)"
+        )
         changed = CheckRun()
         check_story(lake, story, changed)
         assert sorted(n for n in _failed(changed) if "EXCEPT ALL" in n) == [

@@ -12,12 +12,20 @@ def env(tmp_path):
     return {"DUCKLAKE_PLATFORM": "local", "DUCKLAKE_HOME": str(tmp_path / "state")}
 
 
-@pytest.mark.parametrize("source, expected", [
-    ("-- id: a\n-- depends_on: b\nSELECT 1;\n-- id: b\n-- depends_on: a\nSELECT 2;",
-     "{f}:2: the dependencies form a cycle: "),
-    ("-- id: 1\nSELECT 'a;b';\n-- id: 1\nSELECT 2;", "{f}:3: id '1' is used twice (first on line 2)."),
-    ("-- id: x\n-- owner: me\nSELECT 1;", "{f}:2: unknown header 'owner'. Try: use one of id, depends_on, node, description"),
-])
+@pytest.mark.parametrize(
+    "source, expected",
+    [
+        (
+            "-- id: a\n-- depends_on: b\nSELECT 1;\n-- id: b\n-- depends_on: a\nSELECT 2;",
+            "{f}:2: the dependencies form a cycle: ",
+        ),
+        ("-- id: 1\nSELECT 'a;b';\n-- id: 1\nSELECT 2;", "{f}:3: id '1' is used twice (first on line 2)."),
+        (
+            "-- id: x\n-- owner: me\nSELECT 1;",
+            "{f}:2: unknown header 'owner'. Try: use one of id, depends_on, node, description",
+        ),
+    ],
+)
 @pytest.mark.parametrize("command", ["plan", "run"])
 def test_a_bad_file_is_one_line_with_its_line_number_and_exit_3(cli, env, tmp_path, source, expected, command):
     path = tmp_path / "bad.sql"

@@ -31,8 +31,14 @@ CREATE OR REPLACE TABLE faults_after AS SELECT n FROM faults_slow;
 
 
 def _start(stack, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "ducklake_test.py"), *args], env={**os.environ, **stack.env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "ducklake_test.py"), *args],
+        env={**os.environ, **stack.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def _wait_for_line(proc: subprocess.Popen, text: str, timeout: float = 120) -> list[str]:
@@ -74,12 +80,15 @@ def test_the_scheduler_killed_mid_run_ends_it_aborted_with_one_line(fresh_stack,
     assert nodes["slow"]["status"] == "failed" and nodes["after"]["status"] == "skipped"
     assert "Traceback" not in err and "distributed." not in err, err
     errors = [line for line in err.splitlines() if line.startswith("Error: ")]
-    assert errors == ["Error: the worker plane's scheduler was lost during the run. Try: run `up` to start it again, "
-                      "then `pipeline run --from-failed`."], err
+    assert errors == [
+        "Error: the worker plane's scheduler was lost during the run. Try: run `up` to start it again, "
+        "then `pipeline run --from-failed`."
+    ], err
     # the run is in the history, ABORTED, so --from-failed knows what to re-run
     with Lake(ep) as lake:
         assert lake.con.execute("SELECT status FROM pipeline_runs WHERE run_id = ?", [run["run_id"]]).fetchall() == [
-            ("failed",)]
+            ("failed",)
+        ]
 
 
 def test_a_second_run_of_a_running_pipeline_names_the_run_and_changes_nothing(stack, cli, slow_file):
@@ -95,10 +104,13 @@ def test_a_second_run_of_a_running_pipeline_names_the_run_and_changes_nothing(st
     assert second.stderr.strip() == (
         f"Error: pipeline faults is already running (run {run_id}); one run of a pipeline at a time, or the two would "
         "replace each other's tables and race to record their history. Try: wait for that run to end, then run it "
-        "again.")
+        "again."
+    )
     with Lake(ep) as lake:  # the second run left no trace: one run recorded, the first
-        assert lake.con.execute("SELECT run_id, status FROM pipeline_runs WHERE pipeline = 'faults' "
-                                "AND started_at > now() - INTERVAL 10 MINUTE").fetchall() == [(run_id, "ok")]
+        assert lake.con.execute(
+            "SELECT run_id, status FROM pipeline_runs WHERE pipeline = 'faults' "
+            "AND started_at > now() - INTERVAL 10 MINUTE"
+        ).fetchall() == [(run_id, "ok")]
     # the lock went with the first run: the pipeline runs again
     again = cli(stack.env, "pipeline", "run", str(slow_file), "--select", "after")
     assert again.exit_code == 0, again.output
@@ -133,8 +145,10 @@ def _wait_for_commit(ep, node: str, timeout: float = 120) -> int:
     deadline = time.monotonic() + timeout
     with postgres.connect(ep.pg) as conn:
         while time.monotonic() < deadline:
-            row = conn.execute("SELECT snapshot_id FROM ducklake_snapshot_changes WHERE commit_message LIKE %s",
-                               [f"pipeline onceonly: node {node} (run %"]).fetchone()
+            row = conn.execute(
+                "SELECT snapshot_id FROM ducklake_snapshot_changes WHERE commit_message LIKE %s",
+                [f"pipeline onceonly: node {node} (run %"],
+            ).fetchone()
             if row:
                 return row[0]
             time.sleep(0.005)
@@ -152,7 +166,8 @@ def _rows(ep) -> list:
 
 @pytest.mark.parametrize("victim", ["worker-w2", "scheduler"])
 def test_a_node_whose_worker_or_scheduler_dies_after_its_commit_is_ok_and_never_run_again(
-        fresh_stack, cli, tmp_path, monkeypatch, victim):
+    fresh_stack, cli, tmp_path, monkeypatch, victim
+):
     monkeypatch.setenv("DUCKLAKE_FAULT", "pause-after-commit=30")  # the workers wait there: the kill lands in it
     ep, path = _once_stack(fresh_stack, tmp_path, 1000)
     proc = _start(fresh_stack, "pipeline", "run", str(path), "--json")
@@ -182,7 +197,9 @@ def test_a_node_whose_worker_dies_before_its_commit_fails_and_runs_once_when_run
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 1, err
     nodes = {n["id"]: n for n in json.loads(out)["result"]["nodes"]}
-    assert nodes["ins"]["status"] == "failed" and "did not commit (its token is not in the lake)" in nodes["ins"]["error"]
+    assert (
+        nodes["ins"]["status"] == "failed" and "did not commit (its token is not in the lake)" in nodes["ins"]["error"]
+    )
     assert nodes["after"]["status"] == "skipped"
     assert _rows(ep) == []
     plane.up(fresh_stack.state, ep, 2)

@@ -72,7 +72,9 @@ def overlap(run: PipelineRun, a: str, b: str) -> bool:
 
 def test_a_chain_runs_in_order_whatever_the_file_order(pipes, lake):
     # Sord ran the chain 1->2->3 as 1, 3, 2
-    run = pipes.run("chain", f"""
+    run = pipes.run(
+        "chain",
+        f"""
 -- id: 3
 -- depends_on: 2
 CREATE OR REPLACE TABLE {S}.c3 AS SELECT x * 10 AS x FROM {S}.c2;
@@ -81,7 +83,8 @@ CREATE OR REPLACE TABLE {S}.c1 AS SELECT 1 AS x;
 -- id: 2
 -- depends_on: 1
 CREATE OR REPLACE TABLE {S}.c2 AS SELECT x + 1 AS x FROM {S}.c1;
-""")
+""",
+    )
     assert run.ok, [n.as_dict() for n in run.nodes]
     assert after(run, "2", "1") and after(run, "3", "2")
     assert lake.scalar(f"SELECT x FROM {S}.c3") == 20
@@ -89,7 +92,9 @@ CREATE OR REPLACE TABLE {S}.c2 AS SELECT x + 1 AS x FROM {S}.c1;
 
 def test_a_diamond_joins_after_both_branches_and_the_branches_overlap(pipes, lake):
     # Sord ran 4 before 2 and 3, and ran siblings one after another
-    run = pipes.run("diamond", f"""
+    run = pipes.run(
+        "diamond",
+        f"""
 -- id: 1
 CREATE OR REPLACE TABLE {S}.d1 AS SELECT 5 AS x;
 -- id: 2
@@ -101,7 +106,8 @@ CREATE OR REPLACE TABLE {S}.d3 AS SELECT x, (SELECT busy FROM ({busy(1.0)})) AS 
 -- id: 4
 -- depends_on: 2, 3
 CREATE OR REPLACE TABLE {S}.d4 AS SELECT d2.x + d3.x AS x FROM {S}.d2 JOIN {S}.d3 USING (x);
-""")
+""",
+    )
     assert run.ok, [n.as_dict() for n in run.nodes]
     assert all(after(run, c, p) for c, p in [("2", "1"), ("3", "1"), ("4", "2"), ("4", "3")])
     assert overlap(run, "2", "3"), "two independent slow nodes ran one after the other on two workers"
@@ -110,7 +116,9 @@ CREATE OR REPLACE TABLE {S}.d4 AS SELECT d2.x + d3.x AS x FROM {S}.d2 JOIN {S}.d
 
 
 def test_a_dependent_starts_as_soon_as_its_dependency_is_done_not_after_the_wave(pipes):
-    run = pipes.run("nobarrier", f"""
+    run = pipes.run(
+        "nobarrier",
+        f"""
 -- id: slow
 {busy(2.0)};
 -- id: fast
@@ -118,7 +126,8 @@ SELECT 1;
 -- id: next
 -- depends_on: fast
 SELECT 2;
-""")
+""",
+    )
     assert run.ok
     assert run.node("next").started_at < run.node("slow").finished_at, "next waited for the slow node of wave 1"
 
@@ -146,8 +155,12 @@ def test_a_failure_skips_its_descendants_keeps_the_error_and_lets_the_rest_go_on
     assert run.node("grandchild").reason == "not run: its dependency child was skipped (its dependency bad failed)"
     assert run.node("child").started_at is None and run.node("child").worker is None
     assert not run.ok
-    tables = {r[0] for r in lake.con.execute(
-        f"SELECT table_name FROM duckdb_tables() WHERE schema_name = '{S}' AND table_name LIKE 'f_%'").fetchall()}
+    tables = {
+        r[0]
+        for r in lake.con.execute(
+            f"SELECT table_name FROM duckdb_tables() WHERE schema_name = '{S}' AND table_name LIKE 'f_%'"
+        ).fetchall()
+    }
     assert tables == {"f_sibling"}
 
 
@@ -179,7 +192,9 @@ SELECT 1;
 
 def test_each_lake_writing_node_commits_its_own_snapshot_with_a_message(pipes, lake):
     lake.run(f"DROP SCHEMA IF EXISTS {S}_m")
-    run = pipes.run("messages", f"""
+    run = pipes.run(
+        "messages",
+        f"""
 -- id: schema
 CREATE SCHEMA IF NOT EXISTS {S}_m;
 -- id: one
@@ -188,12 +203,17 @@ CREATE OR REPLACE TABLE {S}.m1 AS SELECT 1 AS x;
 INSERT INTO {S}.m1 SELECT 2;
 -- id: read
 SELECT count(*) FROM {S}.m1;
-""")
+""",
+    )
     assert run.ok
     snaps = {n.id: n.snapshot_id for n in run.nodes}
     assert snaps["read"] is None and None not in (snaps["one"], snaps["two"]) and snaps["one"] != snaps["two"]
-    messages = dict(lake.con.execute("SELECT snapshot_id, commit_message FROM ducklake_snapshots('lake') "
-                                     "WHERE snapshot_id IN (?, ?, ?)", [snaps["schema"], snaps["one"], snaps["two"]]).fetchall())
+    messages = dict(
+        lake.con.execute(
+            "SELECT snapshot_id, commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id IN (?, ?, ?)",
+            [snaps["schema"], snaps["one"], snaps["two"]],
+        ).fetchall()
+    )
     assert messages == {snaps[n]: f"pipeline messages: node {n} (run {run.run_id})" for n in ("schema", "one", "two")}
     # each snapshot holds exactly its node's write
     assert [lake.scalar(f"SELECT count(*) FROM {S}.m1 AT (VERSION => {snaps[n]})") for n in ("one", "two")] == [1, 2]
@@ -213,32 +233,48 @@ CREATE OR REPLACE TABLE {S}.kept AS SELECT e.zone_id, e.n FROM local.p_eph e WHE
     run = pipes.run("local", source)
     assert run.ok, [n.as_dict() for n in run.nodes]
     assert [run.node(n).worker for n in ("eph", "keep")] == ["w2", "w2"]
-    rows = lake.con.execute("SELECT child, parent, node_id, location, parent_location FROM lineage_tables "
-                            "WHERE pipeline = 'local' ORDER BY ALL").fetchall()
-    assert rows == [(f"{S}.kept", "local.p_eph", "keep", "lake", "w2"), (f"{S}.kept", f"{S}.l_ids", "keep", "lake", "lake")]
+    rows = lake.con.execute(
+        "SELECT child, parent, node_id, location, parent_location FROM lineage_tables "
+        "WHERE pipeline = 'local' ORDER BY ALL"
+    ).fetchall()
+    assert rows == [
+        (f"{S}.kept", "local.p_eph", "keep", "lake", "w2"),
+        (f"{S}.kept", f"{S}.l_ids", "keep", "lake", "lake"),
+    ]
     assert lake.con.execute(f"SELECT * FROM {S}.kept ORDER BY ALL").fetchall() == [(1, 2), (3, 6)]
-    cols = lake.con.execute("SELECT child_column, parent, parent_column FROM lineage_columns "
-                            "WHERE pipeline = 'local' AND node_id = 'keep' ORDER BY ALL").fetchall()
+    cols = lake.con.execute(
+        "SELECT child_column, parent, parent_column FROM lineage_columns "
+        "WHERE pipeline = 'local' AND node_id = 'keep' ORDER BY ALL"
+    ).fetchall()
     assert cols == [("n", "local.p_eph", "n"), ("zone_id", "local.p_eph", "zone_id")]
     pipes.run("local", source)  # a re-run replaces the lineage rows instead of adding copies
     assert lake.scalar("SELECT count(*) FROM lineage_tables WHERE pipeline = 'local'") == 2
     assert lake.scalar("SELECT count(*) FROM lineage_columns WHERE pipeline = 'local'") == 2
-    runs = lake.con.execute("SELECT count(*), count(DISTINCT run_id) FROM pipeline_runs WHERE pipeline = 'local'").fetchone()
+    runs = lake.con.execute(
+        "SELECT count(*), count(DISTINCT run_id) FROM pipeline_runs WHERE pipeline = 'local'"
+    ).fetchone()
     assert runs == (2, 2)
 
 
 def test_history_in_the_lake_matches_the_run(pipes, lake):
     run = pipes.run("failing2", FAILING.replace("f_", "g_"))
-    rows = lake.con.execute("SELECT node_id, status, worker, error, reason, snapshot_id FROM pipeline_nodes "
-                            "WHERE run_id = ? ORDER BY node_id", [run.run_id]).fetchall()
+    rows = lake.con.execute(
+        "SELECT node_id, status, worker, error, reason, snapshot_id FROM pipeline_nodes "
+        "WHERE run_id = ? ORDER BY node_id",
+        [run.run_id],
+    ).fetchall()
     assert rows == sorted((n.id, n.status, n.worker, n.error, n.reason, n.snapshot_id) for n in run.nodes)
-    assert lake.con.execute("SELECT status, nodes_ok, nodes_failed, nodes_skipped FROM pipeline_runs WHERE run_id = ?",
-                            [run.run_id]).fetchone() == ("failed", 1, 1, 2)
+    assert lake.con.execute(
+        "SELECT status, nodes_ok, nodes_failed, nodes_skipped FROM pipeline_runs WHERE run_id = ?", [run.run_id]
+    ).fetchone() == ("failed", 1, 1, 2)
 
 
 def test_a_node_over_its_timeout_is_interrupted_on_its_worker_and_only_it(pipes):
-    run = pipes.run("timeout", f"-- id: slow\n-- node: w1\n{busy(20)};\n-- id: after\n-- depends_on: slow\nSELECT 1;\n"
-                               "-- id: free\nSELECT 2;", timeout_s=0.5)
+    run = pipes.run(
+        "timeout",
+        f"-- id: slow\n-- node: w1\n{busy(20)};\n-- id: after\n-- depends_on: slow\nSELECT 1;\n-- id: free\nSELECT 2;",
+        timeout_s=0.5,
+    )
     slow = run.node("slow")
     assert slow.status == "failed" and slow.error.startswith("interrupted after the task's timeout of 0.5s"), slow.error
     assert slow.duration_ms < 10_000
@@ -263,13 +299,18 @@ def test_cli_json_plan_and_run_and_exit_codes(pipes, stack, cli):
     body = json.loads(run.stdout)
     assert body["status"] == "error" and body["catalog_info"]["snapshot_id"] >= body["result"]["history_snapshot"]
     nodes = {n["id"]: n for n in body["result"]["nodes"]}
-    assert {k: n["status"] for k, n in nodes.items()} == {"bad": "failed", "child": "skipped", "grandchild": "skipped",
-                                                          "sibling": "ok"}
+    assert {k: n["status"] for k, n in nodes.items()} == {
+        "bad": "failed",
+        "child": "skipped",
+        "grandchild": "skipped",
+        "sibling": "ok",
+    }
     ok = nodes["sibling"]
     assert ok["started_at"].endswith("+00:00") and len(ok["started_at"].split(".")[1]) == len("123456+00:00")
     assert ok["duration_ms"] > 0 and ok["statements"][0]["statement_type"] == "CREATE"
     pinned = pipes.file("pinned", "-- node: w9\nSELECT 1")
     bad = cli(stack.env, "pipeline", "run", str(pinned))
     assert bad.exit_code == 3
-    assert bad.stderr.strip().startswith(f"Error: {pinned}:1: node 1 must run on worker 'w9', which is not running "
-                                         "(running: w1, w2).")
+    assert bad.stderr.strip().startswith(
+        f"Error: {pinned}:1: node 1 must run on worker 'w9', which is not running (running: w1, w2)."
+    )

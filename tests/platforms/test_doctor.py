@@ -27,7 +27,9 @@ JUST = 'echo "just 1.59.0"'
 JAVA_17 = """echo 'openjdk version "17.0.1" 2021-10-19' >&2"""
 JAVA_11 = """echo 'openjdk version "11.0.2" 2019-01-15' >&2"""
 # a python3 that has the uv module (`pip install uv` into it) / one that has not (a fresh venv's, a system python)
-PYTHON_WITH_UV = 'if [ "$*" = "-m uv --version" ]; then echo "uv 0.13.8 (module)"; exit 0; fi\necho "unexpected: $*" >&2; exit 64'
+PYTHON_WITH_UV = (
+    'if [ "$*" = "-m uv --version" ]; then echo "uv 0.13.8 (module)"; exit 0; fi\necho "unexpected: $*" >&2; exit 64'
+)
 PYTHON_WITHOUT_UV = 'echo "$0: No module named uv" >&2; exit 1'
 
 
@@ -45,7 +47,9 @@ class Machine:
         for name in ("DUCKLAKE_UV", "JAVA_HOME", "VIRTUAL_ENV", "XDG_CACHE_HOME", "DUCKLAKE_PLATFORM"):
             monkeypatch.delenv(name, raising=False)
         # the interpreter this venv was made from, and the user's pip --user folder: neither has a uv here
-        monkeypatch.setattr(sys, "_base_executable", str(self.tool("python3", PYTHON_WITHOUT_UV, folder="base")), raising=False)
+        monkeypatch.setattr(
+            sys, "_base_executable", str(self.tool("python3", PYTHON_WITHOUT_UV, folder="base")), raising=False
+        )
         monkeypatch.setattr(site, "USER_BASE", str(tmp_path / "user-base"))
 
     def tool(self, name: str, body: str, folder: str = "bin") -> Path:
@@ -74,8 +78,14 @@ def tools(platform: str = "local") -> dict[str, doctor.Tool]:
 
 def doctor_cli(*args: str) -> subprocess.CompletedProcess:
     """The real entry point, in a new process, with the environment the test built."""
-    return subprocess.run([sys.executable, str(ROOT / "ducklake_test.py"), "doctor", *args], cwd=ROOT, env=dict(os.environ),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "ducklake_test.py"), "doctor", *args],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_uv_on_path_is_found_and_named(machine):
@@ -133,7 +143,9 @@ def test_uv_nowhere_is_missing_with_a_hint_and_exits_3(machine):
     assert "scripts/uv.sh" in uv.hint and "docs.astral.sh/uv" in uv.hint
     result = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "200"})
     assert result.exit_code == 3, result.output
-    assert result.stderr.splitlines() == [f"Error: uv is missing (installs the pinned environment). Try: {doctor.UV_HINT}."]
+    assert result.stderr.splitlines() == [
+        f"Error: uv is missing (installs the pinned environment). Try: {doctor.UV_HINT}."
+    ]
 
 
 def test_a_uv_that_does_not_answer_is_not_taken(machine, monkeypatch):
@@ -162,7 +174,9 @@ def test_java_missing_exits_3_with_one_line_and_a_hint(machine):
     assert [name for name, t in found.items() if not t["ok"]] == ["java"]
     text = doctor_cli()
     assert text.returncode == 3
-    assert text.stderr.startswith("Error: java is missing (PySpark 4 runs on the JVM, Java 17 or newer). Try: install Java 17+")
+    assert text.stderr.startswith(
+        "Error: java is missing (PySpark 4 runs on the JVM, Java 17 or newer). Try: install Java 17+"
+    )
     assert len(text.stderr.splitlines()) == 1
 
 
@@ -185,4 +199,5 @@ def test_doctor_reports_the_spark_modes_and_a_missing_connect_client_module():
     assert [found[m].found for m in ("spark local[*]", "spark standalone", "spark connect")] == [True, True, True]
     assert "spark-connect_" in found["spark connect"].version
     assert doctor._connect_client(("grpc", "no_such_module_for_the_test")) == (
-        "the Connect client's module no_such_module_for_the_test is missing")
+        "the Connect client's module no_such_module_for_the_test is missing"
+    )

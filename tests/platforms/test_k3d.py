@@ -24,10 +24,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ducklake_kit.platforms import portforward, postgres, procs, s3
 from ducklake_kit.errors import KitError
 from ducklake_kit.platforms import k3d as k3d_mod
-from ducklake_kit.platforms import k8s
+from ducklake_kit.platforms import k8s, portforward, postgres, procs, s3
 from ducklake_kit.platforms.k3d import K3dPlatform
 from ducklake_kit.platforms.state import Credentials, State, write_private
 
@@ -54,7 +53,7 @@ sys.exit(7)
 """
 
 # The stand-in for the external CLIs: records its argv, answers canned output; `kubectl port-forward` relays.
-FAKE_CLI = r'''
+FAKE_CLI = r"""
 import json, os, socket, sys, threading
 tool, args = sys.argv[1], sys.argv[2:]
 d = os.environ["STUB_DIR"]
@@ -165,7 +164,7 @@ if tool == "kubectl":
     if rest[:1] == ["port-forward"]:
         relay(rest[3].removeprefix("svc/"), rest[4])
 out(err=f"stub: unexpected call {tool} {args}\n", code=64)
-'''
+"""
 
 PROBES = (["--version"], ["info"], ["version"], ["version", "--client"])  # doctor's version checks
 
@@ -208,7 +207,9 @@ def fake(tmp_path, monkeypatch) -> FakeCli:
 def checkout(tmp_path) -> Path:
     """A copy of overlays/local (without a developer's real secrets.env): the platform writes secrets.env here."""
     root = tmp_path / "checkout"
-    shutil.copytree(ROOT / "overlays" / "local", root / "overlays" / "local", ignore=shutil.ignore_patterns("secrets.env"))
+    shutil.copytree(
+        ROOT / "overlays" / "local", root / "overlays" / "local", ignore=shutil.ignore_patterns("secrets.env")
+    )
     return root
 
 
@@ -227,10 +228,16 @@ def _supervisor_child(pid: int) -> psutil.Process | None:
 
 # -- the supervisor ------------------------------------------------------------------------------------------
 
+
 def test_supervise_backs_off_and_logs_each_exit_code():
     lines: list[str] = []
-    code = portforward.supervise([sys.executable, "-c", "import sys; sys.exit(3)"], min_backoff=0.05, max_backoff=0.15,
-                                 max_restarts=3, log=lines.append)
+    code = portforward.supervise(
+        [sys.executable, "-c", "import sys; sys.exit(3)"],
+        min_backoff=0.05,
+        max_backoff=0.15,
+        max_restarts=3,
+        log=lines.append,
+    )
     assert code == 3
     assert sum("started pid" in line for line in lines) == 4  # the first run and 3 restarts
     assert sum("exited with code 3" in line for line in lines) == 4
@@ -258,19 +265,37 @@ def _procs_with(marker: str) -> list[psutil.Process]:
 def test_supervisor_restarts_a_child_that_dies_and_sigterm_stops_the_child_too(tmp_path):
     port, marker = procs.free_port(), f"stand-in-{uuid.uuid4().hex}"
     pid_file, log_file = tmp_path / "fwd.pid.json", tmp_path / "fwd.log"
-    argv = [sys.executable, "-m", "ducklake_kit.platforms.portforward", "--min-backoff", "0.1", "--",
-            sys.executable, "-c", STAND_IN, str(port), "2", marker]
+    argv = [
+        sys.executable,
+        "-m",
+        "ducklake_kit.platforms.portforward",
+        "--min-backoff",
+        "0.1",
+        "--",
+        sys.executable,
+        "-c",
+        STAND_IN,
+        str(port),
+        "2",
+        marker,
+    ]
     rec, _proc = procs.start("forward-test", argv, pid_file=pid_file, log_file=log_file, port=port)
     try:
+
         def child_answering():
             child = _supervisor_child(rec.pid)
             return child.pid if child and _answers(port) else None
 
         first = procs.wait_until(child_answering, what="the stand-in", timeout=20)
-        second = procs.wait_until(lambda: c if (c := child_answering()) not in (None, first) else None,
-                                  what="a restarted stand-in", timeout=20)
+        second = procs.wait_until(
+            lambda: c if (c := child_answering()) not in (None, first) else None,
+            what="a restarted stand-in",
+            timeout=20,
+        )
         assert second != first and not psutil.pid_exists(first)
-        assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d portforward: pid \d+ exited with code 7 after", log_file.read_text(), re.M)
+        assert re.search(
+            r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d portforward: pid \d+ exited with code 7 after", log_file.read_text(), re.M
+        )
 
         assert procs.stop(pid_file, sig=signal.SIGTERM) == f"stopped (pid {rec.pid})"
         assert _procs_with(marker) == []  # the supervisor waited for its child before exiting
@@ -285,10 +310,15 @@ def test_supervisor_restarts_a_child_that_dies_and_sigterm_stops_the_child_too(t
 
 # -- the platform, against stand-ins for k3d, kubectl and docker ---------------------------------------------
 
+
 @pytest.mark.integration
-def test_up_status_down_reset_run_the_exact_commands_and_forward_for_real(stack, fake, checkout, tmp_path, monkeypatch, cli):
+def test_up_status_down_reset_run_the_exact_commands_and_forward_for_real(
+    stack, fake, checkout, tmp_path, monkeypatch, cli
+):
     ep = stack.platform.endpoints()
-    monkeypatch.setenv("STUB_FORWARD", json.dumps({"postgres": f"{ep.pg.host}:{ep.pg.port}", "rclone-s3": ep.s3.endpoint}))
+    monkeypatch.setenv(
+        "STUB_FORWARD", json.dumps({"postgres": f"{ep.pg.host}:{ep.pg.port}", "rclone-s3": ep.s3.endpoint})
+    )
     platform = _platform(tmp_path, checkout)
     # the k3d lake gets the credentials of the session's services, which stand in for the cluster's
     creds = Credentials(ep.pg.user, ep.pg.password, ep.s3.key_id, ep.s3.secret)
@@ -314,8 +344,10 @@ def test_up_status_down_reset_run_the_exact_commands_and_forward_for_real(stack,
         secrets_env = overlay / "secrets.env"
         assert oct(secrets_env.stat().st_mode & 0o777) == "0o600"
         assert secrets_env.read_text().splitlines() == [
-            f"POSTGRES_USER={ep.pg.user}", f"POSTGRES_PASSWORD={ep.pg.password}",
-            f"S3_KEY_ID={ep.s3.key_id}", f"S3_SECRET={ep.s3.secret}",
+            f"POSTGRES_USER={ep.pg.user}",
+            f"POSTGRES_PASSWORD={ep.pg.password}",
+            f"S3_KEY_ID={ep.s3.key_id}",
+            f"S3_SECRET={ep.s3.secret}",
         ]
         mine = platform.endpoints()
         assert (mine.pg.host, mine.pg.port, mine.s3.endpoint) == ("127.0.0.1", pg, f"127.0.0.1:{s3p}")
@@ -326,24 +358,39 @@ def test_up_status_down_reset_run_the_exact_commands_and_forward_for_real(stack,
         again = platform.up()
         assert [s.pid for s in again[1:]] == [s.pid for s in statuses[1:]]
         assert all("reused" in s.detail for s in again)
-        assert [c[:3] for c in fake.calls()] == [["k3d", "cluster", "list"], _kubectl()[:3], _kubectl()[:3], _kubectl()[:3]]
+        assert [c[:3] for c in fake.calls()] == [
+            ["k3d", "cluster", "list"],
+            _kubectl()[:3],
+            _kubectl()[:3],
+            _kubectl()[:3],
+        ]
         assert not any("port-forward" in c or "create" in c for c in fake.calls())
 
         rows = {s.name: s for s in platform.status()}
         assert all(s.healthy for s in rows.values()), rows
-        assert rows["postgres"].detail == f"pod postgres-0 Running, ready 1/1, restarts 0; port-forward 127.0.0.1:{pg} answers"
+        assert (
+            rows["postgres"].detail
+            == f"pod postgres-0 Running, ready 1/1, restarts 0; port-forward 127.0.0.1:{pg} answers"
+        )
         assert rows["s3"].pid == statuses[2].pid and rows["s3"].port == s3p
 
         # a forward that drops is restarted by its supervisor
         dead = _supervisor_child(statuses[1].pid)
         dead.kill()
+
         def restarted():
             child = _supervisor_child(statuses[1].pid)
             return child if child and child.pid != dead.pid and platform.status()[1].healthy else None
+
         procs.wait_until(restarted, what="the restarted postgres forward", timeout=30)
 
         # the CLI reaches the lake through the forwards and prints the forwarded settings
-        env = {"DUCKLAKE_PLATFORM": "k3d", "DUCKLAKE_HOME": str(tmp_path / "home"), "DUCKLAKE_PG_PORT": str(pg), "DUCKLAKE_S3_PORT": str(s3p)}
+        env = {
+            "DUCKLAKE_PLATFORM": "k3d",
+            "DUCKLAKE_HOME": str(tmp_path / "home"),
+            "DUCKLAKE_PG_PORT": str(pg),
+            "DUCKLAKE_S3_PORT": str(s3p),
+        }
         result = cli(env, "sql", "SELECT 42 AS answer", "--json")
         assert result.exit_code == 0, result.output
         assert json.loads(result.stdout)["result"]["statements"][0]["rows"] == [[42]]
@@ -353,7 +400,10 @@ def test_up_status_down_reset_run_the_exact_commands_and_forward_for_real(stack,
 
         fake.clear()
         msgs = platform.down()
-        assert msgs[:2] == [f"port-forward postgres: stopped (pid {statuses[1].pid})", f"port-forward s3: stopped (pid {statuses[2].pid})"]
+        assert msgs[:2] == [
+            f"port-forward postgres: stopped (pid {statuses[1].pid})",
+            f"port-forward s3: stopped (pid {statuses[2].pid})",
+        ]
         assert msgs[2].startswith("cluster ducklake: stopped (data kept")
         assert ["k3d", "cluster", "stop", "ducklake"] in fake.calls()
         assert not procs.port_in_use(pg) and not procs.port_in_use(s3p)
@@ -361,7 +411,15 @@ def test_up_status_down_reset_run_the_exact_commands_and_forward_for_real(stack,
 
         fake.clear()
         assert platform.up()[0].detail == "k3d cluster ducklake: started (its data was kept)"
-        assert ["k3d", "cluster", "start", "ducklake", "--wait", "--timeout", f"{k3d_mod.K3D_TIMEOUT:.0f}s"] in fake.calls()
+        assert [
+            "k3d",
+            "cluster",
+            "start",
+            "ducklake",
+            "--wait",
+            "--timeout",
+            f"{k3d_mod.K3D_TIMEOUT:.0f}s",
+        ] in fake.calls()
         assert not any(c[:3] == ["k3d", "cluster", "create"] for c in fake.calls())
 
         fake.clear()
@@ -381,13 +439,18 @@ def test_a_rollout_that_fails_prints_the_pods_events_and_logs(fake, checkout, tm
     with pytest.raises(KitError) as err:
         platform.up()
     exc = err.value
-    assert exc.what.startswith("PostgreSQL (statefulset/postgres) did not become ready: `kubectl --context k3d-ducklake -n ducklake "
-                               "rollout status statefulset/postgres")
+    assert exc.what.startswith(
+        "PostgreSQL (statefulset/postgres) did not become ready: `kubectl --context k3d-ducklake -n ducklake "
+        "rollout status statefulset/postgres"
+    )
     assert exc.what.endswith("error: timed out waiting for the condition")
     assert "Readiness probe failed: stub probe failure" in exc.detail  # the events
     assert "FATAL:  stub log line" in exc.detail  # the logs
     assert _kubectl("get", "events", "--sort-by=.lastTimestamp") in fake.calls()
-    assert _kubectl("logs", "-l", "app.kubernetes.io/name=postgres", "--all-containers", "--prefix", "--tail=40") in fake.calls()
+    assert (
+        _kubectl("logs", "-l", "app.kubernetes.io/name=postgres", "--all-containers", "--prefix", "--tail=40")
+        in fake.calls()
+    )
     assert not any("port-forward" in c for c in fake.calls())  # no forward to a service that is not ready
     assert not list(platform.state.run_dir.glob("forward-*"))
 
@@ -402,14 +465,37 @@ def test_names_and_ports_come_from_the_k8s_module(fake, checkout, tmp_path, monk
     with pytest.raises(KitError, match=r"^PostgreSQL \(statefulset/catalog-db\)"):
         _platform(tmp_path, checkout).up()
     calls = fake.calls()
-    assert ["kubectl", "--context", "k3d-elsewhere", "-n", "elsewhere", "rollout", "status", "statefulset/catalog-db",
-            f"--timeout={k3d_mod.K3D_TIMEOUT:.0f}s"] in calls
-    assert ["kubectl", "--context", "k3d-elsewhere", "-n", "elsewhere", "logs", "-l", "app.kubernetes.io/name=catalog-db",
-            "--all-containers", "--prefix", "--tail=40"] in calls
+    assert [
+        "kubectl",
+        "--context",
+        "k3d-elsewhere",
+        "-n",
+        "elsewhere",
+        "rollout",
+        "status",
+        "statefulset/catalog-db",
+        f"--timeout={k3d_mod.K3D_TIMEOUT:.0f}s",
+    ] in calls
+    assert [
+        "kubectl",
+        "--context",
+        "k3d-elsewhere",
+        "-n",
+        "elsewhere",
+        "logs",
+        "-l",
+        "app.kubernetes.io/name=catalog-db",
+        "--all-containers",
+        "--prefix",
+        "--tail=40",
+    ] in calls
     forward = k3d_mod.forwards()[0]
     monkeypatch.setattr(k8s, "POSTGRES_SERVICE", "catalog-db")
     monkeypatch.setattr(k8s, "POSTGRES_PORT", 6543)
-    assert k3d_mod.forwards()[0].service == "catalog-db" and k3d_mod.forwards()[0].remote_port == 6543 != forward.remote_port
+    assert (
+        k3d_mod.forwards()[0].service == "catalog-db"
+        and k3d_mod.forwards()[0].remote_port == 6543 != forward.remote_port
+    )
 
 
 def test_a_busy_forward_port_is_one_clear_line(fake, checkout, tmp_path):
@@ -420,20 +506,35 @@ def test_a_busy_forward_port_is_one_clear_line(fake, checkout, tmp_path):
         with pytest.raises(KitError) as err:
             platform.up()
     line = err.value.line()
-    assert line.startswith(f"Error: port {platform.pg_port} for the PostgreSQL port-forward is already in use by another "
-                           f"program (") and f"(pid {os.getpid()}) listens on it" in line
+    assert (
+        line.startswith(
+            f"Error: port {platform.pg_port} for the PostgreSQL port-forward is already in use by another program ("
+        )
+        and f"(pid {os.getpid()}) listens on it" in line
+    )
     assert line.endswith(" with --pg-port or DUCKLAKE_PG_PORT.")
 
 
 @pytest.mark.parametrize(
     "tools, fail, message",
     [
-        (("docker", "kubectl"), "", "Error: k3d not found (--platform k3d needs docker, k3d, kubectl). "
-                                    "Try: see https://k3d.io/#installation (e.g. `brew install k3d`)."),
-        (("docker", "k3d", "kubectl"), "docker-engine",
-         "Error: no Docker engine answers (the docker client is installed, `docker info` fails) (--platform k3d needs docker, "
-         "k3d, kubectl). Try: install Docker Engine or Docker Desktop and start it (https://docs.docker.com/engine/install/)."),
-        ((), "", "Error: docker, k3d not found (--platform k3d needs docker, k3d, kubectl). Try: install Docker Engine"),
+        (
+            ("docker", "kubectl"),
+            "",
+            "Error: k3d not found (--platform k3d needs docker, k3d, kubectl). "
+            "Try: see https://k3d.io/#installation (e.g. `brew install k3d`).",
+        ),
+        (
+            ("docker", "k3d", "kubectl"),
+            "docker-engine",
+            "Error: no Docker engine answers (the docker client is installed, `docker info` fails) (--platform k3d needs docker, "
+            "k3d, kubectl). Try: install Docker Engine or Docker Desktop and start it (https://docs.docker.com/engine/install/).",
+        ),
+        (
+            (),
+            "",
+            "Error: docker, k3d not found (--platform k3d needs docker, k3d, kubectl). Try: install Docker Engine",
+        ),
     ],
     ids=["no-k3d", "no-docker-engine", "neither"],
 )
@@ -453,11 +554,20 @@ def test_missing_prerequisites_are_one_line_and_exit_3(cli, tmp_path, tools, fai
 def test_doctor_for_k3d_names_the_missing_docker_engine_and_k3d(cli, tmp_path):
     fake = FakeCli(tmp_path, ("docker",))
     # stand-ins for what the local platform needs, so nothing depends on what this machine has installed
-    for tool, body in (("uv", 'echo "uv 0.13.8"'), ("just", 'echo "just 1.59.0"'),
-                       ("java", """echo 'openjdk version "17.0.1" 2021-10-19' >&2""")):
+    for tool, body in (
+        ("uv", 'echo "uv 0.13.8"'),
+        ("just", 'echo "just 1.59.0"'),
+        ("java", """echo 'openjdk version "17.0.1" 2021-10-19' >&2"""),
+    ):
         (fake.bin / tool).write_text(f"#!/bin/sh\n{body}\n")
         (fake.bin / tool).chmod(0o755)
-    env = {"PATH": str(fake.bin), "STUB_DIR": str(fake.dir), "STUB_FAIL": "docker-engine", "JAVA_HOME": "", "DUCKLAKE_UV": ""}
+    env = {
+        "PATH": str(fake.bin),
+        "STUB_DIR": str(fake.dir),
+        "STUB_FAIL": "docker-engine",
+        "JAVA_HOME": "",
+        "DUCKLAKE_UV": "",
+    }
     result = cli(env, "--platform", "k3d", "doctor", "--json")
     assert result.exit_code == 3, result.output
     tools = {t["name"]: t for t in json.loads(result.stdout)["result"]["tools"]}

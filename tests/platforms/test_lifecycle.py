@@ -13,9 +13,9 @@ from dataclasses import replace
 import psutil
 import pytest
 
-from ducklake_kit.platforms import postgres, procs, s3
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
+from ducklake_kit.platforms import postgres, procs, s3
 from ducklake_kit.platforms.local import LocalPlatform
 
 pytestmark = pytest.mark.integration
@@ -35,7 +35,9 @@ def test_up_twice_reuses_the_running_services(stack, local_only):
 def test_services_listen_on_loopback_only(stack, local_only):
     for name, port in (("postgres", stack.pg_port), ("s3", stack.s3_port)):
         pid = procs.read_pid(stack.platform.state.pid_file(name)).pid
-        listening = {c.laddr.ip for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == port}
+        listening = {
+            c.laddr.ip for c in psutil.net_connections("inet") if c.status == "LISTEN" and c.laddr.port == port
+        }
         assert listening == {"127.0.0.1"}, (name, listening, pid)
 
 
@@ -43,8 +45,11 @@ def test_secrets_are_private(stack, local_only):
     creds = stack.platform.state.credentials_file
     assert oct(creds.stat().st_mode & 0o777) == "0o600"
     assert "trust" not in (stack.platform.state.pg_data / "pg_hba.conf").read_text().split("#")[-1]
-    hba_rules = [ln.split() for ln in (stack.platform.state.pg_data / "pg_hba.conf").read_text().splitlines()
-                 if ln.strip() and not ln.startswith("#")]
+    hba_rules = [
+        ln.split()
+        for ln in (stack.platform.state.pg_data / "pg_hba.conf").read_text().splitlines()
+        if ln.strip() and not ln.startswith("#")
+    ]
     assert hba_rules and all(rule[-1] == "scram-sha-256" for rule in hba_rules), hba_rules
 
 
@@ -96,7 +101,11 @@ def test_stale_pid_file_is_replaced(fresh_stack):
     pid_file = p.state.pid_file("s3")
     procs.stop(pid_file)
     # a pid file left behind by a crash, pointing at a live process that is not ours (this test process)
-    pid_file.write_text(json.dumps({"service": "s3", "pid": os.getpid(), "create_time": 1.0, "port": fresh_stack.s3_port, "argv0": "rclone"}))
+    pid_file.write_text(
+        json.dumps(
+            {"service": "s3", "pid": os.getpid(), "create_time": 1.0, "port": fresh_stack.s3_port, "argv0": "rclone"}
+        )
+    )
     statuses = p.up()
     assert statuses[1].detail == "started" and statuses[1].pid != os.getpid()
     assert procs.live_pid(pid_file).pid == statuses[1].pid
@@ -126,7 +135,9 @@ def test_data_and_snapshots_survive_down_and_up(fresh_stack):
     p = fresh_stack.platform
     p.up()
     with Lake(p.endpoints()) as lake:
-        lake.run("CREATE TABLE t (id INT); INSERT INTO t SELECT range FROM range(50); INSERT INTO t SELECT range FROM range(25)")
+        lake.run(
+            "CREATE TABLE t (id INT); INSERT INTO t SELECT range FROM range(50); INSERT INTO t SELECT range FROM range(25)"
+        )
         snaps = lake.con.execute("SELECT snapshot_id FROM ducklake_snapshots('lake') ORDER BY 1").fetchall()
     pids = _pids(p)
     assert p.down() == [f"s3: stopped (pid {pids['s3']})", f"postgres: stopped (pid {pids['postgres']})"]

@@ -18,10 +18,11 @@ import secrets
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -36,9 +37,17 @@ OVERLAYS = sorted(p.parent.name for p in (ROOT / "overlays").glob("*/kustomizati
 K8S_VERSION = "1.36"
 
 CLUSTER_SCOPED_KINDS = {
-    "Namespace", "PersistentVolume", "StorageClass", "ClusterRole", "ClusterRoleBinding",
-    "CustomResourceDefinition", "PriorityClass", "IngressClass", "RuntimeClass",
-    "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+    "Namespace",
+    "PersistentVolume",
+    "StorageClass",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "CustomResourceDefinition",
+    "PriorityClass",
+    "IngressClass",
+    "RuntimeClass",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
 }
 # An env var with such a name carries a credential: it must come from a Secret, never a literal value.
 CREDENTIAL_ENV = re.compile(r"(PASSWORD|SECRET|TOKEN|KEY|KEY_ID|USER)$")
@@ -81,7 +90,9 @@ def render_overlay(overlay: str, workdir: Path) -> Render:
     (workdir / "overlays" / overlay / "secrets.env").write_text(k8s.secrets_env_text(env_values))
     result = subprocess.run(
         [str(kubectl()), "kustomize", str(workdir / "overlays" / overlay)],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 0, f"kubectl kustomize overlays/{overlay} failed:\n{result.stderr}"
     objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
@@ -137,8 +148,18 @@ def generated_secret(render: Render) -> dict[str, Any] | None:
 
 
 QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
-FACTORS = {None: 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+FACTORS = {
+    None: 1,
+    "m": 1e-3,
+    "k": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
 
 
 def quantity(value: str | int | float) -> float:
@@ -181,8 +202,14 @@ def check_postgres_probes_query(render: Render) -> list[str]:
     c = container_of(render, k8s.POSTGRES_STATEFULSET)
     port = c["ports"][0]["containerPort"]
     dbname = env_of(c)["POSTGRES_DB"]["value"]
-    needed = ["psql", f"-h 127.0.0.1 -p {port}", '-U "$POSTGRES_USER"', 'PGPASSWORD="$POSTGRES_PASSWORD"',
-              f"-d {dbname}", "select 1"]
+    needed = [
+        "psql",
+        f"-h 127.0.0.1 -p {port}",
+        '-U "$POSTGRES_USER"',
+        'PGPASSWORD="$POSTGRES_PASSWORD"',
+        f"-d {dbname}",
+        "select 1",
+    ]
     problems = []
     commands = probe_commands(c)
     for kind in ("readinessProbe", "livenessProbe"):
@@ -199,8 +226,12 @@ def check_s3_probes_signed(render: Render) -> list[str]:
     """Every rclone-s3 probe makes a signed S3 request (ListBuckets) with the Secret's keys."""
     c = container_of(render, k8s.S3_STATEFULSET)
     port = c["ports"][0]["containerPort"]
-    needed = ["rclone lsd :s3:", f"RCLONE_S3_ENDPOINT=http://127.0.0.1:{port}",
-              'RCLONE_S3_ACCESS_KEY_ID="$S3_KEY_ID"', 'RCLONE_S3_SECRET_ACCESS_KEY="$S3_SECRET"']
+    needed = [
+        "rclone lsd :s3:",
+        f"RCLONE_S3_ENDPOINT=http://127.0.0.1:{port}",
+        'RCLONE_S3_ACCESS_KEY_ID="$S3_KEY_ID"',
+        'RCLONE_S3_SECRET_ACCESS_KEY="$S3_SECRET"',
+    ]
     problems = []
     commands = probe_commands(c)
     for kind in ("readinessProbe", "livenessProbe"):
@@ -236,9 +267,12 @@ def check_resources(render: Render) -> list[str]:
                 if kind not in res.get(part, {}):
                     problems.append(f"{where}: no {part}.{kind}")
         for kind in ("cpu", "memory"):
-            if kind in res.get("requests", {}) and kind in res.get("limits", {}):
-                if quantity(res["requests"][kind]) > quantity(res["limits"][kind]):
-                    problems.append(f"{where}: {kind} request above its limit")
+            if (
+                kind in res.get("requests", {})
+                and kind in res.get("limits", {})
+                and quantity(res["requests"][kind]) > quantity(res["limits"][kind])
+            ):
+                problems.append(f"{where}: {kind} request above its limit")
     return problems
 
 
@@ -289,7 +323,7 @@ def check_rclone_auth_key(render: Render) -> list[str]:
         return problems + ["rclone-s3 is started without an auth key: anonymous S3"]
     auth = env[names.index("RCLONE_AUTH_KEY")].get("value")
     if auth != '"$(S3_KEY_ID),$(S3_SECRET)"':
-        problems.append(f"RCLONE_AUTH_KEY {auth!r} is not the quoted pair \"$(S3_KEY_ID),$(S3_SECRET)\"")
+        problems.append(f'RCLONE_AUTH_KEY {auth!r} is not the quoted pair "$(S3_KEY_ID),$(S3_SECRET)"')
     for name in ("S3_KEY_ID", "S3_SECRET"):
         ref = env_of(c).get(name, {}).get("valueFrom", {}).get("secretKeyRef")
         if ref is None or ref["key"] != name:
@@ -381,8 +415,11 @@ def check_names_and_ports(render: Render) -> list[str]:
 
 def check_service_links_off(render: Render) -> list[str]:
     # A Service named rclone-s3 would inject RCLONE_S3_* variables, which rclone reads as backend settings.
-    return [f"{where}: enableServiceLinks is not false" for where, spec in pod_specs(render)
-            if spec.get("enableServiceLinks") is not False]
+    return [
+        f"{where}: enableServiceLinks is not false"
+        for where, spec in pod_specs(render)
+        if spec.get("enableServiceLinks") is not False
+    ]
 
 
 CHECKS: dict[str, Callable[[Render], list[str]]] = {
@@ -426,51 +463,102 @@ MUTATIONS: list[tuple[str, str, Callable[[Render], None]]] = [
     ("schemas", "wrong type", lambda r: _pg(r)["ports"][0].update(containerPort="5432")),
     ("probes_present", "no readiness", lambda r: _pg(r).pop("readinessProbe")),
     ("probes_present", "no liveness", lambda r: _s3(r).pop("livenessProbe")),
-    ("postgres_probes_query", "pg_isready", lambda r: _pg(r)["readinessProbe"].update(
-        exec={"command": ["pg_isready", "-h", "127.0.0.1"]})),
-    ("postgres_probes_query", "tcp probe", lambda r: _pg(r).update(
-        livenessProbe={"tcpSocket": {"port": 5432}})),
-    ("s3_probes_signed", "httpGet probe", lambda r: _s3(r).update(
-        readinessProbe={"httpGet": {"path": "/", "port": 9000}})),
-    ("s3_probes_signed", "anonymous request", lambda r: _s3(r)["livenessProbe"].update(
-        exec={"command": ["sh", "-c", "wget -q -O- http://127.0.0.1:9000/"]})),
+    (
+        "postgres_probes_query",
+        "pg_isready",
+        lambda r: _pg(r)["readinessProbe"].update(exec={"command": ["pg_isready", "-h", "127.0.0.1"]}),
+    ),
+    ("postgres_probes_query", "tcp probe", lambda r: _pg(r).update(livenessProbe={"tcpSocket": {"port": 5432}})),
+    (
+        "s3_probes_signed",
+        "httpGet probe",
+        lambda r: _s3(r).update(readinessProbe={"httpGet": {"path": "/", "port": 9000}}),
+    ),
+    (
+        "s3_probes_signed",
+        "anonymous request",
+        lambda r: _s3(r)["livenessProbe"].update(exec={"command": ["sh", "-c", "wget -q -O- http://127.0.0.1:9000/"]}),
+    ),
     ("images_pinned", "latest", lambda r: _pg(r).update(image="postgres:latest")),
     ("images_pinned", "no tag", lambda r: _pg(r).update(image="postgres")),
     ("images_pinned", "major only", lambda r: _pg(r).update(image="postgres:16")),
     ("images_pinned", "rclone differs from wheel", lambda r: _s3(r).update(image="rclone/rclone:1.70.0")),
     ("resources", "no limits", lambda r: _s3(r)["resources"].pop("limits")),
     ("resources", "request above limit", lambda r: _pg(r)["resources"]["requests"].update(memory="8Gi")),
-    ("credentials_from_generator", "literal password", lambda r: _set_env(
-        _pg(r), "POSTGRES_PASSWORD", {"value": "changeme"})),
-    ("credentials_from_generator", "literal next to a reference", lambda r: _set_env(
-        _s3(r), "RCLONE_AUTH_KEY", {"value": '"admin,$(S3_SECRET)"'})),
-    ("credentials_from_generator", "value leaked", lambda r: r.find("Service", k8s.S3_SERVICE)["metadata"].update(
-        annotations={"note": r.env_values["S3_SECRET"]})),
-    ("credentials_from_generator", "secret not from env file", lambda r: generated_secret(r)["data"].update(
-        S3_SECRET=base64.b64encode(b"something-else").decode())),
-    ("credentials_from_generator", "second secret", lambda r: r.objects.append(
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "extra", "namespace": k8s.NAMESPACE}})),
-    ("rclone_auth_key", "no auth key", lambda r: _s3(r).update(
-        env=[e for e in _s3(r)["env"] if e["name"] != "RCLONE_AUTH_KEY"])),
+    (
+        "credentials_from_generator",
+        "literal password",
+        lambda r: _set_env(_pg(r), "POSTGRES_PASSWORD", {"value": "changeme"}),
+    ),
+    (
+        "credentials_from_generator",
+        "literal next to a reference",
+        lambda r: _set_env(_s3(r), "RCLONE_AUTH_KEY", {"value": '"admin,$(S3_SECRET)"'}),
+    ),
+    (
+        "credentials_from_generator",
+        "value leaked",
+        lambda r: r.find("Service", k8s.S3_SERVICE)["metadata"].update(annotations={"note": r.env_values["S3_SECRET"]}),
+    ),
+    (
+        "credentials_from_generator",
+        "secret not from env file",
+        lambda r: generated_secret(r)["data"].update(S3_SECRET=base64.b64encode(b"something-else").decode()),
+    ),
+    (
+        "credentials_from_generator",
+        "second secret",
+        lambda r: r.objects.append(
+            {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "extra", "namespace": k8s.NAMESPACE}}
+        ),
+    ),
+    (
+        "rclone_auth_key",
+        "no auth key",
+        lambda r: _s3(r).update(env=[e for e in _s3(r)["env"] if e["name"] != "RCLONE_AUTH_KEY"]),
+    ),
     ("rclone_auth_key", "literal auth key", lambda r: _set_env(_s3(r), "RCLONE_AUTH_KEY", {"value": "admin,admin"})),
-    ("rclone_auth_key", "key on command line", lambda r: _s3(r)["args"].extend(
-        ["--auth-key", "$(S3_KEY_ID),$(S3_SECRET)"])),
-    ("rclone_auth_key", "auth key before its parts", lambda r: _s3(r).update(
-        env=sorted(_s3(r)["env"], key=lambda e: e["name"] != "RCLONE_AUTH_KEY"))),
-    ("data_on_pvcs", "emptyDir for postgres", lambda r: r.find("StatefulSet", k8s.POSTGRES_STATEFULSET)["spec"][
-        "template"]["spec"].update(volumes=[{"name": "data", "emptyDir": {}}])),
-    ("data_on_pvcs", "PGDATA is the mount point", lambda r: _set_env(
-        _pg(r), "PGDATA", {"value": _pg(r)["volumeMounts"][0]["mountPath"]})),
+    (
+        "rclone_auth_key",
+        "key on command line",
+        lambda r: _s3(r)["args"].extend(["--auth-key", "$(S3_KEY_ID),$(S3_SECRET)"]),
+    ),
+    (
+        "rclone_auth_key",
+        "auth key before its parts",
+        lambda r: _s3(r).update(env=sorted(_s3(r)["env"], key=lambda e: e["name"] != "RCLONE_AUTH_KEY")),
+    ),
+    (
+        "data_on_pvcs",
+        "emptyDir for postgres",
+        lambda r: r.find("StatefulSet", k8s.POSTGRES_STATEFULSET)["spec"]["template"]["spec"].update(
+            volumes=[{"name": "data", "emptyDir": {}}]
+        ),
+    ),
+    (
+        "data_on_pvcs",
+        "PGDATA is the mount point",
+        lambda r: _set_env(_pg(r), "PGDATA", {"value": _pg(r)["volumeMounts"][0]["mountPath"]}),
+    ),
     ("data_on_pvcs", "rclone serves elsewhere", lambda r: _s3(r)["args"].__setitem__(2, "/tmp")),
     ("namespace", "no namespace", lambda r: r.find("Service", k8s.POSTGRES_SERVICE)["metadata"].pop("namespace")),
-    ("names_and_ports", "service port", lambda r: r.find("Service", k8s.POSTGRES_SERVICE)["spec"]["ports"][0].update(
-        port=5433)),
+    (
+        "names_and_ports",
+        "service port",
+        lambda r: r.find("Service", k8s.POSTGRES_SERVICE)["spec"]["ports"][0].update(port=5433),
+    ),
     ("names_and_ports", "service name", lambda r: r.find("Service", k8s.S3_SERVICE)["metadata"].update(name="s3")),
-    ("names_and_ports", "target port", lambda r: r.find("Service", k8s.S3_SERVICE)["spec"]["ports"][0].update(
-        targetPort="http")),
+    (
+        "names_and_ports",
+        "target port",
+        lambda r: r.find("Service", k8s.S3_SERVICE)["spec"]["ports"][0].update(targetPort="http"),
+    ),
     ("names_and_ports", "catalog db", lambda r: _set_env(_pg(r), "POSTGRES_DB", {"value": "postgres"})),
-    ("service_links_off", "links on", lambda r: r.find("StatefulSet", k8s.S3_STATEFULSET)["spec"]["template"][
-        "spec"].pop("enableServiceLinks")),
+    (
+        "service_links_off",
+        "links on",
+        lambda r: r.find("StatefulSet", k8s.S3_STATEFULSET)["spec"]["template"]["spec"].pop("enableServiceLinks"),
+    ),
 ]
 
 
@@ -495,8 +583,25 @@ def test_k3d_config() -> None:
     assert config["kind"] == "Simple"
     # v1alpha5 puts the name under metadata; a top-level `name` fails k3d's schema (additionalProperties: false).
     assert config["metadata"] == {"name": k8s.CLUSTER_NAME}
-    allowed = {"apiVersion", "kind", "metadata", "servers", "agents", "kubeAPI", "image", "network", "subnet",
-               "token", "volumes", "ports", "options", "env", "registries", "hostAliases", "files"}
+    allowed = {
+        "apiVersion",
+        "kind",
+        "metadata",
+        "servers",
+        "agents",
+        "kubeAPI",
+        "image",
+        "network",
+        "subnet",
+        "token",
+        "volumes",
+        "ports",
+        "options",
+        "env",
+        "registries",
+        "hostAliases",
+        "files",
+    }
     assert set(config) <= allowed, f"not in k3d's v1alpha5 schema: {set(config) - allowed}"
     assert (config["servers"], config["agents"]) == (1, 0)
     assert config["kubeAPI"]["hostIP"] == "127.0.0.1"
@@ -514,8 +619,11 @@ def test_secrets_env_example_lists_the_keys_and_no_credential() -> None:
 
 
 def test_secrets_env_is_gitignored() -> None:
-    patterns = [line.strip() for line in (ROOT / ".gitignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
+    patterns = [
+        line.strip()
+        for line in (ROOT / ".gitignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     for overlay in OVERLAYS:
         path = f"overlays/{overlay}/secrets.env"
         assert any(fnmatch(path, p.lstrip("/")) for p in patterns), f"{path} is not gitignored"

@@ -19,7 +19,9 @@ def test_stale_pid_file_is_detected_and_never_kills_a_stranger(tmp_path):
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         pid_file = tmp_path / "svc.pid.json"
-        pid_file.write_text(json.dumps({"service": "svc", "pid": stranger.pid, "create_time": 1.0, "port": 1, "argv0": "x"}))
+        pid_file.write_text(
+            json.dumps({"service": "svc", "pid": stranger.pid, "create_time": 1.0, "port": 1, "argv0": "x"})
+        )
         assert procs.live_pid(pid_file) is None
         assert procs.stop(pid_file).startswith("not running")
         assert stranger.poll() is None, "stop() killed a process the kit did not start"
@@ -31,8 +33,13 @@ def test_stale_pid_file_is_detected_and_never_kills_a_stranger(tmp_path):
 
 def test_start_and_stop_a_real_process(tmp_path):
     pid_file, log = tmp_path / "s.pid.json", tmp_path / "s.log"
-    rec, proc = procs.start("s", [sys.executable, "-c", "print('hello', flush=True); import time; time.sleep(60)"],
-                            pid_file=pid_file, log_file=log, port=1)
+    rec, proc = procs.start(
+        "s",
+        [sys.executable, "-c", "print('hello', flush=True); import time; time.sleep(60)"],
+        pid_file=pid_file,
+        log_file=log,
+        port=1,
+    )
     assert procs.live_pid(pid_file) == rec
     procs.wait_until(lambda: "hello" in log.read_text() or None, what="s", timeout=10, proc=proc)
     assert procs.stop(pid_file).startswith("stopped")
@@ -42,8 +49,13 @@ def test_start_and_stop_a_real_process(tmp_path):
 
 def test_wait_until_reports_an_exited_process_with_its_log(tmp_path):
     log = tmp_path / "x.log"
-    _, proc = procs.start("x", [sys.executable, "-c", "import sys; print('cannot bind'); sys.exit(7)"],
-                          pid_file=tmp_path / "x.pid.json", log_file=log, port=1)
+    _, proc = procs.start(
+        "x",
+        [sys.executable, "-c", "import sys; print('cannot bind'); sys.exit(7)"],
+        pid_file=tmp_path / "x.pid.json",
+        log_file=log,
+        port=1,
+    )
     start = time.monotonic()
     with pytest.raises(KitError) as err:
         procs.wait_until(lambda: None, what="x", timeout=30, proc=proc, log_file=log)
@@ -72,8 +84,12 @@ def test_the_default_ports_lie_below_linuxs_ephemeral_range():
     on a port nothing listened on: the defaults stay below that range."""
     from ducklake_kit.platforms import spark_cluster, state
 
-    defaults = {name: getattr(mod, name) for mod in (state, spark_cluster) for name in dir(mod)
-                if name.endswith("_PORT") and isinstance(getattr(mod, name), int)}
+    defaults = {
+        name: getattr(mod, name)
+        for mod in (state, spark_cluster)
+        for name in dir(mod)
+        if name.endswith("_PORT") and isinstance(getattr(mod, name), int)
+    }
     assert len(defaults) >= 9, defaults
     low = (procs.ephemeral_range() or (32768, 60999))[0]
     assert {name: port for name, port in defaults.items() if port >= low} == {}
@@ -91,10 +107,16 @@ def test_a_port_held_as_a_clients_source_port_is_named_so():
             busy = procs.busy_port(source, "S3 (rclone)", "--s3-port or DUCKLAKE_S3_PORT")
     assert busy is not None
     span = procs.ephemeral_range()
-    inside = f"; {source} lies in Linux's ephemeral range {span[0]}-{span[1]}, where any outgoing connection may take " \
-             "it as its source port" if span and span[0] <= source <= span[1] else ""
-    assert busy.what == (f"port {source} for S3 (rclone) is already in use by another program (a connection from "
-                         f"127.0.0.1:{source} to 127.0.0.1:{target} (ESTABLISHED) uses it as its source port{inside})")
+    inside = (
+        f"; {source} lies in Linux's ephemeral range {span[0]}-{span[1]}, where any outgoing connection may take "
+        "it as its source port"
+        if span and span[0] <= source <= span[1]
+        else ""
+    )
+    assert busy.what == (
+        f"port {source} for S3 (rclone) is already in use by another program (a connection from "
+        f"127.0.0.1:{source} to 127.0.0.1:{target} (ESTABLISHED) uses it as its source port{inside})"
+    )
     assert busy.fix.endswith("with --s3-port or DUCKLAKE_S3_PORT")
 
 

@@ -31,9 +31,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.spark]
 
 
 def kit(env: dict[str, str], *args: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "ducklake_test.py"), *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, **env, **(extra_env or {}), "COLUMNS": "200"},
-                          stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "ducklake_test.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env, **(extra_env or {}), "COLUMNS": "200"},
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def cluster_processes(home: Path) -> list[psutil.Process]:
@@ -45,7 +51,9 @@ def cluster_processes(home: Path) -> list[psutil.Process]:
         try:
             if proc.pid == os.getpid():
                 continue
-            if any(mark in part for part in proc.info["cmdline"] or []) or mark in proc.environ().get("SPARK_CONF_DIR", ""):
+            if any(mark in part for part in proc.info["cmdline"] or []) or mark in proc.environ().get(
+                "SPARK_CONF_DIR", ""
+            ):
                 out.append(proc)
         except (psutil.Error, TypeError):
             continue
@@ -53,8 +61,21 @@ def cluster_processes(home: Path) -> list[psutil.Process]:
 
 
 def load_month(stack, month: str, master: str) -> dict:
-    r = kit(stack.env, "load", "--source", "synthetic", "--months", month, "--rows-per-month", "20000", "--mode", "replace",
-            "--spark-master", master, "--json")
+    r = kit(
+        stack.env,
+        "load",
+        "--source",
+        "synthetic",
+        "--months",
+        month,
+        "--rows-per-month",
+        "20000",
+        "--mode",
+        "replace",
+        "--spark-master",
+        master,
+        "--json",
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     body = json.loads(r.stdout)["result"]
     assert body["failed"] == 0 and body["passed"] >= 7, body
@@ -75,10 +96,28 @@ class RunningLoad:
     """A load in its own process, as a user starts it, its progress lines read as they come."""
 
     def __init__(self, stack, month: str, master: str, rows: int = 20000):
-        argv = [sys.executable, str(ROOT / "ducklake_test.py"), "load", "--source", "synthetic", "--months", month,
-                "--rows-per-month", str(rows), "--spark-master", master]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     stdin=subprocess.DEVNULL, env={**os.environ, **stack.env, "COLUMNS": "200"})
+        argv = [
+            sys.executable,
+            str(ROOT / "ducklake_test.py"),
+            "load",
+            "--source",
+            "synthetic",
+            "--months",
+            month,
+            "--rows-per-month",
+            str(rows),
+            "--spark-master",
+            master,
+        ]
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **stack.env, "COLUMNS": "200"},
+        )
         self.lines: list[str] = []
         self.stderr = ""
         threading.Thread(target=self._read, daemon=True).start()
@@ -117,7 +156,9 @@ def connect_server(cluster: SparkCluster) -> psutil.Process:
 
 def lake_snapshots(stack) -> list[int]:
     with Lake(stack.platform.endpoints()) as lake:
-        return [r[0] for r in lake.con.execute(f"SELECT snapshot_id FROM ducklake_snapshots('{lake.alias}')").fetchall()]
+        return [
+            r[0] for r in lake.con.execute(f"SELECT snapshot_id FROM ducklake_snapshots('{lake.alias}')").fetchall()
+        ]
 
 
 def app_folders(cluster: SparkCluster) -> set[Path]:
@@ -188,19 +229,37 @@ def test_a_month_loads_through_spark_connect_with_its_token(stack, local_only, c
     load_month(stack, "2019-06", "connect")
 
     # a client without the token is refused
-    probe = ("from pyspark.sql.connect.session import SparkSession\n"
-             f"s = SparkSession.builder.remote('{cluster.connect_url}/;token=wrong').create()\n"
-             "s.sql('SELECT 1').collect()\n")
-    refused = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                             env={k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"})
+    probe = (
+        "from pyspark.sql.connect.session import SparkSession\n"
+        f"s = SparkSession.builder.remote('{cluster.connect_url}/;token=wrong').create()\n"
+        "s.sql('SELECT 1').collect()\n"
+    )
+    refused = subprocess.run(
+        [sys.executable, "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "SPARK_CONNECT_AUTHENTICATE_TOKEN"},
+    )
     assert refused.returncode != 0 and "UNAUTHENTICATED" in refused.stderr, refused.stderr[-2000:]
     # and a load given a wrong token says so, in one line, before anything is landed
-    r = kit(stack.env, "load", "--source", "synthetic", "--months", "2019-09", "--rows-per-month", "2000",
-            "--spark-master", f"{cluster.connect_url}/;token=wrong")
+    r = kit(
+        stack.env,
+        "load",
+        "--source",
+        "synthetic",
+        "--months",
+        "2019-09",
+        "--rows-per-month",
+        "2000",
+        "--spark-master",
+        f"{cluster.connect_url}/;token=wrong",
+    )
     assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
     assert r.stderr.splitlines() == [
         f"Error: token refused by the Spark Connect server at {cluster.connect_url}. Try: give the server's own token, "
-        "`;token=...` in the URL or SPARK_CONNECT_AUTHENTICATE_TOKEN (for the kit's server: --spark-master connect)."], r.stderr
+        "`;token=...` in the URL or SPARK_CONNECT_AUTHENTICATE_TOKEN (for the kit's server: --spark-master connect)."
+    ], r.stderr
 
     r = kit(stack.env, "spark", "down")
     assert r.returncode == 0, r.stderr
@@ -222,7 +281,8 @@ def test_a_connect_server_killed_mid_load_ends_it_with_one_line_and_the_lake_unc
     assert load.proc.returncode == 3, (took, load.lines[-3:], load.stderr[-2000:])
     assert load.stderr.splitlines() == [
         f"Error: the Spark Connect server at {cluster.connect_url} stopped answering during the load; nothing was "
-        "committed and the lake is unchanged. Try: run `spark up --mode connect`, then the same load again."], load.stderr
+        "committed and the lake is unchanged. Try: run `spark up --mode connect`, then the same load again."
+    ], load.stderr
     assert lake_snapshots(stack) == snapshots
 
 
@@ -241,8 +301,10 @@ def test_ctrl_c_ends_a_load_waiting_on_a_connect_server_that_hangs(stack, local_
     finally:
         server.resume()
     assert load.proc.returncode == 3, (took, load.lines[-3:], load.stderr[-2000:])
-    assert load.stderr.splitlines() == ["Error: the load was interrupted (Ctrl-C); nothing was committed and the lake "
-                                        "is unchanged. Try: run the same load again."], load.stderr
+    assert load.stderr.splitlines() == [
+        "Error: the load was interrupted (Ctrl-C); nothing was committed and the lake "
+        "is unchanged. Try: run the same load again."
+    ], load.stderr
     assert lake_snapshots(stack) == snapshots
     r = kit(stack.env, "spark", "down")
     assert r.returncode == 0, r.stderr
@@ -255,12 +317,28 @@ def test_executors_without_the_kits_python_stop_the_load_with_one_line_and_nothi
     raw_before = s3.client(ep.s3).list_objects_v2(Bucket="raw").get("KeyCount", 0)
     with Lake(ep) as lake:
         snap = lake.current_snapshot()
-    r = kit(stack.env, "load", "--source", "synthetic", "--months", "2019-07", "--rows-per-month", "2000",
-            extra_env={"PYSPARK_PYTHON": str(bare / "bin" / "python")})
+    r = kit(
+        stack.env,
+        "load",
+        "--source",
+        "synthetic",
+        "--months",
+        "2019-07",
+        "--rows-per-month",
+        "2000",
+        extra_env={"PYSPARK_PYTHON": str(bare / "bin" / "python")},
+    )
     assert r.returncode == 3, r.stdout[-2000:] + r.stderr[-2000:]
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("Error:")]
-    assert errors == [f"Error: the Spark executors lack the Python module 'pyarrow' (their Python: {bare}/bin/python); "
-                      "nothing was landed or loaded. Try: " + errors[0].split("Try: ", 1)[1]] if errors else False, r.stderr
+    assert (
+        errors
+        == [
+            f"Error: the Spark executors lack the Python module 'pyarrow' (their Python: {bare}/bin/python); "
+            "nothing was landed or loaded. Try: " + errors[0].split("Try: ", 1)[1]
+        ]
+        if errors
+        else False
+    ), r.stderr
     assert "PYSPARK_PYTHON" in errors[0]
     assert s3.client(ep.s3).list_objects_v2(Bucket="raw").get("KeyCount", 0) == raw_before
     with Lake(ep) as lake:

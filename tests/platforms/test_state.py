@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from ducklake_kit.platforms.state import State, write_private
 
 

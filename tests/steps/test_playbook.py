@@ -63,26 +63,44 @@ def test_a_good_playbook_maps_to_the_model(tmp_path):
     assert noetl.order(p) == ["make", "fill"]
 
 
-@pytest.mark.parametrize("text, line, words", [
-    (GOOD.replace("    command: CREATE", "    comand: CREATE"), 6, "unknown key 'comand'"),
-    (GOOD.replace("      mode: async", "      mode: async\n      parallelism: 4"), 13, "unknown key 'parallelism'"),
-    (GOOD.replace("    tool: ducklake\n    command: CREATE", "    tool: python\n    command: CREATE"), 5,
-     "runs only `tool: ducklake`"),
-    (GOOD.replace("- step: fill", "- step: make"), 7, "step 'make' is defined twice (first at line 4)"),
-    (GOOD.replace("    command: CREATE TABLE t (i INTEGER)", "    command: CREATE TABLE t (i INTEGER)\n    commands: [SELECT 1]"),
-     4, "exactly one of them"),
-    (GOOD.replace('"{{ ids }}"', '"{{ idz }}"'), 10, "uses {{ idz }}, which is not defined"),
-    (GOOD.replace('"{{ i }}"', '"{{ i }"'), 13, "template syntax error"),
-    (GOOD + "    next:\n      - step: nowhere\n", 17, "goes next to 'nowhere'"),
-    (GOOD.replace("INTEGER)\n", "INTEGER)\n    next: [{step: fill}]\n") + "    next:\n      - step: make\n", 18,
-     "routes form a cycle"),
-    (GOOD + "    next:\n      - step: make\n", 7, "no route reaches step 'fill' from 'make'"),
-    (GOOD + "    vars:\n      make: x\n", 16, "sets vars.make, but make is a step's name"),
-    (GOOD.replace("  ids: [1, 2]", "  ids: [1, 2]\n  ids: [3]"), 3, "the key 'ids' appears twice"),
-    (GOOD.replace("      element: i", "      element: i\n     bad: indent"), 12, "not valid YAML"),
-    (GOOD.replace("    params:", "    transaction: true\n    on_error: continue\n    params:"), 14,
-     "`transaction: true` and `on_error: continue`"),
-])
+@pytest.mark.parametrize(
+    "text, line, words",
+    [
+        (GOOD.replace("    command: CREATE", "    comand: CREATE"), 6, "unknown key 'comand'"),
+        (GOOD.replace("      mode: async", "      mode: async\n      parallelism: 4"), 13, "unknown key 'parallelism'"),
+        (
+            GOOD.replace("    tool: ducklake\n    command: CREATE", "    tool: python\n    command: CREATE"),
+            5,
+            "runs only `tool: ducklake`",
+        ),
+        (GOOD.replace("- step: fill", "- step: make"), 7, "step 'make' is defined twice (first at line 4)"),
+        (
+            GOOD.replace(
+                "    command: CREATE TABLE t (i INTEGER)",
+                "    command: CREATE TABLE t (i INTEGER)\n    commands: [SELECT 1]",
+            ),
+            4,
+            "exactly one of them",
+        ),
+        (GOOD.replace('"{{ ids }}"', '"{{ idz }}"'), 10, "uses {{ idz }}, which is not defined"),
+        (GOOD.replace('"{{ i }}"', '"{{ i }"'), 13, "template syntax error"),
+        (GOOD + "    next:\n      - step: nowhere\n", 17, "goes next to 'nowhere'"),
+        (
+            GOOD.replace("INTEGER)\n", "INTEGER)\n    next: [{step: fill}]\n") + "    next:\n      - step: make\n",
+            18,
+            "routes form a cycle",
+        ),
+        (GOOD + "    next:\n      - step: make\n", 7, "no route reaches step 'fill' from 'make'"),
+        (GOOD + "    vars:\n      make: x\n", 16, "sets vars.make, but make is a step's name"),
+        (GOOD.replace("  ids: [1, 2]", "  ids: [1, 2]\n  ids: [3]"), 3, "the key 'ids' appears twice"),
+        (GOOD.replace("      element: i", "      element: i\n     bad: indent"), 12, "not valid YAML"),
+        (
+            GOOD.replace("    params:", "    transaction: true\n    on_error: continue\n    params:"),
+            14,
+            "`transaction: true` and `on_error: continue`",
+        ),
+    ],
+)
 def test_bad_input_is_one_error_at_its_line(tmp_path, text, line, words):
     err = error_of(tmp_path, text)
     assert err.line_no == line, err.line()
@@ -97,10 +115,17 @@ def test_v1_and_v2_shapes_map_to_the_same_steps():
     for name in v1.steps:
         a, b = v1.steps[name], v2.steps[name]
         assert (a.commands, a.params, a.catalog, a.tool) == (b.commands, b.params, b.catalog, b.tool), name
-        assert (a.loop is None) == (b.loop is None) and noetl.routes(v1)[name][0][0] == noetl.routes(v2)[name][0][0] if \
-            noetl.routes(v1)[name] else True
+        assert (
+            (a.loop is None) == (b.loop is None) and noetl.routes(v1)[name][0][0] == noetl.routes(v2)[name][0][0]
+            if noetl.routes(v1)[name]
+            else True
+        )
         if a.loop:
-            assert (a.loop.collection, a.loop.iterator, a.loop.mode) == (b.loop.collection, b.loop.iterator, b.loop.mode)
+            assert (a.loop.collection, a.loop.iterator, a.loop.mode) == (
+                b.loop.collection,
+                b.loop.iterator,
+                b.loop.mode,
+            )
     assert noetl.order(v1) == noetl.order(v2)
 
 
@@ -130,22 +155,36 @@ def test_templates_are_strict_and_values_keep_their_types():
         templates.render_text("{{ name.nope }}", ctx)
     assert templates.render_value("{{ ids }}", ctx) == [1, 2]
     assert templates.render_value({"a": "{{ ids[1] }}", "b": "plain"}, ctx) == {"a": 2, "b": "plain"}
-    assert templates.render_text("WHERE n = {{ name | sql }} AND d = {{ when | sql }}", ctx) == \
-        "WHERE n = 'O''Brien' AND d = DATE '2025-01-06'"
-    assert templates.render_text("{{ [1, none, true, 'x'] | sql }} {{ 'a\"b' | ident }}", ctx) == "[1, NULL, TRUE, 'x'] \"a\"\"b\""
+    assert (
+        templates.render_text("WHERE n = {{ name | sql }} AND d = {{ when | sql }}", ctx)
+        == "WHERE n = 'O''Brien' AND d = DATE '2025-01-06'"
+    )
+    assert (
+        templates.render_text("{{ [1, none, true, 'x'] | sql }} {{ 'a\"b' | ident }}", ctx)
+        == '[1, NULL, TRUE, \'x\'] "a""b"'
+    )
     assert templates.condition("{{ ids | length == 2 }}", ctx) is True
     assert templates.condition("ids | length > 5", ctx) is False
 
 
 def test_the_seeds_time_travel_is_rewritten_outside_strings_only():
-    sql = ("SELECT count(*) FROM sales FOR SYSTEM_TIME AS OF SNAPSHOT 5 WHERE note <> 'FOR SYSTEM_TIME AS OF 3';\n"
-           "SELECT * FROM sales FOR SYSTEM_TIME AS OF '2025-01-06 10:00:00+00' s")
+    sql = (
+        "SELECT count(*) FROM sales FOR SYSTEM_TIME AS OF SNAPSHOT 5 WHERE note <> 'FOR SYSTEM_TIME AS OF 3';\n"
+        "SELECT * FROM sales FOR SYSTEM_TIME AS OF '2025-01-06 10:00:00+00' s"
+    )
     out, rewrites = sqltext.rewrite_time_travel(sql)
-    assert out == ("SELECT count(*) FROM sales AT (VERSION => 5) WHERE note <> 'FOR SYSTEM_TIME AS OF 3';\n"
-                   "SELECT * FROM sales AT (TIMESTAMP => TIMESTAMPTZ '2025-01-06 10:00:00+00') s")
-    assert [r.before for r in rewrites] == ["FOR SYSTEM_TIME AS OF SNAPSHOT 5", "FOR SYSTEM_TIME AS OF '2025-01-06 10:00:00+00'"]
-    assert sqltext.rewrite_time_travel("SELECT 1 -- FOR SYSTEM_TIME AS OF SNAPSHOT 5") == \
-        ("SELECT 1 -- FOR SYSTEM_TIME AS OF SNAPSHOT 5", ())
+    assert out == (
+        "SELECT count(*) FROM sales AT (VERSION => 5) WHERE note <> 'FOR SYSTEM_TIME AS OF 3';\n"
+        "SELECT * FROM sales AT (TIMESTAMP => TIMESTAMPTZ '2025-01-06 10:00:00+00') s"
+    )
+    assert [r.before for r in rewrites] == [
+        "FOR SYSTEM_TIME AS OF SNAPSHOT 5",
+        "FOR SYSTEM_TIME AS OF '2025-01-06 10:00:00+00'",
+    ]
+    assert sqltext.rewrite_time_travel("SELECT 1 -- FOR SYSTEM_TIME AS OF SNAPSHOT 5") == (
+        "SELECT 1 -- FOR SYSTEM_TIME AS OF SNAPSHOT 5",
+        (),
+    )
 
 
 def test_primary_key_and_unique_are_refused_on_lake_tables_only():
@@ -158,8 +197,12 @@ def test_primary_key_and_unique_are_refused_on_lake_tables_only():
 
 
 def test_set_overrides_read_values_as_yaml():
-    assert runner.parse_overrides(["ids=[1, 2]", "n=3", "name=eu-west", "empty="]) == \
-        {"ids": [1, 2], "n": 3, "name": "eu-west", "empty": ""}
+    assert runner.parse_overrides(["ids=[1, 2]", "n=3", "name=eu-west", "empty="]) == {
+        "ids": [1, 2],
+        "n": 3,
+        "name": "eu-west",
+        "empty": "",
+    }
     with pytest.raises(KitError, match="not name=value"):
         runner.parse_overrides(["no-equals"])
 
@@ -180,7 +223,8 @@ def test_validate_on_the_command_line_is_one_line_and_exit_3_for_bad_input(cli, 
     assert result.output.strip().splitlines() == [
         f"Error: {bad}:6: unknown key 'comand' in workflow.0. Try: use one of: auth, catalog_connection, catalog_name, "
         "command, commands, create_catalog, data_path, desc, loop, memory_limit, next, on_error, params, step, "
-        "threads, tool, transaction, use_catalog, vars (or check its indentation)."]
+        "threads, tool, transaction, use_catalog, vars (or check its indentation)."
+    ]
     missing = cli(env, "steps", "run", str(tmp_path / "nope.yaml"))
     assert missing.exit_code == 3 and "no playbook file" in missing.output
 
@@ -196,7 +240,9 @@ def test_a_value_that_is_one_expression_keeps_its_type_and_text_stays_text():
     # Jinja's native mode re-read text as a Python literal: "007" became 7, "None" None, "True" True
     ctx = {"code": "007", "word": "None", "ids": [1, 2]}
     assert templates.render_value("{{ code }}", ctx) == "007" and templates.render_value("{{ word }}", ctx) == "None"
-    assert templates.render_value("{{ ids }}", ctx) == [1, 2] and templates.render_value("id-{{ code }}", ctx) == "id-007"
+    assert (
+        templates.render_value("{{ ids }}", ctx) == [1, 2] and templates.render_value("id-{{ code }}", ctx) == "id-007"
+    )
 
 
 def laughs(levels: int, refs: int) -> str:
@@ -216,7 +262,10 @@ def test_aliases_that_expand_past_the_bound_are_refused_at_once(tmp_path):
         start = time.perf_counter()
         error = error_of(tmp_path, laughs(levels, refs))
         assert time.perf_counter() - start < 2
-        assert error.what == f"{tmp_path / 'p.yaml'}: the YAML expands to more than 100,000 nodes once its aliases (*name) are expanded"
+        assert (
+            error.what
+            == f"{tmp_path / 'p.yaml'}: the YAML expands to more than 100,000 nodes once its aliases (*name) are expanded"
+        )
     with pytest.raises(PlaybookError, match="expands to more than"):
         runner.parse_overrides(["x=" + laughs(9, 9)])  # --set values are YAML too
     recursive = error_of(tmp_path, "workload:\n  a: &a [1, *a]\nworkflow:\n  - step: only\n")
@@ -224,7 +273,10 @@ def test_aliases_that_expand_past_the_bound_are_refused_at_once(tmp_path):
 
 
 def test_small_anchors_and_merge_keys_still_work(tmp_path):
-    p = runner.load(write(tmp_path, """\
+    p = runner.load(
+        write(
+            tmp_path,
+            """\
 workload:
   ids: &ids [1, 2, 3]
   again: *ids
@@ -239,7 +291,9 @@ workflow:
     loop: {collection: "{{ again }}", element: i}
     params: {i: "{{ i }}"}
     command: INSERT INTO t VALUES ($i)
-"""))
+""",
+        )
+    )
     assert p.workload == {"ids": [1, 2, 3], "again": [1, 2, 3]} and p.steps["fill"].catalog.use is True
     assert runner.parse_overrides(["x=[&a [1, 2], *a]"]) == {"x": [[1, 2], [1, 2]]}
 
@@ -259,39 +313,60 @@ def test_a_value_pasted_into_sql_is_flagged_at_validate(cli, tmp_path):
     path = write(tmp_path, INJECTION)
     result = cli(env, "steps", "validate", str(path), "--set", "who=x' AS x; DROP TABLE victim; SELECT 'y")
     assert result.exit_code == 0, result.output
-    assert f"warning: {path}:6: step 'greet', command 0 pastes {{{{ who }}}} into its SQL as it is: write " \
-           "{{ who | sql }} for a quoted literal, or bind it as a parameter (params: and $name in the SQL)" in result.output
+    assert (
+        f"warning: {path}:6: step 'greet', command 0 pastes {{{{ who }}}} into its SQL as it is: write "
+        "{{ who | sql }} for a quoted literal, or bind it as a parameter (params: and $name in the SQL)"
+        in result.output
+    )
     quoted = write(tmp_path, INJECTION.replace("'{{ who }}'", "{{ who | sql }}"))
     assert "warning" not in cli(env, "steps", "validate", str(quoted)).output
     assert all(runner.paste_warnings(runner.load(p)) == [] for p in SHIPPED)
 
 
-@pytest.mark.parametrize("template, value, why", [
-    ("SELECT '{{ v }}' AS x", "x' AS x; DROP TABLE victim; SELECT 'y", "breaks out of its quoted literal"),
-    ("SELECT '{{ v }}' AS x", "O'Brien", "opens a quote that never ends"),
-    ('SELECT "{{ v }}" FROM t', 'a" FROM t; DROP TABLE victim; SELECT "b', "breaks out of its quoted literal"),
-    ("SELECT * FROM t WHERE id = {{ v }}", "1; DROP TABLE victim", "adds `;` to the statement"),
-    ("SELECT * FROM t WHERE id = {{ v }}", "1 OR 1 = 1", "adds `OR` to the statement"),
-    ("SELECT * FROM t WHERE id = {{ v }} AND tenant = 7", "1 --", "changes the SQL around it"),
-    ("SELECT 1 -- {{ v }}\n, 2", "note\nDROP TABLE victim", "breaks out of its comment"),
-    ("{% set q %}'{{ v }}'{% endset %}SELECT {{ q }}", "x'; DROP TABLE victim; --", "breaks out of its quoted literal"),
-])
+@pytest.mark.parametrize(
+    "template, value, why",
+    [
+        ("SELECT '{{ v }}' AS x", "x' AS x; DROP TABLE victim; SELECT 'y", "breaks out of its quoted literal"),
+        ("SELECT '{{ v }}' AS x", "O'Brien", "opens a quote that never ends"),
+        ('SELECT "{{ v }}" FROM t', 'a" FROM t; DROP TABLE victim; SELECT "b', "breaks out of its quoted literal"),
+        ("SELECT * FROM t WHERE id = {{ v }}", "1; DROP TABLE victim", "adds `;` to the statement"),
+        ("SELECT * FROM t WHERE id = {{ v }}", "1 OR 1 = 1", "adds `OR` to the statement"),
+        ("SELECT * FROM t WHERE id = {{ v }} AND tenant = 7", "1 --", "changes the SQL around it"),
+        ("SELECT 1 -- {{ v }}\n, 2", "note\nDROP TABLE victim", "breaks out of its comment"),
+        (
+            "{% set q %}'{{ v }}'{% endset %}SELECT {{ q }}",
+            "x'; DROP TABLE victim; --",
+            "breaks out of its quoted literal",
+        ),
+    ],
+)
 def test_a_value_that_changes_the_statement_is_refused(template, value, why):
     refused = sqltext.pasted_values_refused(templates.render_sql(template, {"v": value}))
     assert refused is not None and why in refused and "{{ value | sql }}" in refused
 
 
-@pytest.mark.parametrize("template, value, sql", [
-    ("INSERT INTO e VALUES ({{ v }}, 'x')", 42, "INSERT INTO e VALUES (42, 'x')"),  # NoETL's fixtures paste {{ user_id }}
-    ("INSERT INTO e VALUES ({{ v }}, 'x')", "42", "INSERT INTO e VALUES (42, 'x')"),
-    ("SELECT '{{ v }}' AS x", "hello; world -- it is /* fine */", "SELECT 'hello; world -- it is /* fine */' AS x"),
-    ("SELECT 't_{{ v }}', '{{ v }}'", "", "SELECT 't_', ''"),
-    ("SELECT * FROM {{ v }}", "steps_tests.t", "SELECT * FROM steps_tests.t"),
-    ("SELECT {{ v }}", [1, -2], "SELECT [1, -2]"),
-    ("SELECT {{ v | sql }}, {{ v | ident }}", "it's \"x\"", "SELECT 'it''s \"x\"', \"it's \"\"x\"\"\""),
-    ("SELECT 1 -- {{ v }}\n", "a note", "SELECT 1 -- a note\n"),
-    ("{% for i in v %}INSERT INTO e VALUES ({{ i }});{% endfor %}", [1, 2], "INSERT INTO e VALUES (1);INSERT INTO e VALUES (2);"),
-])
+@pytest.mark.parametrize(
+    "template, value, sql",
+    [
+        (
+            "INSERT INTO e VALUES ({{ v }}, 'x')",
+            42,
+            "INSERT INTO e VALUES (42, 'x')",
+        ),  # NoETL's fixtures paste {{ user_id }}
+        ("INSERT INTO e VALUES ({{ v }}, 'x')", "42", "INSERT INTO e VALUES (42, 'x')"),
+        ("SELECT '{{ v }}' AS x", "hello; world -- it is /* fine */", "SELECT 'hello; world -- it is /* fine */' AS x"),
+        ("SELECT 't_{{ v }}', '{{ v }}'", "", "SELECT 't_', ''"),
+        ("SELECT * FROM {{ v }}", "steps_tests.t", "SELECT * FROM steps_tests.t"),
+        ("SELECT {{ v }}", [1, -2], "SELECT [1, -2]"),
+        ("SELECT {{ v | sql }}, {{ v | ident }}", 'it\'s "x"', 'SELECT \'it\'\'s "x"\', "it\'s ""x"""'),
+        ("SELECT 1 -- {{ v }}\n", "a note", "SELECT 1 -- a note\n"),
+        (
+            "{% for i in v %}INSERT INTO e VALUES ({{ i }});{% endfor %}",
+            [1, 2],
+            "INSERT INTO e VALUES (1);INSERT INTO e VALUES (2);",
+        ),
+    ],
+)
 def test_numbers_and_values_that_stay_in_their_literal_run_as_pasted(template, value, sql):
     rendered = templates.render_sql(template, {"v": value})
     assert rendered.text == sql and sqltext.pasted_values_refused(rendered) is None
@@ -309,23 +384,29 @@ def test_a_command_past_the_size_limit_is_refused_while_rendering():
     assert templates.MAX_SQL_BYTES == 16 * 2**20
 
 
-@pytest.mark.parametrize("command, words", [
-    ("ATTACH '/tmp/x.duckdb' AS evil", "ATTACH is refused in a step"),
-    ("USE memory; DETACH lake", "USE memory is refused in a step"),
-    ("DETACH DATABASE IF EXISTS lake", "DETACH is refused in a step"),
-    ("USE other.main", "USE other is refused in a step"),
-    ("SET threads = 8", "SET threads is refused in a step: it is a setting of the whole worker"),
-    ("SET GLOBAL enable_progress_bar = true", "SET enable_progress_bar is refused"),
-    ("RESET memory_limit", "RESET memory_limit is refused"),
-    ("SET search_path = 'memory.main'", "SET search_path is refused"),
-])
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        ("ATTACH '/tmp/x.duckdb' AS evil", "ATTACH is refused in a step"),
+        ("USE memory; DETACH lake", "USE memory is refused in a step"),
+        ("DETACH DATABASE IF EXISTS lake", "DETACH is refused in a step"),
+        ("USE other.main", "USE other is refused in a step"),
+        ("SET threads = 8", "SET threads is refused in a step: it is a setting of the whole worker"),
+        ("SET GLOBAL enable_progress_bar = true", "SET enable_progress_bar is refused"),
+        ("RESET memory_limit", "RESET memory_limit is refused"),
+        ("SET search_path = 'memory.main'", "SET search_path is refused"),
+    ],
+)
 def test_what_would_change_the_workers_connection_is_refused_at_its_line(tmp_path, command, words):
     error = error_of(tmp_path, GOOD.replace("command: CREATE TABLE t (i INTEGER)", f'command: "SELECT 1; {command}"'))
     assert error.line_no == 6 and f"step 'make', command 0: {words}" in error.what
 
 
 def test_a_declared_catalog_variables_and_the_connections_own_settings_are_allowed(tmp_path):
-    ok = GOOD.replace("command: CREATE TABLE t (i INTEGER)", "catalog_name: analytics\n    commands:\n"
-                      "      - USE analytics\n      - USE lake.main\n      - USE local\n      - USE marts\n"
-                      "      - SET VARIABLE seen = 1\n      - SET enable_progress_bar = false\n      - BEGIN\n      - COMMIT")
+    ok = GOOD.replace(
+        "command: CREATE TABLE t (i INTEGER)",
+        "catalog_name: analytics\n    commands:\n"
+        "      - USE analytics\n      - USE lake.main\n      - USE local\n      - USE marts\n"
+        "      - SET VARIABLE seen = 1\n      - SET enable_progress_bar = false\n      - BEGIN\n      - COMMIT",
+    )
     assert runner.load(write(tmp_path, ok)).steps["make"].commands[0] == "USE analytics"

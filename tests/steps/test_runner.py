@@ -4,6 +4,7 @@ live in the schema `steps_tests` of the kit's catalog (dropped at the end)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import textwrap
 from pathlib import Path
@@ -92,7 +93,10 @@ def test_every_statement_that_returns_rows_reports_them_and_counts_are_real(book
     assert run.ok, run.as_dict()
     made = commands(run, "make")
     assert [c.get("affected_rows") for c in made[1:]] == [5, 3, 1]
-    assert lake.scalar(f"SELECT count(*) FROM {S}.t") == 4 and lake.scalar(f"SELECT count(*) FROM {S}.t WHERE v = 'x'") == 3
+    assert (
+        lake.scalar(f"SELECT count(*) FROM {S}.t") == 4
+        and lake.scalar(f"SELECT count(*) FROM {S}.t WHERE v = 'x'") == 3
+    )
     read = commands(run, "read")
     assert len(read) == 7  # the last command holds two statements, each reported
     assert read[0]["rows"] == [{"n": 4}] and read[1]["rows"] == [{"top": 4}]
@@ -101,8 +105,10 @@ def test_every_statement_that_returns_rows_reports_them_and_counts_are_real(book
     # each write's snapshot is the lake's own record of it
     snapshots = [c["snapshot_id"] for c in made]
     assert all(snapshots) and snapshots == sorted(snapshots)
-    changes = lake.con.execute("SELECT snapshot_id, changes FROM ducklake_snapshots('lake') WHERE snapshot_id IN "
-                               f"({', '.join(map(str, snapshots))}) ORDER BY 1").fetchall()
+    changes = lake.con.execute(
+        "SELECT snapshot_id, changes FROM ducklake_snapshots('lake') WHERE snapshot_id IN "
+        f"({', '.join(map(str, snapshots))}) ORDER BY 1"
+    ).fetchall()
     assert [r[0] for r in changes] == snapshots
 
 
@@ -166,7 +172,9 @@ def test_on_error_continue_runs_the_later_commands_and_when_sees_the_status(book
 
 
 def test_a_transaction_step_is_one_snapshot_or_nothing(books, lake):
-    books.run(f"workflow:\n  - step: t\n    tool: ducklake\n    command: CREATE OR REPLACE TABLE {S}.x (k INTEGER NOT NULL)\n")
+    books.run(
+        f"workflow:\n  - step: t\n    tool: ducklake\n    command: CREATE OR REPLACE TABLE {S}.x (k INTEGER NOT NULL)\n"
+    )
     before = lake.current_snapshot()
     run = books.run(f"""\
         metadata: {{name: tx}}
@@ -182,12 +190,20 @@ def test_a_transaction_step_is_one_snapshot_or_nothing(books, lake):
         """)
     both = step(run, "both")
     assert both.status == "ok" and both.attempt.snapshot_id is not None
-    message = lake.scalar("SELECT commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?", [both.attempt.snapshot_id])
+    message = lake.scalar(
+        "SELECT commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?", [both.attempt.snapshot_id]
+    )
     assert message == f"steps tx: step both (run {run.execution_id})"
     assert step(run, "half").status == "error" and "rolled back" in step(run, "half").error.message
     assert sorted(r[0] for r in lake.con.execute(f"SELECT k FROM {S}.x").fetchall()) == [1, 2]
-    assert lake.current_snapshot() == before + 1 or lake.scalar(  # other writers may commit meanwhile: count ours
-        "SELECT count(*) FROM ducklake_snapshots('lake') WHERE snapshot_id > ? AND commit_message LIKE 'steps tx:%'", [before]) == 1
+    assert (
+        lake.current_snapshot() == before + 1
+        or lake.scalar(  # other writers may commit meanwhile: count ours
+            "SELECT count(*) FROM ducklake_snapshots('lake') WHERE snapshot_id > ? AND commit_message LIKE 'steps tx:%'",
+            [before],
+        )
+        == 1
+    )
 
 
 def test_async_iterations_overlap_on_different_workers_and_sequential_ones_do_not(books, lake):
@@ -211,13 +227,13 @@ def test_async_iterations_overlap_on_different_workers_and_sequential_ones_do_no
     assert run.ok and [it.index for it in its] == [0, 1, 2, 3]
     assert {it.worker for it in its} == {"w1", "w2"}
     spans = sorted((it.started_at, it.finished_at) for it in its)
-    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans  # some iteration started before another ended
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans)), spans  # some iteration started before another ended
     assert sorted(lake.con.execute(f"SELECT id FROM {S}.l").fetchall()) == [(1,), (2,), (3,), (4,)]
     assert {r[0] for r in lake.con.execute(f"SELECT worker FROM {S}.l").fetchall()} == {"w1", "w2"}
 
     run = books.run(body.replace("MODE", "sequential"))
     spans = [(it.started_at, it.finished_at) for it in step(run, "each").iterations]
-    assert run.ok and all(b[0] >= a[1] for a, b in zip(spans, spans[1:])), spans
+    assert run.ok and all(b[0] >= a[1] for a, b in itertools.pairwise(spans)), spans
 
 
 def test_catalog_info_is_the_catalogs_real_state(books, lake):
@@ -236,8 +252,9 @@ def test_catalog_info_is_the_catalogs_real_state(books, lake):
     row = lake.con.execute("SELECT * FROM ducklake_snapshots('lake') WHERE snapshot_id = ?", [latest["snapshot_id"]])
     columns = [d[0] for d in row.description]
     assert list(latest) == columns and dict(zip(columns, row.fetchone())) == latest
-    assert info["snapshot_count"] == lake.scalar("SELECT count(*) FROM ducklake_snapshots('lake') WHERE snapshot_id <= ?",
-                                                 [latest["snapshot_id"]])
+    assert info["snapshot_count"] == lake.scalar(
+        "SELECT count(*) FROM ducklake_snapshots('lake') WHERE snapshot_id <= ?", [latest["snapshot_id"]]
+    )
     assert info["snapshot_count"] > 5  # the seed capped it at 5
     assert f"{S}.i" in info["tables"] and info["table_count"] == len(info["tables"])
     assert step(run, "s").vars["snapshots"] == info["snapshot_count"]
@@ -248,8 +265,13 @@ def test_v1_and_v2_fixtures_give_the_same_results(books, lake):
     for shape in ("v1", "v2"):
         run = books.run(ROOT / f"steps/ducklake_test_{shape}.yaml")
         assert run.ok, run.as_dict()
-        rows = {s.step: [(c["sql"], c.get("rows") if "ducklake_" not in c["sql"] else None, c.get("affected_rows"))
-                         for c in s.as_dict()["result"].get("commands", [])] for s in run.steps}
+        rows = {
+            s.step: [
+                (c["sql"], c.get("rows") if "ducklake_" not in c["sql"] else None, c.get("affected_rows"))
+                for c in s.as_dict()["result"].get("commands", [])
+            ]
+            for s in run.steps
+        }
         loop = step(run, "loop_insert_events").iterations
         results.append((rows, {k: v for k, v in run.vars.items() if k != "snapshot_count"}, len(loop)))
         assert lake.scalar("SELECT count(*) FROM lake.main.user_events") == 5
@@ -269,7 +291,9 @@ def test_primary_key_is_refused_before_anything_runs(books, lake):
         """)
     err = step(run, "users").error
     assert not run.ok and "only NOT NULL" in err.message and "pk_users" in err.message
-    assert lake.scalar(f"SELECT count(*) FROM duckdb_tables() WHERE schema_name = '{S}' AND table_name = 'pk_users'") == 0
+    assert (
+        lake.scalar(f"SELECT count(*) FROM duckdb_tables() WHERE schema_name = '{S}' AND table_name = 'pk_users'") == 0
+    )
 
 
 def test_seed_time_travel_reads_what_the_lake_had(books, lake):
@@ -351,6 +375,7 @@ def test_what_a_worker_remembers_between_steps_never_outlives_another_task(books
     """A step skips the `USE` and the snapshot lookup it already knows the answer to; a task of another kind in between
     (which may USE anything and commit) makes it ask again: a SELECT after it is credited with no snapshot, and an
     unqualified name still means the step's catalog."""
+
     def step_on_w1(sql: str):
         return books.task(sql, "w1")
 
@@ -364,7 +389,12 @@ def test_what_a_worker_remembers_between_steps_never_outlives_another_task(books
     books.plane.run("USE local", worker="w1")
     created = step_on_w1("CREATE OR REPLACE TABLE steps_default_db (k INTEGER)")
     assert not created.failed, created.error or created.statements
-    assert lake.scalar("SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND table_name = 'steps_default_db'") == 1
+    assert (
+        lake.scalar(
+            "SELECT count(*) FROM duckdb_tables() WHERE database_name = 'lake' AND table_name = 'steps_default_db'"
+        )
+        == 1
+    )
     lake.run("DROP TABLE steps_default_db")
 
 
@@ -372,6 +402,7 @@ def test_steps_on_a_worker_share_its_one_pooled_connection(books):
     """NoETL opened a new connection per task (extensions installed twice, a DETACH that always failed): here a value
     a step leaves on its worker's connection is there for the next step on that worker, and its catalog is attached
     once (the worker's attachment count does not grow)."""
+
     def on_w2(sql: str):
         return books.task(sql, "w2", "pool_alias")
 
@@ -446,9 +477,12 @@ def test_a_value_that_breaks_out_of_its_literal_is_refused_and_numbers_still_pas
 def test_a_rendered_command_that_would_change_the_workers_connection_is_refused(books):
     """A template can hide an ATTACH from `steps validate`: the rendered command is checked again before it is sent,
     and no worker ever sees it (every worker still has only its own databases)."""
+
     def databases() -> dict[str, list[str]]:
-        return {w: [r[0] for r in books.plane.run("SELECT database_name FROM duckdb_databases() ORDER BY 1", worker=w).rows]
-                for w in ("w1", "w2")}
+        return {
+            w: [r[0] for r in books.plane.run("SELECT database_name FROM duckdb_databases() ORDER BY 1", worker=w).rows]
+            for w in ("w1", "w2")
+        }
 
     before = databases()
     run = books.run("""\

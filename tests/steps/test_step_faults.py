@@ -68,9 +68,14 @@ def _plane(stack, workers: int = 2):
 
 
 def _start(stack, *args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(ROOT / "ducklake_test.py"), "steps", "run", *args],
-                            env={**os.environ, **stack.env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "ducklake_test.py"), "steps", "run", *args],
+        env={**os.environ, **stack.env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def _commits(ep, count: int, timeout: float = 120) -> dict[int, dict]:
@@ -79,8 +84,10 @@ def _commits(ep, count: int, timeout: float = 120) -> dict[int, dict]:
     deadline = time.monotonic() + timeout
     with postgres.connect(ep.pg) as conn:
         while time.monotonic() < deadline:
-            rows = conn.execute("SELECT snapshot_id, commit_extra_info FROM ducklake_snapshot_changes "
-                                "WHERE changes_made LIKE 'in%insert%' ORDER BY snapshot_id").fetchall()
+            rows = conn.execute(
+                "SELECT snapshot_id, commit_extra_info FROM ducklake_snapshot_changes "
+                "WHERE changes_made LIKE 'in%insert%' ORDER BY snapshot_id"
+            ).fetchall()
             infos = [{**json.loads(e or "{}"), "snapshot": snap} for snap, e in rows]
             found = {info.get("iteration", i): info for i, info in enumerate(infos)}
             if len(found) >= count:
@@ -114,8 +121,9 @@ def _resume(stack, cli, monkeypatch, playbook: Path, run_id: str, *extra: str) -
     return envelope
 
 
-def test_an_iteration_whose_worker_dies_after_its_commit_is_ok_and_never_run_again(fresh_stack, cli, playbook,
-                                                                                     monkeypatch):
+def test_an_iteration_whose_worker_dies_after_its_commit_is_ok_and_never_run_again(
+    fresh_stack, cli, playbook, monkeypatch
+):
     monkeypatch.setenv("DUCKLAKE_FAULT", "pause-after-commit=10")  # the workers wait there: the kill lands in it
     ep = _plane(fresh_stack)
     proc = _start(fresh_stack, str(playbook), "--json")
@@ -137,7 +145,8 @@ def test_an_iteration_whose_worker_dies_after_its_commit_is_ok_and_never_run_aga
 
 
 def test_an_iteration_whose_worker_dies_before_its_commit_did_not_commit_and_runs_once_on_resume(
-        fresh_stack, cli, playbook, monkeypatch):
+    fresh_stack, cli, playbook, monkeypatch
+):
     ep = _plane(fresh_stack)
     proc = _start(fresh_stack, str(playbook), "--set", "n=600000000", "--json")
     seen = []
@@ -153,20 +162,31 @@ def test_an_iteration_whose_worker_dies_before_its_commit_did_not_commit_and_run
     assert "did not commit (its token is not in the lake)" in lost[0]["error"]["message"], lost
     done = next(it for it in iterations if it["status"] == "ok")
     assert _rows(ep) == [(done["element"], 85714286)]
-    again = _iterations(_resume(fresh_stack, cli, monkeypatch, playbook, json.loads(out)["result"]["summary"]["execution_id"],
-                                "--set", "n=600000000"))
+    again = _iterations(
+        _resume(
+            fresh_stack,
+            cli,
+            monkeypatch,
+            playbook,
+            json.loads(out)["result"]["summary"]["execution_id"],
+            "--set",
+            "n=600000000",
+        )
+    )
     assert [it["note"] is not None for it in again] == [it is done for it in iterations]  # only the lost one ran
     assert _rows(ep) == [(1, 85714286), (2, 85714286)]  # each id once
 
 
 @pytest.mark.parametrize("as_json", [True, False], ids=["json", "text"])
 def test_the_scheduler_lost_mid_loop_is_one_line_and_resume_runs_what_did_not_commit(
-        fresh_stack, cli, playbook, monkeypatch, as_json):
+    fresh_stack, cli, playbook, monkeypatch, as_json
+):
     monkeypatch.setenv("DUCKLAKE_FAULT", "pause-after-commit=10")
     ep = _plane(fresh_stack)
     # each INSERT takes about a second: the run is still busy when the first two have committed
-    proc = _start(fresh_stack, str(playbook), "--set", "ids=[1,2,3]", "--set", f"n={N}",
-                  *(["--json"] if as_json else []))
+    proc = _start(
+        fresh_stack, str(playbook), "--set", "ids=[1,2,3]", "--set", f"n={N}", *(["--json"] if as_json else [])
+    )
     landed = _commits(ep, 2)  # two iterations committed and waiting on their workers; the third is queued
     _kill(fresh_stack, "scheduler")
     out, err = proc.communicate(timeout=180)
@@ -174,8 +194,10 @@ def test_the_scheduler_lost_mid_loop_is_one_line_and_resume_runs_what_did_not_co
     assert "Traceback" not in err + out and "distributed." not in err + out, err
     run_id = next(iter(landed.values())).get("run")
     errors = [line for line in err.splitlines() if line.startswith("Error: ")]
-    assert errors == ["Error: the worker plane's scheduler was lost during the run. Try: run `up` to start it again, "
-                      f"then `steps run {playbook} --resume {run_id}`."], err
+    assert errors == [
+        "Error: the worker plane's scheduler was lost during the run. Try: run `up` to start it again, "
+        f"then `steps run {playbook} --resume {run_id}`."
+    ], err
     if as_json:
         envelope = json.loads(out)
         assert envelope["status"] == "error" and set(envelope) == {"status", "result", "catalog_info"}
@@ -191,7 +213,8 @@ def test_the_scheduler_lost_mid_loop_is_one_line_and_resume_runs_what_did_not_co
         assert after["status"] == "skipped" and after["reason"].startswith("not run: the worker plane's scheduler")
     else:
         assert "ABORTED: playbook faults" in out, out
-    again = _iterations(_resume(fresh_stack, cli, monkeypatch, playbook, run_id, "--set", "ids=[1,2,3]",
-                                "--set", f"n={N}"))
+    again = _iterations(
+        _resume(fresh_stack, cli, monkeypatch, playbook, run_id, "--set", "ids=[1,2,3]", "--set", f"n={N}")
+    )
     assert sorted(it["index"] for it in again if it["note"] is None) == sorted({0, 1, 2} - set(landed))
     assert _rows(ep) == [(i, N_ROWS) for i in (1, 2, 3)]  # each id once

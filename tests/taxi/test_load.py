@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ducklake_kit.platforms import s3
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
+from ducklake_kit.platforms import s3
 from ducklake_kit.taxi import flow
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -31,7 +31,12 @@ def _lake_state(stack) -> tuple[int, int, int]:
     """(latest snapshot, trips rows, quarantine rows): what must not move when a load fails."""
     with Lake(stack.platform.endpoints()) as lake:
         snap = lake.current_snapshot()
-        tables = {r[0] for r in lake.con.execute("SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake' AND schema_name = 'main'").fetchall()}
+        tables = {
+            r[0]
+            for r in lake.con.execute(
+                "SELECT table_name FROM duckdb_tables() WHERE database_name = 'lake' AND schema_name = 'main'"
+            ).fetchall()
+        }
         trips = lake.scalar("SELECT count(*) FROM trips") if "trips" in tables else 0
         quarantine = lake.scalar("SELECT count(*) FROM quarantine") if "quarantine" in tables else 0
     return snap, trips, quarantine
@@ -43,8 +48,13 @@ def _load(stack, **kw):
 
 def _cli_load(stack, *args, env_extra=None):
     env = {**os.environ, **stack.env, **(env_extra or {})}
-    return subprocess.run([sys.executable, str(ROOT / "ducklake_test.py"), "load", *args], env=env,
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "ducklake_test.py"), "load", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_two_synthetic_months_load_checked_in_one_snapshot_and_rerun_is_a_no_op(stack):
@@ -52,14 +62,26 @@ def test_two_synthetic_months_load_checked_in_one_snapshot_and_rerun_is_a_no_op(
     result, checks = _load(stack, source="synthetic", months="2023-01..2023-02", rows_per_month=ROWS, seed=7)
     assert checks.ok, [c.as_dict() for c in checks.failed]
     assert result.snapshot_id == before + 1
-    assert [(f.source.period, f.status, f.rows_read) for f in result.files] == [("2023-01", "loaded", ROWS), ("2023-02", "loaded", ROWS)]
-    assert all(f.rows_rejected > 0 and f.rows_accepted > 0 for f in result.files)  # the generator's quirks are quarantined
+    assert [(f.source.period, f.status, f.rows_read) for f in result.files] == [
+        ("2023-01", "loaded", ROWS),
+        ("2023-02", "loaded", ROWS),
+    ]
+    assert all(
+        f.rows_rejected > 0 and f.rows_accepted > 0 for f in result.files
+    )  # the generator's quirks are quarantined
     with Lake(stack.platform.endpoints()) as lake:
         # partitioned as DuckLake lays it out, and the log has one row per file with the snapshot's rows
-        paths = [r[0] for r in lake.con.execute("SELECT data_file FROM ducklake_list_files('lake', 'trips')").fetchall()]
-        assert any("/pickup_year=2023/pickup_month=1/" in p for p in paths) and all(p.startswith("s3://lake/main/trips/") for p in paths)
-        log = lake.con.execute("SELECT period, rows_read, rows_accepted + rows_rejected, snapshot_id FROM load_log "
-                               "WHERE load_id = ? ORDER BY period", [result.load_id]).fetchall()
+        paths = [
+            r[0] for r in lake.con.execute("SELECT data_file FROM ducklake_list_files('lake', 'trips')").fetchall()
+        ]
+        assert any("/pickup_year=2023/pickup_month=1/" in p for p in paths) and all(
+            p.startswith("s3://lake/main/trips/") for p in paths
+        )
+        log = lake.con.execute(
+            "SELECT period, rows_read, rows_accepted + rows_rejected, snapshot_id FROM load_log "
+            "WHERE load_id = ? ORDER BY period",
+            [result.load_id],
+        ).fetchall()
         assert log == [("2023-01", ROWS, ROWS, result.snapshot_id), ("2023-02", ROWS, ROWS, result.snapshot_id)]
         assert lake.scalar("SELECT count(*) FROM zones") == 265
     again, checks = _load(stack, source="synthetic", months="2023-01..2023-02", rows_per_month=ROWS, seed=7)
@@ -80,18 +102,28 @@ def test_a_real_tlc_sample_loads_with_figures_equal_to_the_source(stack):
         got = lake.con.execute(
             "SELECT pickup_at, dropoff_at, total_amount, pu_location_id, cbd_congestion_fee FROM "
             "(FROM trips UNION ALL BY NAME FROM quarantine) WHERE source_file = ? AND pickup_at = ? AND dropoff_at = ? "
-            "AND total_amount = ?", [SAMPLE_2025_02.name, src["tpep_pickup_datetime"], src["tpep_dropoff_datetime"],
-                                     src["total_amount"]]).fetchall()
-        assert (src["tpep_pickup_datetime"], src["tpep_dropoff_datetime"], src["total_amount"], src["PULocationID"],
-                src["cbd_congestion_fee"]) in got
+            "AND total_amount = ?",
+            [SAMPLE_2025_02.name, src["tpep_pickup_datetime"], src["tpep_dropoff_datetime"], src["total_amount"]],
+        ).fetchall()
+        assert (
+            src["tpep_pickup_datetime"],
+            src["tpep_dropoff_datetime"],
+            src["total_amount"],
+            src["PULocationID"],
+            src["cbd_congestion_fee"],
+        ) in got
 
 
 def test_replace_swaps_a_month_in_one_snapshot(stack):
     _load(stack, source="synthetic", months="2022-06", rows_per_month=ROWS, seed=1)
-    result, checks = _load(stack, source="synthetic", months="2022-06", rows_per_month=ROWS // 2, seed=1, mode="replace")
+    _result, checks = _load(
+        stack, source="synthetic", months="2022-06", rows_per_month=ROWS // 2, seed=1, mode="replace"
+    )
     assert checks.ok, [c.as_dict() for c in checks.failed]
     with Lake(stack.platform.endpoints()) as lake:
-        n = lake.scalar("SELECT count(*) FROM (FROM trips UNION ALL BY NAME FROM quarantine) WHERE source_file LIKE '%2022-06%'")
+        n = lake.scalar(
+            "SELECT count(*) FROM (FROM trips UNION ALL BY NAME FROM quarantine) WHERE source_file LIKE '%2022-06%'"
+        )
         assert n == ROWS // 2
         assert lake.scalar("SELECT count(*) FROM load_log WHERE period = '2022-06'") == 1
     with pytest.raises(KitError, match="already loaded from different content"):
@@ -100,8 +132,16 @@ def test_replace_swaps_a_month_in_one_snapshot(stack):
 
 def test_a_load_killed_before_commit_leaves_the_lake_as_it_was(stack, local_only):
     before = _lake_state(stack)
-    proc = _cli_load(stack, "--source", "synthetic", "--months", "2021-03", "--rows-per-month", str(ROWS),
-                     env_extra={"DUCKLAKE_FAULT": "kill-before-commit"})
+    proc = _cli_load(
+        stack,
+        "--source",
+        "synthetic",
+        "--months",
+        "2021-03",
+        "--rows-per-month",
+        str(ROWS),
+        env_extra={"DUCKLAKE_FAULT": "kill-before-commit"},
+    )
     assert proc.returncode == -9, proc.stdout + proc.stderr
     assert _lake_state(stack) == before  # no snapshot, no orphan rows
     result, checks = _load(stack, source="synthetic", months="2021-03", rows_per_month=ROWS)
@@ -110,12 +150,27 @@ def test_a_load_killed_before_commit_leaves_the_lake_as_it_was(stack, local_only
 
 def test_a_retried_spark_task_does_not_duplicate_rows(stack, local_only):
     # local[2,2]: two task attempts allowed; the fault fails each task's first attempt after it wrote its files
-    proc = _cli_load(stack, "--source", "synthetic", "--months", "2021-04", "--rows-per-month", str(ROWS),
-                     "--spark-master", "local[2,2]", "--json", env_extra={"DUCKLAKE_FAULT": "fail-first-task-attempt"})
+    proc = _cli_load(
+        stack,
+        "--source",
+        "synthetic",
+        "--months",
+        "2021-04",
+        "--rows-per-month",
+        str(ROWS),
+        "--spark-master",
+        "local[2,2]",
+        "--json",
+        env_extra={"DUCKLAKE_FAULT": "fail-first-task-attempt"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with Lake(stack.platform.endpoints()) as lake:
-        n = lake.scalar("SELECT count(*) FROM (FROM trips UNION ALL BY NAME FROM quarantine) WHERE source_file LIKE '%2021-04%'")
-        registered = {r[0] for r in lake.con.execute("SELECT data_file FROM ducklake_list_files('lake', 'trips')").fetchall()}
+        n = lake.scalar(
+            "SELECT count(*) FROM (FROM trips UNION ALL BY NAME FROM quarantine) WHERE source_file LIKE '%2021-04%'"
+        )
+        registered = {
+            r[0] for r in lake.con.execute("SELECT data_file FROM ducklake_list_files('lake', 'trips')").fetchall()
+        }
     assert n == ROWS
     # the failed first attempts did write files: they are in the bucket but not in the lake (proof the retry ran)
     ep = stack.platform.endpoints()
@@ -128,8 +183,18 @@ def test_a_retried_spark_task_does_not_duplicate_rows(stack, local_only):
 def test_a_failed_load_is_one_line_and_the_jvms_own_output_goes_to_the_log(stack, local_only):
     # local[2,1]: one attempt per task, so the injected failure of the first attempt fails the Spark job
     before = _lake_state(stack)
-    proc = _cli_load(stack, "--source", "synthetic", "--months", "2021-05", "--rows-per-month", str(ROWS),
-                     "--spark-master", "local[2,1]", env_extra={"DUCKLAKE_FAULT": "fail-first-task-attempt"})
+    proc = _cli_load(
+        stack,
+        "--source",
+        "synthetic",
+        "--months",
+        "2021-05",
+        "--rows-per-month",
+        str(ROWS),
+        "--spark-master",
+        "local[2,1]",
+        env_extra={"DUCKLAKE_FAULT": "fail-first-task-attempt"},
+    )
     assert proc.returncode == 3, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("Error: the Spark job failed"), proc.stderr
@@ -160,8 +225,13 @@ def _bad_files(tmp_path: Path) -> dict[str, Path]:
     pq.write_table(table.set_column(i, "fare_amount", pa.array(text)), not_a_number)
     wrong_type = tmp_path / "yellow_tripdata_2020-05_bool.parquet"
     pq.write_table(table.set_column(i, "fare_amount", pa.array([True] * table.num_rows)), wrong_type)
-    return {"truncated": truncated, "corrupt": corrupt, "unknown": unknown, "not_a_number": not_a_number,
-            "wrong_type": wrong_type}
+    return {
+        "truncated": truncated,
+        "corrupt": corrupt,
+        "unknown": unknown,
+        "not_a_number": not_a_number,
+        "wrong_type": wrong_type,
+    }
 
 
 def _raw_objects(stack) -> set[str]:
@@ -169,13 +239,16 @@ def _raw_objects(stack) -> set[str]:
     return {o["Key"] for o in listing.get("Contents", [])}
 
 
-@pytest.mark.parametrize("kind, message", [
-    ("truncated", "is not a readable Parquet file"),
-    ("corrupt", "is not a readable Parquet file"),
-    ("unknown", "unknown"),
-    ("not_a_number", "column fare_amount holds 1 value(s) that are not a number (e.g. 'twelve')"),
-    ("wrong_type", "column fare_amount is bool, but the load needs a number there"),
-])
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("truncated", "is not a readable Parquet file"),
+        ("corrupt", "is not a readable Parquet file"),
+        ("unknown", "unknown"),
+        ("not_a_number", "column fare_amount holds 1 value(s) that are not a number (e.g. 'twelve')"),
+        ("wrong_type", "column fare_amount is bool, but the load needs a number there"),
+    ],
+)
 def test_bad_files_get_one_clear_error_and_leave_the_lake_unchanged(stack, tmp_path, kind, message):
     path = _bad_files(tmp_path)[kind]
     before, raw_before = _lake_state(stack), _raw_objects(stack)
@@ -203,21 +276,34 @@ def test_numbers_written_as_text_still_load(stack, tmp_path):
 
 def test_no_java_is_found_before_anything_is_landed(stack, tmp_path):
     raw_before, before = _raw_objects(stack), _lake_state(stack)
-    proc = _cli_load(stack, "--source", "synthetic", "--months", "2021-06", "--rows-per-month", "500",
-                     env_extra={"JAVA_HOME": str(tmp_path), "PATH": str(tmp_path)})
+    proc = _cli_load(
+        stack,
+        "--source",
+        "synthetic",
+        "--months",
+        "2021-06",
+        "--rows-per-month",
+        "500",
+        env_extra={"JAVA_HOME": str(tmp_path), "PATH": str(tmp_path)},
+    )
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert proc.stderr.startswith("Error: Spark needs Java 17+ and no java was found (JAVA_HOME, PATH), so nothing "
-                                  "was landed or loaded. Try: install Java 17+"), proc.stderr
+    assert proc.stderr.startswith(
+        "Error: Spark needs Java 17+ and no java was found (JAVA_HOME, PATH), so nothing "
+        "was landed or loaded. Try: install Java 17+"
+    ), proc.stderr
     assert _raw_objects(stack) == raw_before and _lake_state(stack) == before
 
 
-@pytest.mark.parametrize("args, message", [
-    # issue 16: 0 made an empty snapshot and load_log row that then refused the real load; -5 named `chunk_rows`
-    (["--rows-per-month", "0"], "Error: --rows-per-month must be at least 1 (got 0)."),
-    (["--rows-per-month", "-5"], "Error: --rows-per-month must be at least 1 (got -5)."),
-    (["--months", "1999-01"], "Error: the TLC's yellow taxi records start in 2009-01, so 1999-01 has no trips."),
-    (["--months", "2099-01"], "Error: 2099-01 is in the future."),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        # issue 16: 0 made an empty snapshot and load_log row that then refused the real load; -5 named `chunk_rows`
+        (["--rows-per-month", "0"], "Error: --rows-per-month must be at least 1 (got 0)."),
+        (["--rows-per-month", "-5"], "Error: --rows-per-month must be at least 1 (got -5)."),
+        (["--months", "1999-01"], "Error: the TLC's yellow taxi records start in 2009-01, so 1999-01 has no trips."),
+        (["--months", "2099-01"], "Error: 2099-01 is in the future."),
+    ],
+)
 def test_bad_load_options_are_one_clear_line_before_anything_changes(stack, cli, args, message):
     before = _lake_state(stack)
     months = [] if "--months" in args else ["--months", "2024-01"]
@@ -236,7 +322,7 @@ def test_load_json_stdout_is_json_alone_the_jvm_writes_to_its_log(stack):
     doc = json.loads(proc.stdout)
     assert doc["status"] == "ok" and [f["status"] for f in doc["result"]["files"]] == ["loaded"]
     assert "native-hadoop" not in proc.stdout + proc.stderr
-    assert "native-hadoop" in log.read_text()[len(before):]  # the JVM still says it, where logs belong
+    assert "native-hadoop" in log.read_text()[len(before) :]  # the JVM still says it, where logs belong
 
 
 def test_another_writer_committing_during_the_load_is_no_failure(stack):
@@ -266,11 +352,14 @@ def test_another_writer_committing_during_the_load_is_no_failure(stack):
     assert "the load made exactly one snapshot" in names and "every row the load wrote is in that snapshot" in names
 
 
-@pytest.mark.parametrize("months, message", [
-    ("2024-13", "no such month: 2024-13"),
-    ("2024-03..2024-01", "ends before it starts"),
-    ("March", "cannot read the months 'March'"),
-])
+@pytest.mark.parametrize(
+    "months, message",
+    [
+        ("2024-13", "no such month: 2024-13"),
+        ("2024-03..2024-01", "ends before it starts"),
+        ("March", "cannot read the months 'March'"),
+    ],
+)
 def test_bad_months_are_one_clear_error(stack, cli, months, message):
     result = cli(stack.env, "load", "--source", "synthetic", "--months", months)
     assert result.exit_code == 3 and message in result.stderr, result.output
@@ -289,7 +378,9 @@ def test_a_dropped_trips_table_is_named_with_the_ways_back_and_time_travel_resto
         for stmt in ddl_statements(schema):
             lake.run(stmt)
         lake.run(f"INSERT INTO {schema}.{TRIPS} (vendor_id, source_file) VALUES (1, 'a.parquet'), (2, 'a.parquet')")
-        lake.run(f"INSERT INTO {schema}.{LOAD_LOG} (load_id, sha256, period, source_file) VALUES ('l1', 'abc', '2020-01', 'a.parquet')")
+        lake.run(
+            f"INSERT INTO {schema}.{LOAD_LOG} (load_id, sha256, period, source_file) VALUES ('l1', 'abc', '2020-01', 'a.parquet')"
+        )
         source = SourceFile(tmp_path / "a.parquet", "files", 2020, 1, "abc", 2)
         todo, skipped, _ = plan(lake, [source], "skip", schema)
         assert not todo and len(skipped) == 1  # as loaded: skipped

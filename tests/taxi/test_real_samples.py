@@ -113,8 +113,12 @@ def test_tlc_2025_head_with_nanosecond_timestamps(spark, sample):
     path = sample("yellow_tripdata_2025-01_head10000.parquet")
     actual = _conformed(spark, path, "tlc_2025")
     assertDataFrameEqual(actual, spark.createDataFrame(_parquet_expected(path), CANONICAL_DDL))
-    row0 = actual.where("pickup_at = TIMESTAMP_NTZ'2025-01-01 00:18:38' AND vendor_id = 1 AND pu_location_id = 229").collect()
-    assert [(r.dropoff_at, r.total_amount, r.congestion_surcharge) for r in row0] == [(datetime(2025, 1, 1, 0, 26, 59), 18.0, 2.5)]
+    row0 = actual.where(
+        "pickup_at = TIMESTAMP_NTZ'2025-01-01 00:18:38' AND vendor_id = 1 AND pu_location_id = 229"
+    ).collect()
+    assert [(r.dropoff_at, r.total_amount, r.congestion_surcharge) for r in row0] == [
+        (datetime(2025, 1, 1, 0, 26, 59), 18.0, 2.5)
+    ]
 
 
 def test_tlc_2025_head_quality_flags(spark, sample):
@@ -134,7 +138,9 @@ def test_tlc_2025_head_quality_flags(spark, sample):
             return "dropoff_before_pickup"
         if (d - p).total_seconds() > 86400:
             return "duration_over_24h"
-        if (c["fare_amount"] is not None and c["fare_amount"] < 0) or (c["total_amount"] is not None and c["total_amount"] < 0):
+        if (c["fare_amount"] is not None and c["fare_amount"] < 0) or (
+            c["total_amount"] is not None and c["total_amount"] < 0
+        ):
             return "negative_amount"
         if c["trip_distance"] is None or not 0 <= c["trip_distance"] <= 500:
             return "bad_distance"
@@ -158,7 +164,9 @@ def test_bigquery_export(spark, sample):
 
     actual = _conformed(spark, path, "bigquery")
     assertDataFrameEqual(actual, spark.createDataFrame(_csv_expected(path, BIGQUERY, stamp), CANONICAL_DDL))
-    first = actual.where("pickup_at = TIMESTAMP_NTZ'2022-03-02 15:25:57' AND dropoff_at = TIMESTAMP_NTZ'2022-03-02 16:13:13'")
+    first = actual.where(
+        "pickup_at = TIMESTAMP_NTZ'2022-03-02 15:25:57' AND dropoff_at = TIMESTAMP_NTZ'2022-03-02 16:13:13'"
+    )
     assert [(r.vendor_id, r.passenger_count, r.trip_distance, r.ratecode_id, r.airport_fee, r.improvement_surcharge,
              r.total_amount, r.pu_location_id, r.do_location_id, r.congestion_surcharge) for r in first.collect()] == [
         (2, 5, 12.63, 1, 1.25, 0.3, 45.05, 132, 181, None)]  # fmt: skip
@@ -191,9 +199,20 @@ def test_derive_with_the_real_zone_lookup(spark, sample):
     trips = _conformed(spark, sample("yellow_tripdata_2025-02_random5000.parquet"), "tlc_2025")
     derived = derive(trips, zones)
     assert derived.count() == 5000  # the lookup join neither drops nor duplicates trips
-    got = derived.where("pickup_at = TIMESTAMP_NTZ'2025-02-08 10:07:10' AND pu_location_id = 43").select(
-        "pickup_date", "pickup_year", "pickup_month", "pickup_hour", "pickup_weekday", "trip_duration_s", "pu_borough", "do_borough"
-    ).collect()
+    got = (
+        derived.where("pickup_at = TIMESTAMP_NTZ'2025-02-08 10:07:10' AND pu_location_id = 43")
+        .select(
+            "pickup_date",
+            "pickup_year",
+            "pickup_month",
+            "pickup_hour",
+            "pickup_weekday",
+            "trip_duration_s",
+            "pu_borough",
+            "do_borough",
+        )
+        .collect()
+    )
     assert got == [Row(pickup_date=datetime(2025, 2, 8).date(), pickup_year=2025, pickup_month=2, pickup_hour=10,
                        pickup_weekday=6, trip_duration_s=245, pu_borough="Manhattan", do_borough="Manhattan")]  # fmt: skip
     assert derived.where("pu_borough IS NULL OR do_borough IS NULL").count() == 0

@@ -23,7 +23,10 @@ from ducklake_kit.taxi.verify import verify_file
 SAMPLES = Path(__file__).resolve().parents[3] / "shared" / "tlc-samples"
 GX = sorted((SAMPLES / "gx_yellow_tripdata_samples_2018-2020").glob("*.csv"))
 CSVS = [*GX, SAMPLES / "bigquery_tlc_yellow_trips_2022_random10000.csv"]
-PARQUETS = [SAMPLES / "yellow_tripdata_2025-01_head10000.parquet", SAMPLES / "yellow_tripdata_2025-02_random5000.parquet"]
+PARQUETS = [
+    SAMPLES / "yellow_tripdata_2025-01_head10000.parquet",
+    SAMPLES / "yellow_tripdata_2025-02_random5000.parquet",
+]
 pytestmark = pytest.mark.skipif(not SAMPLES.exists(), reason=f"the real TLC samples ({SAMPLES}) are absent")
 
 
@@ -44,7 +47,8 @@ def test_the_reference_reads_every_real_sample(path):
         expected_total = decimal.Decimal(str(round(pc.sum(table["total_amount"]).as_py(), 2)))
     con = duckdb.connect()
     got_rows, got_total = con.execute(
-        f"SELECT count(*), sum(CAST(total_amount AS DECIMAL(18, 2))) FROM ({source_select(con, str(path), 'any')})").fetchone()
+        f"SELECT count(*), sum(CAST(total_amount AS DECIMAL(18, 2))) FROM ({source_select(con, str(path), 'any')})"
+    ).fetchone()
     assert (got_rows, got_total) == (expected_rows, expected_total.quantize(decimal.Decimal("0.01")))
 
 
@@ -57,7 +61,9 @@ def test_a_raw_object_the_reference_cannot_read_fails_its_own_check_with_a_fix(s
         for path in (broken, gone):
             fr = SimpleNamespace(raw_uri=str(path), source=SimpleNamespace(path=path, period="2024-01", month=1))
             verify_file(lake, fr, "load-x", checks)  # records a failed check; never raises
-    assert [c.name for c in checks.checks] == [f"{broken.name}: the reference reader can read the raw object",
-                                               f"{gone.name}: the reference reader can read the raw object"]
+    assert [c.name for c in checks.checks] == [
+        f"{broken.name}: the reference reader can read the raw object",
+        f"{gone.name}: the reference reader can read the raw object",
+    ]
     assert not any(c.passed for c in checks.checks)
     assert "report the file" in checks.checks[0].actual and "load --mode replace" in checks.checks[1].actual

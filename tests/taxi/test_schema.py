@@ -11,23 +11,54 @@ from ducklake_kit.errors import KitError
 from ducklake_kit.taxi import schema
 from ducklake_kit.taxi.schema import detect_variant
 
-
 TLC_2025_HEADER = [
     "VendorID", "tpep_pickup_datetime", "tpep_dropoff_datetime", "passenger_count", "trip_distance",
     "RatecodeID", "store_and_fwd_flag", "PULocationID", "DOLocationID", "payment_type", "fare_amount",
     "extra", "mta_tax", "tip_amount", "tolls_amount", "improvement_surcharge", "total_amount",
     "congestion_surcharge", "Airport_fee", "cbd_congestion_fee",
 ]  # fmt: skip
-GX_HEADER = (
-    "vendor_id,pickup_datetime,dropoff_datetime,passenger_count,trip_distance,rate_code_id,store_and_fwd_flag,"
-    "pickup_location_id,dropoff_location_id,payment_type,fare_amount,extra,mta_tax,tip_amount,tolls_amount,"
-    "improvement_surcharge,total_amount,congestion_surcharge"
-).split(",")
-BIGQUERY_HEADER = (
-    "vendor_id,pickup_datetime,dropoff_datetime,passenger_count,trip_distance,rate_code,store_and_fwd_flag,"
-    "payment_type,fare_amount,extra,mta_tax,tip_amount,tolls_amount,imp_surcharge,airport_fee,total_amount,"
-    "pickup_location_id,dropoff_location_id,data_file_year,data_file_month"
-).split(",")
+GX_HEADER = [
+    "vendor_id",
+    "pickup_datetime",
+    "dropoff_datetime",
+    "passenger_count",
+    "trip_distance",
+    "rate_code_id",
+    "store_and_fwd_flag",
+    "pickup_location_id",
+    "dropoff_location_id",
+    "payment_type",
+    "fare_amount",
+    "extra",
+    "mta_tax",
+    "tip_amount",
+    "tolls_amount",
+    "improvement_surcharge",
+    "total_amount",
+    "congestion_surcharge",
+]
+BIGQUERY_HEADER = [
+    "vendor_id",
+    "pickup_datetime",
+    "dropoff_datetime",
+    "passenger_count",
+    "trip_distance",
+    "rate_code",
+    "store_and_fwd_flag",
+    "payment_type",
+    "fare_amount",
+    "extra",
+    "mta_tax",
+    "tip_amount",
+    "tolls_amount",
+    "imp_surcharge",
+    "airport_fee",
+    "total_amount",
+    "pickup_location_id",
+    "dropoff_location_id",
+    "data_file_year",
+    "data_file_month",
+]
 
 
 def test_canonical_columns_and_types():
@@ -73,7 +104,9 @@ def test_unknown_schema_names_missing_and_unexpected_columns():
     with pytest.raises(KitError) as e:
         detect_variant(cols, source="s3://raw/x.parquet")
     msg = e.value.line()
-    assert msg.startswith("Error: unknown trips schema in s3://raw/x.parquet (21 columns): closest known variant is tlc_2025")
+    assert msg.startswith(
+        "Error: unknown trips schema in s3://raw/x.parquet (21 columns): closest known variant is tlc_2025"
+    )
     assert "missing tip_amount" in msg
     assert "unexpected surprise, tip (did you mean tip_amount?)" in msg
     assert "Try: rename the columns to one of the known variants" in msg
@@ -102,7 +135,14 @@ def test_era_arrow_schemas():
         assert s22.field(name).type == pa.int64()
     for name in ("passenger_count", "RatecodeID"):
         assert s22.field(name).type == pa.float64()
-    assert [schema.era_for(y) for y in (2019, 2022, 2023, 2024, 2025, 2026)] == ["2022", "2022", "2024", "2024", "2025", "2025"]
+    assert [schema.era_for(y) for y in (2019, 2022, 2023, 2024, 2025, 2026)] == [
+        "2022",
+        "2022",
+        "2024",
+        "2024",
+        "2025",
+        "2025",
+    ]
 
 
 def test_real_sample_headers_are_detected(sample):

@@ -161,7 +161,9 @@ def test_tlc_downloads_once_verified_and_never_again(tlc, tmp_path):
     (f,) = sources.tlc_files(cache, [MONTH])
     assert (f.kind, f.period, f.rows, f.sha256) == ("tlc", "2024-01", MONTH_ROWS, sha256(served))
     assert sha256(f.path.read_bytes()) == sha256(served)
-    assert (cache / "tlc" / "taxi_zone_lookup.csv").read_bytes() == (tlc.root / "misc" / "taxi_zone_lookup.csv").read_bytes()
+    assert (cache / "tlc" / "taxi_zone_lookup.csv").read_bytes() == (
+        tlc.root / "misc" / "taxi_zone_lookup.csv"
+    ).read_bytes()
     assert [(s.path, s.range, s.status) for s in tlc.seen] == [(MONTH_PATH, None, 200), (ZONES_PATH, None, 200)]
     assert leftovers(cache) == ["taxi_zone_lookup.csv", MONTH_NAME]  # no .part left behind
 
@@ -240,9 +242,14 @@ def test_tlc_interrupted_transfer_keeps_the_part_and_resumes(tlc, tmp_path, how)
     dest = cache / "tlc" / MONTH_NAME
     with pytest.raises(KitError) as err:
         sources.download(f"{tlc.url}{MONTH_PATH}", dest, label=MONTH_NAME, timeout=0.5)
-    assert err.value.what.startswith(f"the download of {tlc.url}{MONTH_PATH} broke off after {got:,} of {len(served):,} bytes")
+    assert err.value.what.startswith(
+        f"the download of {tlc.url}{MONTH_PATH} broke off after {got:,} of {len(served):,} bytes"
+    )
     assert "run it again: it resumes" in err.value.fix
-    assert leftovers(cache) == [f"{MONTH_NAME}.part"] and (cache / "tlc" / f"{MONTH_NAME}.part").read_bytes() == served[:got]
+    assert (
+        leftovers(cache) == [f"{MONTH_NAME}.part"]
+        and (cache / "tlc" / f"{MONTH_NAME}.part").read_bytes() == served[:got]
+    )
     tlc.cut_after.clear(), tlc.stall_after.clear()
     (f,) = sources.tlc_files(cache, [MONTH])
     assert tlc.gets(MONTH_PATH)[-1].range == f"bytes={got}-" and f.sha256 == sha256(served)
@@ -274,7 +281,7 @@ def test_auto_chooses_tlc_when_the_host_answers(tlc, tmp_path):
     files, note = sources.resolve("auto", tmp_path / "cache", months="2024-01", paths=[], rows_per_month=100)
     assert note == f"auto chose tlc: {tlc.url} answered 200"
     assert [(f.kind, f.period, f.rows) for f in files] == [("tlc", "2024-01", MONTH_ROWS)]
-    assert [(s.method, s.path) for s in tlc.seen][0] == ("HEAD", MONTH_PATH)  # the probe downloads nothing
+    assert next((s.method, s.path) for s in tlc.seen) == ("HEAD", MONTH_PATH)  # the probe downloads nothing
     assert tlc.seen[0].body_bytes == 0
 
 
@@ -295,43 +302,52 @@ def test_auto_falls_back_to_synthetic_when_the_host_lacks_the_probe_file(tlc, tm
 # -- months, periods, user files ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("spec, months", [
-    ("2024-01..2024-03", [(2024, 1), (2024, 2), (2024, 3)]),
-    ("2024-11..2025-02", [(2024, 11), (2024, 12), (2025, 1), (2025, 2)]),  # across a year end
-    ("2024-05, 2024-01,2024-05", [(2024, 1), (2024, 5)]),  # sorted, each once
-    ("2024-02..2024-02", [(2024, 2)]),
-    ("2023-12..2024-01,2024-01..2024-02", [(2023, 12), (2024, 1), (2024, 2)]),
-])
+@pytest.mark.parametrize(
+    "spec, months",
+    [
+        ("2024-01..2024-03", [(2024, 1), (2024, 2), (2024, 3)]),
+        ("2024-11..2025-02", [(2024, 11), (2024, 12), (2025, 1), (2025, 2)]),  # across a year end
+        ("2024-05, 2024-01,2024-05", [(2024, 1), (2024, 5)]),  # sorted, each once
+        ("2024-02..2024-02", [(2024, 2)]),
+        ("2023-12..2024-01,2024-01..2024-02", [(2023, 12), (2024, 1), (2024, 2)]),
+    ],
+)
 def test_parse_months(spec, months):
     assert sources.parse_months(spec) == months
 
 
-@pytest.mark.parametrize("spec, what", [
-    ("2024-13", "no such month: 2024-13"),
-    ("2024-00..2024-02", "no such month: 2024-00"),
-    ("2024-03..2024-01", "the range '2024-03..2024-01' ends before it starts"),
-    ("March", "cannot read the months 'March'"),
-    ("2024-1", "cannot read the months '2024-1'"),
-    ("2024-01,", "cannot read the months ''"),
-    ("2024-01...2024-02", "cannot read the months '2024-01...2024-02'"),
-])
+@pytest.mark.parametrize(
+    "spec, what",
+    [
+        ("2024-13", "no such month: 2024-13"),
+        ("2024-00..2024-02", "no such month: 2024-00"),
+        ("2024-03..2024-01", "the range '2024-03..2024-01' ends before it starts"),
+        ("March", "cannot read the months 'March'"),
+        ("2024-1", "cannot read the months '2024-1'"),
+        ("2024-01,", "cannot read the months ''"),
+        ("2024-01...2024-02", "cannot read the months '2024-01...2024-02'"),
+    ],
+)
 def test_parse_months_errors(spec, what):
     with pytest.raises(KitError) as err:
         sources.parse_months(spec)
     assert err.value.what == what
 
 
-@pytest.mark.parametrize("name, period", [
-    ("yellow_tripdata_sample_2019-01.csv", (2019, 1)),
-    ("yellow_tripdata_sample_2020-12.csv", (2020, 12)),
-    ("bigquery_tlc_yellow_trips_2022_random10000.csv", (2022, None)),
-    ("yellow_tripdata_2025-01_head10000.parquet", (2025, 1)),
-    ("yellow_tripdata_2025-02_random5000.parquet", (2025, 2)),
-    ("yellow_tripdata_2024-03.parquet", (2024, 3)),
-    ("taxi_zone_lookup.csv", (None, None)),
-    ("yellow_tripdata_2024-13.parquet", (None, None)),  # not a month, and not a bare year either
-    ("trips_random10000.csv", (None, None)),  # 10000 is not a year
-])
+@pytest.mark.parametrize(
+    "name, period",
+    [
+        ("yellow_tripdata_sample_2019-01.csv", (2019, 1)),
+        ("yellow_tripdata_sample_2020-12.csv", (2020, 12)),
+        ("bigquery_tlc_yellow_trips_2022_random10000.csv", (2022, None)),
+        ("yellow_tripdata_2025-01_head10000.parquet", (2025, 1)),
+        ("yellow_tripdata_2025-02_random5000.parquet", (2025, 2)),
+        ("yellow_tripdata_2024-03.parquet", (2024, 3)),
+        ("taxi_zone_lookup.csv", (None, None)),
+        ("yellow_tripdata_2024-13.parquet", (None, None)),  # not a month, and not a bare year either
+        ("trips_random10000.csv", (None, None)),  # 10000 is not a year
+    ],
+)
 def test_period_from_name(name, period):
     assert sources.period_from_name(name) == period
 
@@ -370,7 +386,9 @@ def test_user_files_with_only_a_zone_lookup_is_an_error_not_an_empty_load(tmp_pa
 def test_user_files_named_twice_are_loaded_once(month_file):
     # `--path a.parquet --path '*.parquet'`: the same file twice would load its rows twice
     files = sources.user_files([str(month_file), str(month_file.parent / "*.parquet")])
-    assert [(f.path, f.kind, f.period, f.rows) for f in files] == [(month_file.resolve(), "files", "2024-01", MONTH_ROWS)]
+    assert [(f.path, f.kind, f.period, f.rows) for f in files] == [
+        (month_file.resolve(), "files", "2024-01", MONTH_ROWS)
+    ]
 
 
 @pytest.mark.skipif(not SAMPLES.exists(), reason=f"the real TLC samples ({SAMPLES}) are not here")
@@ -404,25 +422,45 @@ def test_real_csv_samples_load_checked_with_out_of_period_rows_quarantined(stack
     from ducklake_kit.taxi import flow
 
     # append: another test of the shared lake (test_queries) may have loaded the BigQuery sample already
-    result, checks = flow.load_and_verify(stack.platform, stack.state, source="files", mode="append",
-                                          paths=[str(GX_2019_08), str(BIGQUERY_2022)])
+    result, checks = flow.load_and_verify(
+        stack.platform, stack.state, source="files", mode="append", paths=[str(GX_2019_08), str(BIGQUERY_2022)]
+    )
     assert checks.ok, [c.as_dict() for c in checks.failed]
     by_name = {fr.source.path.name: fr for fr in result.files}
     assert sorted(by_name) == sorted([GX_2019_08.name, BIGQUERY_2022.name])
     with Lake(stack.platform.endpoints()) as lake:
-        for path, period, in_period in [(GX_2019_08, "2019-08", lambda t: (t.year, t.month) == (2019, 8)),
-                                        (BIGQUERY_2022, "2022", lambda t: t.year == 2022)]:
+        for path, period, in_period in [
+            (GX_2019_08, "2019-08", lambda t: (t.year, t.month) == (2019, 8)),
+            (BIGQUERY_2022, "2022", lambda t: t.year == 2022),
+        ]:
             fr = by_name[path.name]
             rows = _csv_rows(path)
             assert (fr.status, fr.source.period, fr.rows_read, fr.rows_accepted + fr.rows_rejected) == (
-                "loaded", period, len(rows), len(rows))
+                "loaded",
+                period,
+                len(rows),
+                len(rows),
+            )
             # expected from the CSV itself: rows with both timestamps whose pickup lies outside the period
-            expected = sorted(_wall_clock(r["pickup_datetime"]) for r in rows
-                              if r["pickup_datetime"] and r["dropoff_datetime"] and not in_period(_wall_clock(r["pickup_datetime"])))
+            expected = sorted(
+                _wall_clock(r["pickup_datetime"])
+                for r in rows
+                if r["pickup_datetime"] and r["dropoff_datetime"] and not in_period(_wall_clock(r["pickup_datetime"]))
+            )
             assert expected, f"{path.name} should hold a stray pickup"  # 2008-12-31 and 2002-10-24
-            got = [r[0] for r in lake.con.execute(
-                "SELECT pickup_at FROM quarantine WHERE source_file = ? AND load_id = ? "
-                "AND reject_reason = 'pickup_outside_period' ORDER BY pickup_at", [path.name, result.load_id]).fetchall()]
+            got = [
+                r[0]
+                for r in lake.con.execute(
+                    "SELECT pickup_at FROM quarantine WHERE source_file = ? AND load_id = ? "
+                    "AND reject_reason = 'pickup_outside_period' ORDER BY pickup_at",
+                    [path.name, result.load_id],
+                ).fetchall()
+            ]
             assert got == expected
-            assert lake.scalar("SELECT count(*) FROM trips WHERE source_file = ? AND pickup_year <> ?",
-                               [path.name, int(period[:4])]) == 0
+            assert (
+                lake.scalar(
+                    "SELECT count(*) FROM trips WHERE source_file = ? AND pickup_year <> ?",
+                    [path.name, int(period[:4])],
+                )
+                == 0
+            )

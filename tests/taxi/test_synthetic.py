@@ -163,7 +163,10 @@ def _within(observed: float, p: float, n: int) -> bool:
 
 
 def test_null_block_is_one_block_of_five_columns_and_flex_fare(month):
-    nulls = [pc.is_null(month[c]) for c in ("passenger_count", "RatecodeID", "store_and_fwd_flag", "congestion_surcharge", "Airport_fee")]
+    nulls = [
+        pc.is_null(month[c])
+        for c in ("passenger_count", "RatecodeID", "store_and_fwd_flag", "congestion_surcharge", "Airport_fee")
+    ]
     for other in nulls[1:]:
         assert other.equals(nulls[0])  # the same rows, every time
     assert pc.equal(month["payment_type"], 0).equals(nulls[0])
@@ -181,15 +184,25 @@ def test_quirk_rates(month):
         "negative_fare": _rate(pc.less(month["fare_amount"], 0)),
         "zero_distance": _rate(pc.equal(month["trip_distance"], 0)),
         "dropoff_before_pickup": _rate(pc.less(dropoff, pickup)),
-        "out_of_month": _rate(pc.or_(pc.less(pickup, pa.scalar(start, pa.timestamp("us"))), pc.greater_equal(pickup, pa.scalar(end, pa.timestamp("us"))))),
-        "long_duration": _rate(pc.greater(pc.subtract(dropoff, pickup), pa.scalar(3 * 3600 * 10**6, pa.duration("us")))),
+        "out_of_month": _rate(
+            pc.or_(
+                pc.less(pickup, pa.scalar(start, pa.timestamp("us"))),
+                pc.greater_equal(pickup, pa.scalar(end, pa.timestamp("us"))),
+            )
+        ),
+        "long_duration": _rate(
+            pc.greater(pc.subtract(dropoff, pickup), pa.scalar(3 * 3600 * 10**6, pa.duration("us")))
+        ),
         "distance_outlier": _rate(pc.greater(month["trip_distance"], 500)),
     }
     for name, value in observed.items():
         assert _within(value, getattr(rates, name), n), (name, value)
     rc = month["RatecodeID"].drop_null()  # RatecodeID 99 among the rows that report a rate code
     assert _within(_rate(pc.equal(rc, 99)), rates.ratecode_99, len(rc))
-    years = Counter(d.year for d in pc.filter(pickup, pc.less(pickup, pa.scalar(datetime(2024, 1, 1), pa.timestamp("us")))).to_pylist())
+    years = Counter(
+        d.year
+        for d in pc.filter(pickup, pc.less(pickup, pa.scalar(datetime(2024, 1, 1), pa.timestamp("us")))).to_pylist()
+    )
     assert set(years) <= {2002, 2008, 2009} and sum(years.values()) > 0  # the bogus far-away years
 
 
@@ -201,8 +214,12 @@ def test_refunds_negate_every_amount(month):
 
 
 def test_demand_follows_the_hour_of_day_and_the_weekday(month):
-    inside = month.filter(pc.and_(pc.greater_equal(month["tpep_pickup_datetime"], pa.scalar(datetime(2025, 3, 1), pa.timestamp("us"))),
-                                  pc.less(month["tpep_pickup_datetime"], pa.scalar(datetime(2025, 4, 1), pa.timestamp("us")))))
+    inside = month.filter(
+        pc.and_(
+            pc.greater_equal(month["tpep_pickup_datetime"], pa.scalar(datetime(2025, 3, 1), pa.timestamp("us"))),
+            pc.less(month["tpep_pickup_datetime"], pa.scalar(datetime(2025, 4, 1), pa.timestamp("us"))),
+        )
+    )
     times = inside["tpep_pickup_datetime"].to_pylist()
     hours = Counter(t.hour for t in times)
     assert (hours[17] + hours[18] + hours[19]) > 4 * (hours[3] + hours[4] + hours[5])
@@ -217,14 +234,22 @@ def test_demand_follows_the_hour_of_day_and_the_weekday(month):
 
 
 def _good_standard(month: pa.Table) -> pa.Table:
-    return month.filter(pc.and_(pc.equal(month["RatecodeID"], 1.0), pc.and_(pc.greater(month["fare_amount"], 0), pc.less(month["trip_distance"], 500))))
+    return month.filter(
+        pc.and_(
+            pc.equal(month["RatecodeID"], 1.0),
+            pc.and_(pc.greater(month["fare_amount"], 0), pc.less(month["trip_distance"], 500)),
+        )
+    )
 
 
 def test_distance_duration_and_fares_look_like_nyc(month):
     t = _good_standard(month)
     dist = sorted(t["trip_distance"].to_pylist())
     assert 1.2 < dist[len(dist) // 2] < 2.6  # median trip distance, miles
-    secs = sorted(int((b - a).total_seconds()) for a, b in zip(t["tpep_pickup_datetime"].to_pylist(), t["tpep_dropoff_datetime"].to_pylist()))
+    secs = sorted(
+        int((b - a).total_seconds())
+        for a, b in zip(t["tpep_pickup_datetime"].to_pylist(), t["tpep_dropoff_datetime"].to_pylist())
+    )
     assert 7 * 60 < secs[len(secs) // 2] < 20 * 60  # median duration
 
     def mean_fare(lo, hi):
@@ -269,7 +294,12 @@ def test_every_zone_id_occurs(month):
 
 def test_cbd_fee_starts_on_2025_01_05(tmp_path):
     t = pq.read_table(generate_month(tmp_path / "j.parquet", 2025, 1, 40_000, seed=2).path)
-    ok = t.filter(pc.and_(pc.greater(t["fare_amount"], 0), pc.greater_equal(t["tpep_pickup_datetime"], pa.scalar(datetime(2025, 1, 1), pa.timestamp("us")))))
+    ok = t.filter(
+        pc.and_(
+            pc.greater(t["fare_amount"], 0),
+            pc.greater_equal(t["tpep_pickup_datetime"], pa.scalar(datetime(2025, 1, 1), pa.timestamp("us"))),
+        )
+    )
     before = ok.filter(pc.less(ok["tpep_pickup_datetime"], pa.scalar(datetime(2025, 1, 5), pa.timestamp("us"))))
     after = ok.filter(pc.greater_equal(ok["tpep_pickup_datetime"], pa.scalar(datetime(2025, 1, 5), pa.timestamp("us"))))
     assert set(pc.unique(before["cbd_congestion_fee"]).to_pylist()) == {0.0}
@@ -280,7 +310,20 @@ def test_totals_add_up(month):
     """total = every reported component (the null block reports no congestion or airport fee)."""
     rows = month.slice(0, 5000).to_pylist()
     for r in rows:
-        parts = [r[c] or 0.0 for c in ("fare_amount", "extra", "mta_tax", "tip_amount", "tolls_amount", "improvement_surcharge", "congestion_surcharge", "Airport_fee", "cbd_congestion_fee")]
+        parts = [
+            r[c] or 0.0
+            for c in (
+                "fare_amount",
+                "extra",
+                "mta_tax",
+                "tip_amount",
+                "tolls_amount",
+                "improvement_surcharge",
+                "congestion_surcharge",
+                "Airport_fee",
+                "cbd_congestion_fee",
+            )
+        ]
         assert abs(sum(parts) - r["total_amount"]) < 0.011, r
 
 
@@ -300,7 +343,16 @@ def test_zone_lookup_csv_shape(tmp_path):
     assert by_id[264] == ["Unknown", "N/A", "N/A"]
     assert by_id[265] == ["N/A", "Outside of NYC", "N/A"]
     boroughs = Counter(r[1] for r in rows)
-    assert boroughs == {"Manhattan": 69, "Queens": 69, "Brooklyn": 61, "Bronx": 43, "Staten Island": 20, "EWR": 1, "Unknown": 1, "N/A": 1}
+    assert boroughs == {
+        "Manhattan": 69,
+        "Queens": 69,
+        "Brooklyn": 61,
+        "Bronx": 43,
+        "Staten Island": 20,
+        "EWR": 1,
+        "Unknown": 1,
+        "N/A": 1,
+    }
     assert Counter(r[3] for r in rows) == {"Boro Zone": 205, "Yellow Zone": 55, "Airports": 2, "N/A": 2, "EWR": 1}
     assert by_id[237][0] == "Manhattan"  # the busiest synthetic pickup zone is a Manhattan one
     assert len({r[2] for r in rows}) == 265  # distinct names

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -73,62 +73,250 @@ def test_conform_tlc_2022_int64_ids_lower_case_airport_fee(spark):
         "payment_type BIGINT, fare_amount DOUBLE, extra DOUBLE, mta_tax DOUBLE, tip_amount DOUBLE, tolls_amount DOUBLE, "
         "improvement_surcharge DOUBLE, total_amount DOUBLE, congestion_surcharge DOUBLE, airport_fee DOUBLE",
     )
-    expected = canonical(spark, [(2, T0, T1, 2, 12.63, 2, "N", 132, 181, 2, 52.0, 0.0, 0.5, 0.0, 6.55, 0.3, 62.6, 2.5, 1.25, None)])
+    expected = canonical(
+        spark, [(2, T0, T1, 2, 12.63, 2, "N", 132, 181, 2, 52.0, 0.0, 0.5, 0.0, 6.55, 0.3, 62.6, 2.5, 1.25, None)]
+    )
     assertDataFrameEqual(conform(src, "tlc_2022"), expected)
 
 
 def test_conform_bigquery_strings_drop_the_utc_label(spark):
-    cols = (
-        "vendor_id,pickup_datetime,dropoff_datetime,passenger_count,trip_distance,rate_code,store_and_fwd_flag,"
-        "payment_type,fare_amount,extra,mta_tax,tip_amount,tolls_amount,imp_surcharge,airport_fee,total_amount,"
-        "pickup_location_id,dropoff_location_id,data_file_year,data_file_month"
-    ).split(",")
+    cols = [
+        "vendor_id",
+        "pickup_datetime",
+        "dropoff_datetime",
+        "passenger_count",
+        "trip_distance",
+        "rate_code",
+        "store_and_fwd_flag",
+        "payment_type",
+        "fare_amount",
+        "extra",
+        "mta_tax",
+        "tip_amount",
+        "tolls_amount",
+        "imp_surcharge",
+        "airport_fee",
+        "total_amount",
+        "pickup_location_id",
+        "dropoff_location_id",
+        "data_file_year",
+        "data_file_month",
+    ]
     src = spark.createDataFrame(
         [
-            ("2", "2022-03-02 15:25:57+00:00", "2022-03-02 16:13:13+00:00", "5", "12.630000000", "1.0", "N", "2",
-             "43.000000000", "0E-9", "0.500000000", "0E-9", "0E-9", "0.300000000", "1.250000000", "45.050000000",
-             "132", "181", "2022", "3"),
-            ("1", "2002-10-24 08:00:00+00:00", "2002-10-24 08:10:00+00:00", None, "0E-9", None, None, "1",
-             "-2.500000000", "0E-9", "0.500000000", "0E-9", "0E-9", "0.300000000", None, "-1.700000000",
-             "264", "264", "2022", "1"),
-        ],  # fmt: skip
+            (
+                "2",
+                "2022-03-02 15:25:57+00:00",
+                "2022-03-02 16:13:13+00:00",
+                "5",
+                "12.630000000",
+                "1.0",
+                "N",
+                "2",
+                "43.000000000",
+                "0E-9",
+                "0.500000000",
+                "0E-9",
+                "0E-9",
+                "0.300000000",
+                "1.250000000",
+                "45.050000000",
+                "132",
+                "181",
+                "2022",
+                "3",
+            ),
+            (
+                "1",
+                "2002-10-24 08:00:00+00:00",
+                "2002-10-24 08:10:00+00:00",
+                None,
+                "0E-9",
+                None,
+                None,
+                "1",
+                "-2.500000000",
+                "0E-9",
+                "0.500000000",
+                "0E-9",
+                "0E-9",
+                "0.300000000",
+                None,
+                "-1.700000000",
+                "264",
+                "264",
+                "2022",
+                "1",
+            ),
+        ],
         ", ".join(f"{c} STRING" for c in cols),
     )
     expected = canonical(
         spark,
         [
-            (2, datetime(2022, 3, 2, 15, 25, 57), datetime(2022, 3, 2, 16, 13, 13), 5, 12.63, 1, "N", 132, 181, 2,
-             43.0, 0.0, 0.5, 0.0, 0.0, 0.3, 45.05, None, 1.25, None),
-            (1, datetime(2002, 10, 24, 8, 0), datetime(2002, 10, 24, 8, 10), None, 0.0, None, None, 264, 264, 1,
-             -2.5, 0.0, 0.5, 0.0, 0.0, 0.3, -1.7, None, None, None),
-        ],  # fmt: skip
+            (
+                2,
+                datetime(2022, 3, 2, 15, 25, 57),
+                datetime(2022, 3, 2, 16, 13, 13),
+                5,
+                12.63,
+                1,
+                "N",
+                132,
+                181,
+                2,
+                43.0,
+                0.0,
+                0.5,
+                0.0,
+                0.0,
+                0.3,
+                45.05,
+                None,
+                1.25,
+                None,
+            ),
+            (
+                1,
+                datetime(2002, 10, 24, 8, 0),
+                datetime(2002, 10, 24, 8, 10),
+                None,
+                0.0,
+                None,
+                None,
+                264,
+                264,
+                1,
+                -2.5,
+                0.0,
+                0.5,
+                0.0,
+                0.0,
+                0.3,
+                -1.7,
+                None,
+                None,
+                None,
+            ),
+        ],
     )
     assertDataFrameEqual(conform(src, "bigquery"), expected)
 
 
 def test_conform_gx_snake_case_strings(spark):
-    cols = (
-        "vendor_id,pickup_datetime,dropoff_datetime,passenger_count,trip_distance,rate_code_id,store_and_fwd_flag,"
-        "pickup_location_id,dropoff_location_id,payment_type,fare_amount,extra,mta_tax,tip_amount,tolls_amount,"
-        "improvement_surcharge,total_amount,congestion_surcharge"
-    ).split(",")
+    cols = [
+        "vendor_id",
+        "pickup_datetime",
+        "dropoff_datetime",
+        "passenger_count",
+        "trip_distance",
+        "rate_code_id",
+        "store_and_fwd_flag",
+        "pickup_location_id",
+        "dropoff_location_id",
+        "payment_type",
+        "fare_amount",
+        "extra",
+        "mta_tax",
+        "tip_amount",
+        "tolls_amount",
+        "improvement_surcharge",
+        "total_amount",
+        "congestion_surcharge",
+    ]
     src = spark.createDataFrame(
         [
-            ("1", "2019-01-15 03:36:12", "2019-01-15 03:42:19", "1", "1.0", "1", "N", "230", "48", "1", "6.5", "0.5",
-             "0.5", "1.95", "0.0", "0.3", "9.75", None),
-            ("2", "2019-02-07 15:48:06", "2019-02-07 16:00:40", "2", "1.3", "1", "N", "234", "211", "2", "9.0", "2.5",
-             "0.5", "0", "0.0", "0.3", "14.76", "2.5"),
-        ],  # fmt: skip
+            (
+                "1",
+                "2019-01-15 03:36:12",
+                "2019-01-15 03:42:19",
+                "1",
+                "1.0",
+                "1",
+                "N",
+                "230",
+                "48",
+                "1",
+                "6.5",
+                "0.5",
+                "0.5",
+                "1.95",
+                "0.0",
+                "0.3",
+                "9.75",
+                None,
+            ),
+            (
+                "2",
+                "2019-02-07 15:48:06",
+                "2019-02-07 16:00:40",
+                "2",
+                "1.3",
+                "1",
+                "N",
+                "234",
+                "211",
+                "2",
+                "9.0",
+                "2.5",
+                "0.5",
+                "0",
+                "0.0",
+                "0.3",
+                "14.76",
+                "2.5",
+            ),
+        ],
         ", ".join(f"{c} STRING" for c in cols),
     )
     expected = canonical(
         spark,
         [
-            (1, datetime(2019, 1, 15, 3, 36, 12), datetime(2019, 1, 15, 3, 42, 19), 1, 1.0, 1, "N", 230, 48, 1, 6.5,
-             0.5, 0.5, 1.95, 0.0, 0.3, 9.75, None, None, None),
-            (2, datetime(2019, 2, 7, 15, 48, 6), datetime(2019, 2, 7, 16, 0, 40), 2, 1.3, 1, "N", 234, 211, 2, 9.0,
-             2.5, 0.5, 0.0, 0.0, 0.3, 14.76, 2.5, None, None),
-        ],  # fmt: skip
+            (
+                1,
+                datetime(2019, 1, 15, 3, 36, 12),
+                datetime(2019, 1, 15, 3, 42, 19),
+                1,
+                1.0,
+                1,
+                "N",
+                230,
+                48,
+                1,
+                6.5,
+                0.5,
+                0.5,
+                1.95,
+                0.0,
+                0.3,
+                9.75,
+                None,
+                None,
+                None,
+            ),
+            (
+                2,
+                datetime(2019, 2, 7, 15, 48, 6),
+                datetime(2019, 2, 7, 16, 0, 40),
+                2,
+                1.3,
+                1,
+                "N",
+                234,
+                211,
+                2,
+                9.0,
+                2.5,
+                0.5,
+                0.0,
+                0.0,
+                0.3,
+                14.76,
+                2.5,
+                None,
+                None,
+            ),
+        ],
     )
     assertDataFrameEqual(conform(src, "gx_snake_case"), expected)
 
@@ -138,7 +326,7 @@ def test_wall_clock_survives_any_session_time_zone(spark, time_zone, tmp_path):
     """2025-01-01 00:15:00 in the source is 2025-01-01 00:15:00 in the lake, however the source typed it:
     naive (NTZ), labelled UTC (TIMESTAMP), epoch nanoseconds (Parquet ns read as long) or text."""
     naive = datetime(2025, 1, 1, 0, 15, 0)
-    utc_labelled = naive.replace(tzinfo=timezone.utc)
+    utc_labelled = naive.replace(tzinfo=UTC)
     # A Parquet file with tz-aware (UTC) microseconds and one with naive nanoseconds, written by pyarrow.
     base = {c.split(" ")[0]: None for c in TLC_2025_DDL.split(", ")}
     files = {
@@ -154,12 +342,36 @@ def test_wall_clock_survives_any_session_time_zone(spark, time_zone, tmp_path):
         table = pa.table({k: (v if v is not None else pa.nulls(1, pa.float64())) for k, v in cols.items()})
         pq.write_table(table, tmp_path / f"{name}.parquet")
         raw = read_trips(spark, tmp_path / f"{name}.parquet")
-        assertDataFrameEqual(conform(raw.df, raw.variant).select("pickup_at", "dropoff_at"), expected.select("pickup_at", "dropoff_at"))
+        assertDataFrameEqual(
+            conform(raw.df, raw.variant).select("pickup_at", "dropoff_at"), expected.select("pickup_at", "dropoff_at")
+        )
     texts = spark.createDataFrame([("2025-01-01 00:15:00+00:00", "2025-01-01T00:15:00Z")], "a STRING, b STRING")
     ntz = spark.createDataFrame([(naive, naive)], "a TIMESTAMP_NTZ, b TIMESTAMP_NTZ")
-    gx_like = texts.selectExpr("'1' vendor_id", "a pickup_datetime", "b dropoff_datetime", *[f"CAST(NULL AS STRING) {c}" for c in (
-        "passenger_count trip_distance rate_code_id store_and_fwd_flag pickup_location_id dropoff_location_id payment_type "
-        "fare_amount extra mta_tax tip_amount tolls_amount improvement_surcharge total_amount congestion_surcharge").split()])
+    gx_like = texts.selectExpr(
+        "'1' vendor_id",
+        "a pickup_datetime",
+        "b dropoff_datetime",
+        *[
+            f"CAST(NULL AS STRING) {c}"
+            for c in [
+                "passenger_count",
+                "trip_distance",
+                "rate_code_id",
+                "store_and_fwd_flag",
+                "pickup_location_id",
+                "dropoff_location_id",
+                "payment_type",
+                "fare_amount",
+                "extra",
+                "mta_tax",
+                "tip_amount",
+                "tolls_amount",
+                "improvement_surcharge",
+                "total_amount",
+                "congestion_surcharge",
+            ]
+        ],
+    )
     got = conform(gx_like, "gx_snake_case").select("pickup_at", "dropoff_at")
     assertDataFrameEqual(got, ntz.toDF("pickup_at", "dropoff_at"))
     # and the derived calendar parts read the same clock
@@ -170,10 +382,32 @@ def test_conform_refuses_a_mismatched_variant(spark):
     src = spark.createDataFrame([(1, "x")], "VendorID INT, other STRING")
     with pytest.raises(KitError, match="unknown trips schema.*missing"):
         conform(src, "tlc_2025")
-    gx = spark.createDataFrame([], ", ".join(f"{c} STRING" for c in (
-        "vendor_id pickup_datetime dropoff_datetime passenger_count trip_distance rate_code_id store_and_fwd_flag "
-        "pickup_location_id dropoff_location_id payment_type fare_amount extra mta_tax tip_amount tolls_amount "
-        "improvement_surcharge total_amount congestion_surcharge").split()))
+    gx = spark.createDataFrame(
+        [],
+        ", ".join(
+            f"{c} STRING"
+            for c in [
+                "vendor_id",
+                "pickup_datetime",
+                "dropoff_datetime",
+                "passenger_count",
+                "trip_distance",
+                "rate_code_id",
+                "store_and_fwd_flag",
+                "pickup_location_id",
+                "dropoff_location_id",
+                "payment_type",
+                "fare_amount",
+                "extra",
+                "mta_tax",
+                "tip_amount",
+                "tolls_amount",
+                "improvement_surcharge",
+                "total_amount",
+                "congestion_surcharge",
+            ]
+        ),
+    )
     with pytest.raises(KitError, match="those of the gx_snake_case variant, not bigquery"):
         conform(gx, "bigquery")
 
@@ -188,9 +422,44 @@ def test_read_trips_names_an_unknown_file_schema(spark, tmp_path):
 # --- flag_quality -----------------------------------------------------------------------------------------------
 
 
-def _trip(pickup, dropoff, *, fare=10.0, total=15.0, dist=1.5, pu=161, do=237, passengers=1, ratecode=1, payment=1, congestion=2.5, airport=0.0):
+def _trip(
+    pickup,
+    dropoff,
+    *,
+    fare=10.0,
+    total=15.0,
+    dist=1.5,
+    pu=161,
+    do=237,
+    passengers=1,
+    ratecode=1,
+    payment=1,
+    congestion=2.5,
+    airport=0.0,
+):
     flag = None if passengers is None else "N"
-    return (2, pickup, dropoff, passengers, dist, ratecode, flag, pu, do, payment, fare, 1.0, 0.5, 2.0, 0.0, 1.0, total, congestion, airport, 0.0)
+    return (
+        2,
+        pickup,
+        dropoff,
+        passengers,
+        dist,
+        ratecode,
+        flag,
+        pu,
+        do,
+        payment,
+        fare,
+        1.0,
+        0.5,
+        2.0,
+        0.0,
+        1.0,
+        total,
+        congestion,
+        airport,
+        0.0,
+    )
 
 
 def test_flag_quality_rules_and_their_order(spark):
@@ -199,7 +468,18 @@ def test_flag_quality_rules_and_their_order(spark):
         # good rows: an ordinary trip, the Flex Fare null block, zero distance, RatecodeID 99, 0 passengers,
         # a trip ending in the next month, the month's first and last second
         (_trip(d(2025, 1, 10, 8), d(2025, 1, 10, 8, 20)), None),
-        (_trip(d(2025, 1, 10, 9), d(2025, 1, 10, 9, 20), passengers=None, ratecode=None, payment=0, congestion=None, airport=None), None),
+        (
+            _trip(
+                d(2025, 1, 10, 9),
+                d(2025, 1, 10, 9, 20),
+                passengers=None,
+                ratecode=None,
+                payment=0,
+                congestion=None,
+                airport=None,
+            ),
+            None,
+        ),
         (_trip(d(2025, 1, 10, 9), d(2025, 1, 10, 9, 1), dist=0.0), None),
         (_trip(d(2025, 1, 11, 9), d(2025, 1, 11, 9, 30), ratecode=99, passengers=0), None),
         (_trip(d(2025, 1, 31, 23, 50), d(2025, 2, 1, 0, 10)), None),

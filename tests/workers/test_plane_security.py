@@ -66,15 +66,17 @@ def test_a_dask_client_without_the_kits_certificate_is_refused(kit_plane):
     assert _run([sys.executable, "-c", DASK_CLIENT, "foreign", status.address]).startswith("refused")
     # the control: the same client with the kit's files gets in (so the refusals above are the certificate's doing)
     kit = tls.ClientTLS.of_kit(state)
-    assert _run([sys.executable, "-c", DASK_CLIENT, "kit", status.address, kit.ca_file, kit.cert, kit.key]) \
-        .startswith("connected")
+    assert _run([sys.executable, "-c", DASK_CLIENT, "kit", status.address, kit.ca_file, kit.cert, kit.key]).startswith(
+        "connected"
+    )
 
 
 @contextlib.contextmanager
 def python_for(user: str):
     """Let `user` run this Python (as the kit lets its service user), and take that back afterwards."""
-    folders = sorted({p for t in (Path(sys.executable).resolve(), Path(sys.prefix), Path(__file__).resolve())
-                      for p in t.parents})
+    folders = sorted(
+        {p for t in (Path(sys.executable).resolve(), Path(sys.prefix), Path(__file__).resolve()) for p in t.parents}
+    )
     before = {}
     for folder in folders:
         try:
@@ -119,14 +121,26 @@ def test_under_root_the_scheduler_and_the_tasks_do_not_run_as_root(kit_plane, st
 def test_the_tls_files_are_private_and_the_client_key_is_the_kits(kit_plane):
     state, _status = kit_plane
     files = sorted(tls.tls_dir(state).iterdir())
-    assert [f.name for f in files] == ["ca.crt", "client.crt", "client.key", "scheduler.crt", "scheduler.key",
-                                       "worker.crt", "worker.key"]
+    assert [f.name for f in files] == [
+        "ca.crt",
+        "client.crt",
+        "client.key",
+        "scheduler.crt",
+        "scheduler.key",
+        "worker.crt",
+        "worker.key",
+    ]
     assert {oct(f.stat().st_mode & 0o777) for f in files} == {"0o600"}
     assert (tls.tls_dir(state) / "client.key").stat().st_uid == os.geteuid()
     if ROOT:  # the service user owns what its processes read, and nothing of the client's
         service_uid = pwd.getpwnam(SERVICE_USER).pw_uid
         assert {f.name for f in files if f.stat().st_uid == service_uid} == {
-            "ca.crt", "scheduler.crt", "scheduler.key", "worker.crt", "worker.key"}
+            "ca.crt",
+            "scheduler.crt",
+            "scheduler.key",
+            "worker.crt",
+            "worker.key",
+        }
 
 
 def test_a_plane_started_with_other_certificates_is_started_anew(stack, local_only):
@@ -158,35 +172,69 @@ def test_a_users_tls_cluster_through_scheduler_with_its_files(stack, cli, tmp_pa
     log = open(tmp_path / "dask.log", "wb")
 
     def dask(args: list[str], role: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "dask", *args], stdout=log, stderr=subprocess.STDOUT,
-                                env={**os.environ, **NO_RETRIES_ENV, **tls.process_env(theirs, role)},
-                                start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, "-m", "dask", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **NO_RETRIES_ENV, **tls.process_env(theirs, role)},
+            start_new_session=True,
+        )
 
-    started = [dask(["scheduler", "--protocol", "tls", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
-                    "scheduler")]
+    started = [
+        dask(
+            ["scheduler", "--protocol", "tls", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+            "scheduler",
+        )
+    ]
     try:
-        started.append(dask(["worker", address, "--name", "their-worker", "--nthreads", "1", "--no-nanny",
-                             "--no-dashboard", "--host", "127.0.0.1", "--death-timeout", "30"], "worker"))
+        started.append(
+            dask(
+                [
+                    "worker",
+                    address,
+                    "--name",
+                    "their-worker",
+                    "--nthreads",
+                    "1",
+                    "--no-nanny",
+                    "--no-dashboard",
+                    "--host",
+                    "127.0.0.1",
+                    "--death-timeout",
+                    "30",
+                ],
+                "worker",
+            )
+        )
         client = tls.ClientTLS.of_kit(theirs)
-        files = {"DUCKLAKE_SCHEDULER_TLS_CA": client.ca_file, "DUCKLAKE_SCHEDULER_TLS_CERT": client.cert,
-                 "DUCKLAKE_SCHEDULER_TLS_KEY": client.key}
+        files = {
+            "DUCKLAKE_SCHEDULER_TLS_CA": client.ca_file,
+            "DUCKLAKE_SCHEDULER_TLS_CERT": client.cert,
+            "DUCKLAKE_SCHEDULER_TLS_KEY": client.key,
+        }
         env = {**stack.env, "DUCKLAKE_SCHEDULER": address, **files}
         result = cli(env, "up", "--json")
         assert result.exit_code == 0, result.output
         up = json.loads(result.stdout)["result"]["worker_plane"]
-        assert up["managed"] is False and [(w["name"], w["lake"]) for w in up["workers"]] == [("their-worker", "attached")]
+        assert up["managed"] is False and [(w["name"], w["lake"]) for w in up["workers"]] == [
+            ("their-worker", "attached")
+        ]
 
         result = cli({**stack.env, "DUCKLAKE_SCHEDULER": address}, "workers")
         assert result.exit_code == 3, result.output
-        assert result.stderr.startswith(f"Error: the Dask scheduler at {address} speaks TLS but no TLS settings were "
-                                        "given. Try: set DUCKLAKE_SCHEDULER_TLS_CA,")
+        assert result.stderr.startswith(
+            f"Error: the Dask scheduler at {address} speaks TLS but no TLS settings were "
+            "given. Try: set DUCKLAKE_SCHEDULER_TLS_CA,"
+        )
         assert len(result.stderr.splitlines()) == 1
 
         plain = f"tcp://127.0.0.1:{port}"
         result = cli({**stack.env, "DUCKLAKE_SCHEDULER": plain, **files}, "workers")
         assert result.exit_code == 3, result.output
-        assert result.stderr.strip() == (f"Error: TLS settings were given but the Dask scheduler address {plain} is "
-                                         f"not tls://. Try: give it as tls://127.0.0.1:{port}, or drop the TLS settings.")
+        assert result.stderr.strip() == (
+            f"Error: TLS settings were given but the Dask scheduler address {plain} is "
+            f"not tls://. Try: give it as tls://127.0.0.1:{port}, or drop the TLS settings."
+        )
     finally:
         for p in reversed(started):
             p.terminate()

@@ -19,8 +19,10 @@ def workers(stack):
     status = plane.up(stack.state, ep, 2)
     assert [w.name for w in status.workers] == ["w1", "w2"], status
     with Lake(ep) as lake:
-        lake.run(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}; "
-                 f"CREATE TABLE {SCHEMA}.kept AS SELECT 1 AS k")
+        lake.run(
+            f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}; "
+            f"CREATE TABLE {SCHEMA}.kept AS SELECT 1 AS k"
+        )
     with WorkerPlane(status.address, ep) as wp:
         yield wp
     with Lake(ep) as lake:

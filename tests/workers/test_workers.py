@@ -57,41 +57,67 @@ def test_a_task_runs_on_the_named_worker_and_says_so(workers):
 def test_an_unknown_worker_is_one_clear_line(workers):
     with pytest.raises(KitError) as exc:
         workers.submit("SELECT 1", worker="w9")
-    assert exc.value.line() == ("Error: no running worker is named 'w9' (running: w1, w2, w3). "
-                                "Try: run `workers` to list them, or `up --workers N` to start more.")
+    assert exc.value.line() == (
+        "Error: no running worker is named 'w9' (running: w1, w2, w3). "
+        "Try: run `workers` to list them, or `up --workers N` to start more."
+    )
 
 
 def test_each_statement_reports_rows_counts_and_the_snapshot_it_committed(workers, lake):
     t = f"{SCHEMA}.results"
-    r = workers.run([f"CREATE TABLE {t} (id INTEGER, name VARCHAR)",
-                     f"-- a leading comment\nINSERT INTO {t} VALUES (1, 'a'), (2, 'b'), (3, NULL)",
-                     f"UPDATE {t} SET name = 'c' WHERE name IS NULL; DELETE FROM {t} WHERE id = 1",
-                     f"WITH x AS (SELECT * FROM {t}) SELECT id, name FROM x ORDER BY id",
-                     f"DESCRIBE {t}"], worker="w2")
+    r = workers.run(
+        [
+            f"CREATE TABLE {t} (id INTEGER, name VARCHAR)",
+            f"-- a leading comment\nINSERT INTO {t} VALUES (1, 'a'), (2, 'b'), (3, NULL)",
+            f"UPDATE {t} SET name = 'c' WHERE name IS NULL; DELETE FROM {t} WHERE id = 1",
+            f"WITH x AS (SELECT * FROM {t}) SELECT id, name FROM x ORDER BY id",
+            f"DESCRIBE {t}",
+        ],
+        worker="w2",
+    )
     assert r.ok, r.error
     kinds = [(s.index, s.statement_type, s.affected_rows) for s in r.statements]
-    assert kinds == [(0, "CREATE", None), (1, "INSERT", 3), (2, "UPDATE", 1), (3, "DELETE", 1), (4, "SELECT", None),
-                     (5, "SELECT", None)]
+    assert kinds == [
+        (0, "CREATE", None),
+        (1, "INSERT", 3),
+        (2, "UPDATE", 1),
+        (3, "DELETE", 1),
+        (4, "SELECT", None),
+        (5, "SELECT", None),
+    ]
     assert r.statements[4].rows == [(2, "b"), (3, "c")]
     assert [row[0] for row in r.statements[5].rows] == ["id", "name"]
     # the snapshot each write committed, checked independently by time travel: each holds exactly that write
     writes = [s.snapshot_id for s in r.statements[:4]]
     assert r.statements[4].snapshot_id is None and r.statements[5].snapshot_id is None
-    at = [lake.con.execute(f"SELECT count(*), count(name), count(*) FILTER (id = 1) FROM {t} AT (VERSION => {v})").fetchone()
-          for v in writes]
+    at = [
+        lake.con.execute(
+            f"SELECT count(*), count(name), count(*) FILTER (id = 1) FROM {t} AT (VERSION => {v})"
+        ).fetchone()
+        for v in writes
+    ]
     assert at == [(0, 0, 0), (3, 2, 1), (3, 3, 1), (2, 2, 0)]
 
 
 def test_a_failed_statement_keeps_the_ones_before_and_duckdbs_own_error(workers, lake):
     t = f"{SCHEMA}.partial"
-    r = workers.run([f"CREATE TABLE {t} (id INTEGER)", f"INSERT INTO {t} VALUES (1)",
-                     f"INSERT INTO {t} VALUES ('not a number')", f"INSERT INTO {t} VALUES (2)"], worker="w1")
+    r = workers.run(
+        [
+            f"CREATE TABLE {t} (id INTEGER)",
+            f"INSERT INTO {t} VALUES (1)",
+            f"INSERT INTO {t} VALUES ('not a number')",
+            f"INSERT INTO {t} VALUES (2)",
+        ],
+        worker="w1",
+    )
     assert not r.ok and r.error.index == 2 and r.error.statement == f"INSERT INTO {t} VALUES ('not a number')"
     assert r.error.error.startswith("Conversion Error: Could not convert string 'not a number' to INT32")
     assert [s.affected_rows for s in r.statements] == [None, 1]
     assert lake.scalar(f"SELECT list(id) FROM {t}") == [1]  # autocommit: the first insert stays, the last never ran
     # the same in one transaction with a commit message: nothing stays
-    r = workers.run([f"INSERT INTO {t} VALUES (5)", f"INSERT INTO {t} VALUES ('x')"], message="two inserts", worker="w1")
+    r = workers.run(
+        [f"INSERT INTO {t} VALUES (5)", f"INSERT INTO {t} VALUES ('x')"], message="two inserts", worker="w1"
+    )
     assert (r.ok, r.rolled_back, r.error.index, r.snapshot_id) == (False, True, 1, None)
     assert lake.scalar(f"SELECT list(id) FROM {t}") == [1]
     # and the worker's next task is not stuck in an aborted transaction
@@ -114,16 +140,22 @@ def test_a_transaction_task_makes_one_snapshot_with_its_message(workers, lake):
     workers.run(f"CREATE TABLE {t} (id INTEGER)")
     r = workers.run([f"INSERT INTO {t} VALUES (1)", f"INSERT INTO {t} VALUES (2)"], message="node: two rows")
     assert r.ok and r.snapshot_id is not None
-    message, = lake.con.execute("SELECT commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?",
-                                [r.snapshot_id]).fetchone()
+    (message,) = lake.con.execute(
+        "SELECT commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?", [r.snapshot_id]
+    ).fetchone()
     assert message == "node: two rows"
     assert lake.scalar(f"SELECT count(*) FROM {t} AT (VERSION => {r.snapshot_id})") == 2
     assert lake.scalar(f"SELECT count(*) FROM {t} AT (VERSION => {r.snapshot_id - 1})") == 0
 
 
 def test_worker_local_tables_live_on_their_worker_only(workers):
-    made = workers.run(["CREATE OR REPLACE TABLE local.zones AS SELECT range AS zone FROM range(5)",
-                        "SELECT count(*) FROM local.zones"], worker="w3")
+    made = workers.run(
+        [
+            "CREATE OR REPLACE TABLE local.zones AS SELECT range AS zone FROM range(5)",
+            "SELECT count(*) FROM local.zones",
+        ],
+        worker="w3",
+    )
     assert made.ok and made.rows == [(5,)]
     elsewhere = workers.run("SELECT count(*) FROM local.zones", worker="w1")
     assert not elsewhere.ok and "zones does not exist" in elsewhere.error.error
@@ -136,8 +168,10 @@ def test_worker_local_tables_live_on_their_worker_only(workers):
 def test_three_workers_insert_concurrently_and_every_row_lands_once(workers, lake):
     t = f"{SCHEMA}.concurrent"
     workers.run(f"CREATE TABLE {t} (worker VARCHAR, op INTEGER)")
-    futures = [workers.submit([f"INSERT INTO {t} VALUES ('{w}', {op})" for op in range(30)], worker=w)
-               for w in ("w1", "w2", "w3")]
+    futures = [
+        workers.submit([f"INSERT INTO {t} VALUES ('{w}', {op})" for op in range(30)], worker=w)
+        for w in ("w1", "w2", "w3")
+    ]
     results = [workers.result(f) for f in futures]
     assert all(r.ok for r in results), [r.error for r in results]
     assert sorted(r.worker for r in results) == ["w1", "w2", "w3"]
@@ -184,9 +218,14 @@ def test_a_worker_killed_mid_task_fails_the_task_and_it_is_never_run_again(priva
     t = f"{SCHEMA}.killed"
     lake.run(f"CREATE OR REPLACE TABLE {t} (step VARCHAR, n BIGINT)")
     with WorkerPlane(status.address, ep) as wp:
-        future = wp.submit([f"INSERT INTO {t} VALUES ('started', 0)",
-                            # long enough to be killed in the middle: counting ten billion rows
-                            f"INSERT INTO {t} SELECT 'finished', count(*) FROM range(10000000000)"], worker="w2")
+        future = wp.submit(
+            [
+                f"INSERT INTO {t} VALUES ('started', 0)",
+                # long enough to be killed in the middle: counting ten billion rows
+                f"INSERT INTO {t} SELECT 'finished', count(*) FROM range(10000000000)",
+            ],
+            worker="w2",
+        )
         deadline = time.monotonic() + 60
         while lake.scalar(f"SELECT count(*) FROM {t}") == 0:  # the first statement committed: the second is running
             assert time.monotonic() < deadline, "the task never started"
@@ -227,8 +266,12 @@ def test_a_finished_task_whose_result_is_lost_is_not_run_again(private_plane, la
 def test_the_plane_listens_on_loopback_only(private_plane):
     state, ep = private_plane
     plane.up(state, ep, 1)
-    listening = [c.laddr for pid in _pids(state).values() for c in psutil.Process(pid).net_connections("inet")
-                 if c.status == psutil.CONN_LISTEN]
+    listening = [
+        c.laddr
+        for pid in _pids(state).values()
+        for c in psutil.Process(pid).net_connections("inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
     assert len(listening) >= 4  # scheduler, dashboard, the worker and its HTTP server
     assert {a.ip for a in listening} == {"127.0.0.1"}, listening
 
@@ -264,8 +307,13 @@ def test_a_busy_dashboard_port_is_one_clear_line(private_plane):
 
 
 def _dask(args: list[str], env: dict[str, str], log) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "dask", *args], env={**os.environ, **env}, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "dask", *args],
+        env={**os.environ, **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -283,8 +331,26 @@ def test_a_users_dask_cluster_through_scheduler(stack, cli, tmp_path):
     log = open(tmp_path / "dask.log", "wb")
     started = [_dask(["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], NO_RETRIES_ENV, log)]
     try:
-        started.append(_dask(["worker", address, "--name", "their-worker", "--nthreads", "1", "--no-nanny",
-                              "--no-dashboard", "--host", "127.0.0.1", "--death-timeout", "30"], {}, log))
+        started.append(
+            _dask(
+                [
+                    "worker",
+                    address,
+                    "--name",
+                    "their-worker",
+                    "--nthreads",
+                    "1",
+                    "--no-nanny",
+                    "--no-dashboard",
+                    "--host",
+                    "127.0.0.1",
+                    "--death-timeout",
+                    "30",
+                ],
+                {},
+                log,
+            )
+        )
         env = {**stack.env, "DUCKLAKE_SCHEDULER": address}
         result = cli(env, "up", "--json")
         assert result.exit_code == 0, result.output
@@ -311,15 +377,19 @@ def test_a_scheduler_address_without_a_port_is_one_line(stack, cli):
 def test_a_scheduler_that_would_rerun_tasks_is_refused(stack, cli, tmp_path):
     port = procs.free_port()
     log = open(tmp_path / "dask.log", "wb")
-    proc = _dask(["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
-                 {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "3"}, log)
+    proc = _dask(
+        ["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
+        {"DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "3"},
+        log,
+    )
     try:
         result = cli({**stack.env, "DUCKLAKE_SCHEDULER": f"tcp://127.0.0.1:{port}"}, "workers")
         assert result.exit_code == 3, result.output
         assert result.stderr.strip() == (
             f"Error: the Dask scheduler at tcp://127.0.0.1:{port} re-runs a task whose worker died (allowed-failures = 3), "
             "which could run a committed statement twice. "
-            "Try: start it with DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=0 in its environment.")
+            "Try: start it with DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=0 in its environment."
+        )
     finally:
         _stop(proc)
         log.close()

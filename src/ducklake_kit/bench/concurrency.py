@@ -41,10 +41,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import asdict, dataclass, field, fields
 import multiprocessing
-import queue as queue_mod
 import os
+import queue as queue_mod
 import shutil
 import statistics
 import tempfile
@@ -53,6 +52,7 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,8 @@ CONTENTION_GOALS = {"p99_ms": 50.0, "max_ms": 1000.0, "ops_per_s": 114.0, "rows_
 def commit_gate_of(mode: str) -> str:
     """The commit gate a DuckLake mode runs with: `<target>-optimistic` without it, the others through it."""
     return OPTIMISTIC if mode.endswith("-optimistic") else ADVISORY
+
+
 CALIBRATE_OPS = 100  # one writer alone, before the concurrent run: the CPU an insert costs (see `floor`)
 BARRIER_TIMEOUT_S = 300  # 16 workers each loading DuckDB and its extensions on 2 cores take a while
 _INSERT = "INSERT INTO {table} VALUES (?, ?, now())"
@@ -145,10 +147,33 @@ class WriterFigures:
         return out
 
 
-_DUCKLAKE_ONLY = [f.name for f in fields(WriterFigures) if f.name not in {
-    "mode", "workers", "ops_per_worker", "total_s", "ops_per_s", "median_ms", "p95_ms", "max_ms", "succeeded", "errors",
-    "errors_by_kind", "expected_rows", "actual_rows", "rows_lost", "silently_lost", "duplicate_rows", "slowest_ops",
-    "retries", "retries_note", "p99_ms"}]
+_DUCKLAKE_ONLY = [
+    f.name
+    for f in fields(WriterFigures)
+    if f.name
+    not in {
+        "mode",
+        "workers",
+        "ops_per_worker",
+        "total_s",
+        "ops_per_s",
+        "median_ms",
+        "p95_ms",
+        "max_ms",
+        "succeeded",
+        "errors",
+        "errors_by_kind",
+        "expected_rows",
+        "actual_rows",
+        "rows_lost",
+        "silently_lost",
+        "duplicate_rows",
+        "slowest_ops",
+        "retries",
+        "retries_note",
+        "p99_ms",
+    }
+]
 
 
 @dataclass
@@ -164,8 +189,10 @@ class Floor:
     # through the commit gate commits go one at a time, each holding it about as long as the fastest lone insert
     gated_ops_per_s_at_most: float = 0.0
     gated_mean_ms_at_least: float = 0.0
-    note: str = ("lower bounds from one writer measured alone: its CPU per insert (total) and its median latency; "
-                 "the mean latency of `workers` writers in a closed loop is workers / throughput (Little's law)")
+    note: str = (
+        "lower bounds from one writer measured alone: its CPU per insert (total) and its median latency; "
+        "the mean latency of `workers` writers in a closed loop is workers / throughput (Little's law)"
+    )
 
 
 @dataclass
@@ -181,8 +208,11 @@ class Goals:
         out: dict[str, Any] = {**GOALS, "applies_to": "ducklake, 3 workers x 100 inserts", "met": self.met}
         if self.reachable_here is not None:
             out["reachable_here"] = self.reachable_here
-        out["contention"] = {**CONTENTION_GOALS, "applies_to": "every DuckLake mode, set at 16 workers x 1,000 inserts",
-                             "met": self.contention_met}
+        out["contention"] = {
+            **CONTENTION_GOALS,
+            "applies_to": "every DuckLake mode, set at 16 workers x 1,000 inserts",
+            "met": self.contention_met,
+        }
         if self.contention_reachable_here is not None:
             out["contention"]["reachable_here"] = self.contention_reachable_here
         return out
@@ -208,16 +238,24 @@ class ConcurrencyRun:
         for mode, d in self.results.items():
             if mode == "file":
                 continue
-            label = ("DuckLake" if mode.startswith("ducklake") else "DuckLake through the worker plane") + \
-                (" without the commit gate" if d.commit_gate == OPTIMISTIC else "")
+            label = ("DuckLake" if mode.startswith("ducklake") else "DuckLake through the worker plane") + (
+                " without the commit gate" if d.commit_gate == OPTIMISTIC else ""
+            )
             if d.rows_lost or d.duplicate_rows:
-                return (f"{label} lost {d.rows_lost} and duplicated {d.duplicate_rows} of {d.expected_rows} rows "
-                        f"({d.errors} inserts reported an error, {d.silently_lost} lost silently)")
+                return (
+                    f"{label} lost {d.rows_lost} and duplicated {d.duplicate_rows} of {d.expected_rows} rows "
+                    f"({d.errors} inserts reported an error, {d.silently_lost} lost silently)"
+                )
         return None
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"suite": "concurrency", "workers": self.workers, "ops_per_worker": self.ops_per_worker,
-                               **self.machine.as_dict(), "results": {m: r.as_dict() for m, r in self.results.items()}}
+        out: dict[str, Any] = {
+            "suite": "concurrency",
+            "workers": self.workers,
+            "ops_per_worker": self.ops_per_worker,
+            **self.machine.as_dict(),
+            "results": {m: r.as_dict() for m, r in self.results.items()},
+        }
         if self.floor is not None:
             out["floor"] = asdict(self.floor)
         if self.goals is not None:
@@ -250,8 +288,14 @@ def _timed_inserts(insert: Callable[[int], int], ops: int) -> dict[str, Any]:
             errors[_error_kind(exc)] += 1
             continue
         latencies.append((op, time.perf_counter() - t))
-    return {"start": start, "end": time.monotonic(), "cpu_s": time.process_time() - cpu_start, "reruns": reruns,
-            "latencies_s": latencies, "errors": dict(errors)}
+    return {
+        "start": start,
+        "end": time.monotonic(),
+        "cpu_s": time.process_time() - cpu_start,
+        "reruns": reruns,
+        "latencies_s": latencies,
+        "errors": dict(errors),
+    }
 
 
 def _worker(mode: str, target: Any, worker: int, ops: int, barrier, queue, options: dict[str, Any]) -> None:
@@ -263,8 +307,12 @@ def _worker(mode: str, target: Any, worker: int, ops: int, barrier, queue, optio
         duckdb.connect().execute("SELECT ?", [0]).fetchall()
         if mode.startswith("ducklake"):
             # one connection for every operation of this worker; settings SET before the ATTACH
-            lake = Lake(target, settings=options.get("settings"), catalog_settings=options.get("catalog_settings"),
-                        commit_gate=options.get("commit_gate"))
+            lake = Lake(
+                target,
+                settings=options.get("settings"),
+                catalog_settings=options.get("catalog_settings"),
+                commit_gate=options.get("commit_gate"),
+            )
             table = f"{BENCH_SCHEMA}.{TABLE}"
             lake.con.execute(f"SELECT count(*) FROM {table}").fetchall()  # catalog loaded before the clock starts
         else:
@@ -284,6 +332,7 @@ def _worker(mode: str, target: Any, worker: int, ops: int, barrier, queue, optio
         # through the Lake: its commit gate, unless the mode is optimistic
         report.update(_timed_inserts(lambda op: execute_retrying(lake, sql, [worker, op]), ops))
     else:
+
         def open_write_close(op: int) -> int:
             con = duckdb.connect(target)  # the seed's pattern: open, write, close, for every operation
             try:
@@ -298,14 +347,23 @@ def _worker(mode: str, target: Any, worker: int, ops: int, barrier, queue, optio
     queue.put(report)
 
 
-def _run_workers(mode: str, target: Any, workers: int, ops: int, options: dict[str, Any] | None = None,
-                 on_release: Callable[[], None] = lambda: None) -> list[dict[str, Any]]:
+def _run_workers(
+    mode: str,
+    target: Any,
+    workers: int,
+    ops: int,
+    options: dict[str, Any] | None = None,
+    on_release: Callable[[], None] = lambda: None,
+) -> list[dict[str, Any]]:
     """Start the workers, release them together once all are ready, collect one report from each.
     `on_release` runs just before the release (e.g. to read the catalog server's CPU counter)."""
     ctx = multiprocessing.get_context("spawn")  # no fork of a process holding DuckDB or JVM threads
     barrier = ctx.Barrier(workers + 1)
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(mode, target, w, ops, barrier, queue, options or {}), daemon=True) for w in range(workers)]
+    procs = [
+        ctx.Process(target=_worker, args=(mode, target, w, ops, barrier, queue, options or {}), daemon=True)
+        for w in range(workers)
+    ]
     for p in procs:
         p.start()
     reports: list[dict[str, Any]] = []
@@ -335,11 +393,15 @@ def _run_workers(mode: str, target: Any, workers: int, ops: int, options: dict[s
     failed = [r["setup_error"] for r in reports if r.get("setup_error")]
     if failed:
         real = [f for f in failed if "barrier broke" not in f] or failed
-        raise KitError(f"a {mode} worker could not start ({real[0].splitlines()[-1][:300]})", "run `status`; see the error above")
+        raise KitError(
+            f"a {mode} worker could not start ({real[0].splitlines()[-1][:300]})", "run `status`; see the error above"
+        )
     if len(reports) < workers:
         codes = [p.exitcode for p in procs]
-        raise KitError(f"{workers - len(reports)} {mode} worker(s) died without a report (exit codes {codes})",
-                       "a script that runs the bench needs `if __name__ == '__main__':` (workers are spawned)")
+        raise KitError(
+            f"{workers - len(reports)} {mode} worker(s) died without a report (exit codes {codes})",
+            "a script that runs the bench needs `if __name__ == '__main__':` (workers are spawned)",
+        )
     return reports
 
 
@@ -349,7 +411,9 @@ def _percentile(sorted_values: list[float], p: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, max(0, math.ceil(p * len(sorted_values)) - 1))]
 
 
-def _summary(mode: str, reports: list[dict[str, Any]], workers: int, ops: int, actual: int, distinct: int) -> WriterFigures:
+def _summary(
+    mode: str, reports: list[dict[str, Any]], workers: int, ops: int, actual: int, distinct: int
+) -> WriterFigures:
     lat = sorted(s for r in reports for _, s in r["latencies_s"])
     slowest = sorted(((s, r["worker"], op) for r in reports for op, s in r["latencies_s"]), reverse=True)[:5]
     errors: Counter = Counter()
@@ -407,7 +471,9 @@ def _catalog_counters(ep: Endpoints) -> tuple[int, int]:
     """(committed, rolled back) transactions of the catalog database, as PostgreSQL counts them."""
     with postgres.connect(ep.pg) as conn:
         conn.execute("SELECT pg_stat_clear_snapshot()")
-        row = conn.execute("SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s", (ep.pg.dbname,)).fetchone()
+        row = conn.execute(
+            "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s", (ep.pg.dbname,)
+        ).fetchone()
     return int(row[0]), int(row[1])
 
 
@@ -419,8 +485,11 @@ def _catalog_setting(ep: Endpoints, name: str) -> str | None:
 def profile_insert(lake: Lake, table: str) -> dict[str, Any]:
     """The catalog statements one INSERT commits with: `pg_debug_show_queries` prints each round trip."""
     trips, seconds = catalog_statements(lake.con, _INSERT.format(table=table), [-1, -2])
-    return {"catalog_round_trips": len(trips), "seconds": round(seconds, 4),
-            "statements": [t.split("\n")[0][:100] for t in trips]}
+    return {
+        "catalog_round_trips": len(trips),
+        "seconds": round(seconds, 4),
+        "statements": [t.split("\n")[0][:100] for t in trips],
+    }
 
 
 def catalog_cpu_reader(state: State) -> Callable[[], float | None]:
@@ -453,8 +522,10 @@ def _prepare_table(ep: Endpoints, inlining: bool, profile: bool = False) -> dict
     with Lake(ep) as lake:
         lake.con.execute(f"CREATE SCHEMA IF NOT EXISTS {BENCH_SCHEMA}")
         lake.con.execute(f"CREATE OR REPLACE TABLE {table} (worker INTEGER, op INTEGER, inserted_at TIMESTAMP)")
-        lake.con.execute(f"CALL {lake.alias}.set_option('data_inlining_row_limit', {10 if inlining else 0}, "
-                         f"schema => '{BENCH_SCHEMA}', table_name => '{TABLE}')")
+        lake.con.execute(
+            f"CALL {lake.alias}.set_option('data_inlining_row_limit', {10 if inlining else 0}, "
+            f"schema => '{BENCH_SCHEMA}', table_name => '{TABLE}')"
+        )
         # setup rows (op < 0, not counted): the first INSERT creates the inlined-data table in the catalog, once;
         # the second is profiled (catalog round trips of an ordinary INSERT)
         lake.con.execute(_INSERT.format(table=table), [-1, -1])
@@ -466,13 +537,23 @@ def _counted(ep: Endpoints) -> tuple[int, int, int]:
     with Lake(ep) as lake:
         actual, distinct, snapshots = lake.con.execute(
             f"SELECT count(*), count(DISTINCT (worker, op)), count(DISTINCT snapshot_id) FROM {BENCH_SCHEMA}.{TABLE} "
-            "WHERE op >= 0").fetchone()
+            "WHERE op >= 0"
+        ).fetchone()
     return int(actual), int(distinct), int(snapshots)
 
 
-def _lake_figures(mode: str, ep: Endpoints, reports: list[dict[str, Any]], workers: int, ops: int,
-                  before: tuple[int, int], after: tuple[int, int], catalog_cpu_s: tuple[float | None, float | None],
-                  inlining: bool, retries_note: str) -> WriterFigures:
+def _lake_figures(
+    mode: str,
+    ep: Endpoints,
+    reports: list[dict[str, Any]],
+    workers: int,
+    ops: int,
+    before: tuple[int, int],
+    after: tuple[int, int],
+    catalog_cpu_s: tuple[float | None, float | None],
+    inlining: bool,
+    retries_note: str,
+) -> WriterFigures:
     """A DuckLake side's figures: the writers' reports, the rows counted in the table, the catalog's transaction
     counters and CPU (before, after) around the concurrent part."""
     actual, distinct, snapshots = _counted(ep)
@@ -480,24 +561,36 @@ def _lake_figures(mode: str, ep: Endpoints, reports: list[dict[str, Any]], worke
     out.retries = after[1] - before[1]
     out.retries_note = retries_note
     out.reruns = sum(r.get("reruns", 0) for r in reports)
-    out.reruns_note = (f"inserts run again by the writer after DuckLake gave up its {RETRY_SETTINGS['ducklake_max_retry_count']} "
-                       "retries (lake.execute_retrying: nothing had been committed; capped, jittered waits)")
+    out.reruns_note = (
+        f"inserts run again by the writer after DuckLake gave up its {RETRY_SETTINGS['ducklake_max_retry_count']} "
+        "retries (lake.execute_retrying: nothing had been committed; capped, jittered waits)"
+    )
     out.catalog_commits = after[0] - before[0]
     out.snapshots = snapshots  # one per INSERT: fewer would mean two INSERTs shared a snapshot id
     ok = out.succeeded or 1
     out.client_cpu_ms_per_insert = round(sum(r.get("cpu_s", 0.0) for r in reports) / ok * 1000, 2)
     start, end = catalog_cpu_s
-    out.catalog_cpu_ms_per_insert = round((end - start) / ok * 1000, 2) if start is not None and end is not None else None
+    out.catalog_cpu_ms_per_insert = (
+        round((end - start) / ok * 1000, 2) if start is not None and end is not None else None
+    )
     out.data_inlining = inlining
     out.synchronous_commit = _catalog_setting(ep, "synchronous_commit")
     out.retry_settings = RETRY_SETTINGS
     return out
 
 
-def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
-                 settings: dict[str, Any] | None = None, catalog_settings: dict[str, str] | None = None,
-                 catalog_cpu: Callable[[], float | None] = lambda: None, profile: bool = True,
-                 calibrate_ops: int = 0, mode: str = "ducklake") -> WriterFigures:
+def run_ducklake(
+    ep: Endpoints,
+    workers: int,
+    ops: int,
+    inlining: bool = True,
+    settings: dict[str, Any] | None = None,
+    catalog_settings: dict[str, str] | None = None,
+    catalog_cpu: Callable[[], float | None] = lambda: None,
+    profile: bool = True,
+    calibrate_ops: int = 0,
+    mode: str = "ducklake",
+) -> WriterFigures:
     """`settings`: DuckDB settings of every worker (over SMALL_WRITER_SETTINGS, before the ATTACH);
     `catalog_settings`: PostgreSQL settings of the workers' catalog connections (e.g. synchronous_commit);
     `mode`: `ducklake` (commits through the commit gate) or `ducklake-optimistic` (without it)."""
@@ -505,17 +598,36 @@ def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
     table = f"{BENCH_SCHEMA}.{TABLE}"
     worker_settings = {**SMALL_WRITER_SETTINGS, **(settings or {})}
     insert_profile = _prepare_table(ep, inlining, profile)
-    single = single_writer(ep, table, calibrate_ops, worker_settings, catalog_settings, catalog_cpu) if calibrate_ops else None
+    single = (
+        single_writer(ep, table, calibrate_ops, worker_settings, catalog_settings, catalog_cpu)
+        if calibrate_ops
+        else None
+    )
     before = _catalog_counters(ep)
     cpu: dict[str, float | None] = {}
-    reports = _run_workers(mode, ep, workers, ops, {"settings": worker_settings, "catalog_settings": catalog_settings,
-                                                    "commit_gate": gate},
-                           on_release=lambda: cpu.update(start=catalog_cpu()))
+    reports = _run_workers(
+        mode,
+        ep,
+        workers,
+        ops,
+        {"settings": worker_settings, "catalog_settings": catalog_settings, "commit_gate": gate},
+        on_release=lambda: cpu.update(start=catalog_cpu()),
+    )
     cpu["end"] = catalog_cpu()
     after = _catalog_counters(ep)  # the workers have exited, so their statistics are flushed
-    out = _lake_figures(mode, ep, reports, workers, ops, before, after, (cpu.get("start"), cpu.get("end")), inlining,
-                        "rolled-back catalog transactions during the run (pg_stat_database.xact_rollback): each is a "
-                        "commit attempt that lost the race and was retried by DuckLake (exact if nothing else used the catalog)")
+    out = _lake_figures(
+        mode,
+        ep,
+        reports,
+        workers,
+        ops,
+        before,
+        after,
+        (cpu.get("start"), cpu.get("end")),
+        inlining,
+        "rolled-back catalog transactions during the run (pg_stat_database.xact_rollback): each is a "
+        "commit attempt that lost the race and was retried by DuckLake (exact if nothing else used the catalog)",
+    )
     out.insert_profile = insert_profile
     if catalog_settings and catalog_settings.get("synchronous_commit"):
         out.synchronous_commit = catalog_settings["synchronous_commit"]  # this run's, not the server's default
@@ -529,8 +641,9 @@ def run_ducklake(ep: Endpoints, workers: int, ops: int, inlining: bool = True,
 # -- (c) the same inserts as tasks of the worker plane ---------------------------------------------------------
 
 
-def _plane_writer(plugin: str, writer: int, ops: int, ready: str, go: str, token: str,
-                  commit_gate: str = ADVISORY) -> dict[str, Any]:
+def _plane_writer(
+    plugin: str, writer: int, ops: int, ready: str, go: str, token: str, commit_gate: str = ADVISORY
+) -> dict[str, Any]:
     """A worker plane task (runs on a Dask worker): warm up on the worker's pooled connection, say so on the `ready`
     queue, wait for the `go` event, then do `ops` INSERTs, through the worker's commit gate or, for this task only,
     without it (`commit_gate`). Returns the same report as a writer process."""
@@ -578,16 +691,26 @@ def _wait_ready(wp, ready, futures) -> None:
         ended = [f for f in futures if f.done() and f.status != "finished"]  # erred, or its worker died
         if ended:
             r = wp.result(ended[0])  # a TaskResult naming a dead worker, or the task's own exception raised here
-            raise KitError(f"a writer on the worker plane could not start ({r.error.line()})",
-                           "run `workers` to see their state")
+            raise KitError(
+                f"a writer on the worker plane could not start ({r.error.line()})", "run `workers` to see their state"
+            )
         if time.monotonic() > deadline:
-            raise KitError(f"{waiting} writer task(s) did not start within {BARRIER_TIMEOUT_S} s",
-                           "run `workers`: the plane may have fewer free workers than writers")
+            raise KitError(
+                f"{waiting} writer task(s) did not start within {BARRIER_TIMEOUT_S} s",
+                "run `workers`: the plane may have fewer free workers than writers",
+            )
 
 
-def run_plane(state: State, ep: Endpoints, workers: int, ops: int, inlining: bool = True,
-              catalog_cpu: Callable[[], float | None] = lambda: None, scheduler: str | None = None,
-              modes: tuple[str, ...] = ("workers",)) -> dict[str, WriterFigures]:
+def run_plane(
+    state: State,
+    ep: Endpoints,
+    workers: int,
+    ops: int,
+    inlining: bool = True,
+    catalog_cpu: Callable[[], float | None] = lambda: None,
+    scheduler: str | None = None,
+    modes: tuple[str, ...] = ("workers",),
+) -> dict[str, WriterFigures]:
     """The inserts as worker plane tasks, one writer per worker w1..wN, once per mode (`workers`: through the
     workers' commit gate; `workers-optimistic`: without it), on the same workers. Workers the kit's plane lacks are
     started (not remembered as its size) and stopped afterwards, the scheduler too when the run started it."""
@@ -604,16 +727,31 @@ def run_plane(state: State, ep: Endpoints, workers: int, ops: int, inlining: boo
     with plane_mod.borrowed(state, ep, workers, scheduler) as status, WorkerPlane(status.address, ep) as wp:
         names = sorted(wp.names(), key=name_order)[:workers]
         if len(names) < workers:
-            raise KitError(f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {workers}",
-                           f"start more workers there, or run with --workers {len(names)}")
+            raise KitError(
+                f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {workers}",
+                f"start more workers there, or run with --workers {len(names)}",
+            )
         for mode in modes:
             _prepare_table(ep, inlining)
             token = uuid.uuid4().hex[:12]
             ready, go = Queue(f"bench-ready-{token}", client=wp.client), Event(f"bench-go-{token}", client=wp.client)
-            futures = [wp.client.submit(_plane_writer, wp.plugin, i, ops, ready.name, go.name, uuid.uuid4().hex,
-                                        commit_gate_of(mode), pure=False, retries=0, workers=[wp.address_of(n)],
-                                        allow_other_workers=False)
-                       for i, n in enumerate(names)]
+            futures = [
+                wp.client.submit(
+                    _plane_writer,
+                    wp.plugin,
+                    i,
+                    ops,
+                    ready.name,
+                    go.name,
+                    uuid.uuid4().hex,
+                    commit_gate_of(mode),
+                    pure=False,
+                    retries=0,
+                    workers=[wp.address_of(n)],
+                    allow_other_workers=False,
+                )
+                for i, n in enumerate(names)
+            ]
             _wait_ready(wp, ready, futures)
             before, cpu_start = _catalog_counters(ep), catalog_cpu()
             go.set()
@@ -625,10 +763,22 @@ def run_plane(state: State, ep: Endpoints, workers: int, ops: int, inlining: boo
             if failed:
                 first = failed[0]
                 why = first.get("setup_error") if isinstance(first, dict) else first.error.line()
-                raise KitError(f"a writer on the worker plane could not run ({why})", "run `workers` to see the workers' state")
-            fig = _lake_figures(mode, ep, results, workers, ops, before, after, (cpu_start, cpu_end), inlining,
-                                "rolled-back catalog transactions during the run (pg_stat_database.xact_rollback), read "
-                                "1.5 s after it: the workers' catalog connections stay open, so this may under-count")
+                raise KitError(
+                    f"a writer on the worker plane could not run ({why})", "run `workers` to see the workers' state"
+                )
+            fig = _lake_figures(
+                mode,
+                ep,
+                results,
+                workers,
+                ops,
+                before,
+                after,
+                (cpu_start, cpu_end),
+                inlining,
+                "rolled-back catalog transactions during the run (pg_stat_database.xact_rollback), read "
+                "1.5 s after it: the workers' catalog connections stay open, so this may under-count",
+            )
             fig.settings = WORKER_SETTINGS
             fig.catalog_settings = {}
             fig.commit_gate = commit_gate_of(mode)
@@ -636,8 +786,14 @@ def run_plane(state: State, ep: Endpoints, workers: int, ops: int, inlining: boo
     return out
 
 
-def single_writer(ep: Endpoints, table: str, ops: int, settings: dict[str, Any], catalog_settings: dict[str, str] | None,
-                  catalog_cpu: Callable[[], float | None]) -> SingleWriter:
+def single_writer(
+    ep: Endpoints,
+    table: str,
+    ops: int,
+    settings: dict[str, Any],
+    catalog_settings: dict[str, str] | None,
+    catalog_cpu: Callable[[], float | None],
+) -> SingleWriter:
     """One writer alone, in this process, with the workers' settings: latency and CPU per insert without contention.
     Its rows have op < 0, so the concurrent run's counts leave them out."""
     with Lake(ep, settings=settings, catalog_settings=catalog_settings) as lake:
@@ -651,9 +807,14 @@ def single_writer(ep: Endpoints, table: str, ops: int, settings: dict[str, Any],
             latencies.append(time.perf_counter() - t)
         cpu1, pg1 = time.process_time(), catalog_cpu()
     latencies.sort()
-    return SingleWriter(ops, round(statistics.median(latencies) * 1000, 2), round(_percentile(latencies, 0.95) * 1000, 2),
-                        round(latencies[0] * 1000, 2), round((cpu1 - cpu0) / ops * 1000, 2),
-                        round((pg1 - pg0) / ops * 1000, 2) if pg0 is not None and pg1 is not None else None)
+    return SingleWriter(
+        ops,
+        round(statistics.median(latencies) * 1000, 2),
+        round(_percentile(latencies, 0.95) * 1000, 2),
+        round(latencies[0] * 1000, 2),
+        round((cpu1 - cpu0) / ops * 1000, 2),
+        round((pg1 - pg0) / ops * 1000, 2) if pg0 is not None and pg1 is not None else None,
+    )
 
 
 def floor(single: SingleWriter, workers: int, ops: int, cores: int) -> Floor:
@@ -671,30 +832,46 @@ def floor(single: SingleWriter, workers: int, ops: int, cores: int) -> Floor:
     # the gate is held for the insert's whole statement (lake.Lake.write): at least the fastest lone insert, less
     # the lock's own round trip (a fraction of a millisecond here)
     gated = 1000 / single.min_ms if single.min_ms else 0.0
-    return Floor(round(cpu, 2), single.catalog_cpu_ms_per_insert is not None, round(total, 3), round(single.median_ms or 0.0, 2),
-                 round(rate, 1), round(workers / rate * 1000, 2) if rate else 0.0,
-                 round(min(rate, gated), 1), round(workers / min(rate, gated) * 1000, 2) if gated and rate else 0.0)
+    return Floor(
+        round(cpu, 2),
+        single.catalog_cpu_ms_per_insert is not None,
+        round(total, 3),
+        round(single.median_ms or 0.0, 2),
+        round(rate, 1),
+        round(workers / rate * 1000, 2) if rate else 0.0,
+        round(min(rate, gated), 1),
+        round(workers / min(rate, gated) * 1000, 2) if gated and rate else 0.0,
+    )
 
 
 def goals(run: WriterFigures, lower_bounds: Floor | None) -> Goals:
     """Which goals DuckLake's run met, and (from the floor measured alone) whether this machine could meet the
     time goals at all."""
-    met = {"total_s": run.total_s < GOALS["total_s"], "median_ms": (run.median_ms or 0) < GOALS["median_ms"],
-           "errors": run.errors == 0, "rows_lost": run.rows_lost == 0}
+    met = {
+        "total_s": run.total_s < GOALS["total_s"],
+        "median_ms": (run.median_ms or 0) < GOALS["median_ms"],
+        "errors": run.errors == 0,
+        "rows_lost": run.rows_lost == 0,
+    }
     reach = None
     if lower_bounds is not None:
-        reach = {"total_s": lower_bounds.total_s_at_least < GOALS["total_s"],
-                 "median_ms": lower_bounds.median_ms_at_least < GOALS["median_ms"]}
+        reach = {
+            "total_s": lower_bounds.total_s_at_least < GOALS["total_s"],
+            "median_ms": lower_bounds.median_ms_at_least < GOALS["median_ms"],
+        }
     return Goals(met, reach)
 
 
 def contention_goals(run: WriterFigures) -> dict[str, bool]:
     """Which of CONTENTION_GOALS a DuckLake mode's run met."""
     g = CONTENTION_GOALS
-    return {"p99_ms": run.p99_ms is not None and run.p99_ms <= g["p99_ms"],
-            "max_ms": run.max_ms is not None and run.max_ms <= g["max_ms"],
-            "ops_per_s": (run.ops_per_s or 0) >= g["ops_per_s"], "rows_lost": run.rows_lost == 0,
-            "duplicate_rows": run.duplicate_rows == 0}
+    return {
+        "p99_ms": run.p99_ms is not None and run.p99_ms <= g["p99_ms"],
+        "max_ms": run.max_ms is not None and run.max_ms <= g["max_ms"],
+        "ops_per_s": (run.ops_per_s or 0) >= g["ops_per_s"],
+        "rows_lost": run.rows_lost == 0,
+        "duplicate_rows": run.duplicate_rows == 0,
+    }
 
 
 def contention_reachable(lower_bounds: Floor) -> dict[str, bool]:
@@ -704,20 +881,33 @@ def contention_reachable(lower_bounds: Floor) -> dict[str, bool]:
     g = CONTENTION_GOALS
     mean_allowed = 0.99 * g["p99_ms"] + 0.01 * g["max_ms"]
     f = lower_bounds
-    return {"p99_and_max_ms": f.mean_ms_at_least <= mean_allowed, "ops_per_s": f.ops_per_s_at_most >= g["ops_per_s"],
-            "p99_and_max_ms_through_the_gate": f.gated_mean_ms_at_least <= mean_allowed,
-            "ops_per_s_through_the_gate": f.gated_ops_per_s_at_most >= g["ops_per_s"]}
+    return {
+        "p99_and_max_ms": f.mean_ms_at_least <= mean_allowed,
+        "ops_per_s": f.ops_per_s_at_most >= g["ops_per_s"],
+        "p99_and_max_ms_through_the_gate": f.gated_mean_ms_at_least <= mean_allowed,
+        "ops_per_s_through_the_gate": f.gated_ops_per_s_at_most >= g["ops_per_s"],
+    }
 
 
 # -- the suite -----------------------------------------------------------------------------------------------
 
 
-def bench_concurrency(platform: Platform, state: State, *, workers: int = 3, ops: int = 100,
-                      on_step: Callable[[str], None] = lambda _m: None, modes: tuple[str, ...] = MODES,
-                      inlining: bool = True, settings: dict[str, Any] | None = None,
-                      catalog_settings: dict[str, str] | None = None, calibrate_ops: int = CALIBRATE_OPS,
-                      json_path: Path | None = None, png_path: Path | None = None,
-                      scheduler: str | None = None) -> ConcurrencyRun:
+def bench_concurrency(
+    platform: Platform,
+    state: State,
+    *,
+    workers: int = 3,
+    ops: int = 100,
+    on_step: Callable[[str], None] = lambda _m: None,
+    modes: tuple[str, ...] = MODES,
+    inlining: bool = True,
+    settings: dict[str, Any] | None = None,
+    catalog_settings: dict[str, str] | None = None,
+    calibrate_ops: int = CALIBRATE_OPS,
+    json_path: Path | None = None,
+    png_path: Path | None = None,
+    scheduler: str | None = None,
+) -> ConcurrencyRun:
     """`settings`/`catalog_settings`: see run_ducklake. `calibrate_ops`: inserts of one writer alone, measured
     first, from which the lower bounds of `floor` are computed (0: skip)."""
     if workers < 1 or ops < 1:
@@ -736,15 +926,28 @@ def bench_concurrency(platform: Platform, state: State, *, workers: int = 3, ops
     lake_modes = [m for m in modes if m.startswith("ducklake")]
     for i, mode in enumerate(lake_modes):
         gate = commit_gate_of(mode)
-        on_step(f"(b) DuckLake, PostgreSQL catalog, one connection per worker, commit gate {gate}: {workers} workers x "
-                f"{ops} inserts")
+        on_step(
+            f"(b) DuckLake, PostgreSQL catalog, one connection per worker, commit gate {gate}: {workers} workers x "
+            f"{ops} inserts"
+        )
         # the lone writer is measured once, before the first DuckLake mode (as the kit commits by default)
-        results[mode] = run_ducklake(ep, workers, ops, inlining, settings, catalog_settings, cpu_reader,
-                                     calibrate_ops=min(calibrate_ops, max(ops, 20)) if i == 0 else 0, mode=mode)
+        results[mode] = run_ducklake(
+            ep,
+            workers,
+            ops,
+            inlining,
+            settings,
+            catalog_settings,
+            cpu_reader,
+            calibrate_ops=min(calibrate_ops, max(ops, 20)) if i == 0 else 0,
+            mode=mode,
+        )
     plane_modes = tuple(m for m in modes if m.startswith("workers"))
     if plane_modes:
-        on_step(f"(c) DuckLake from the worker plane (Dask), one task per writer, commit gate "
-                f"{' then '.join(commit_gate_of(m) for m in plane_modes)}: {workers} workers x {ops} inserts")
+        on_step(
+            f"(c) DuckLake from the worker plane (Dask), one task per writer, commit gate "
+            f"{' then '.join(commit_gate_of(m) for m in plane_modes)}: {workers} workers x {ops} inserts"
+        )
         results.update(run_plane(state, ep, workers, ops, inlining, cpu_reader, scheduler, plane_modes))
     out = ConcurrencyRun(workers, ops, Machine.since(load_before), results)
     single = next((r.single_writer for r in results.values() if r.single_writer is not None), None)
@@ -784,8 +987,11 @@ def chart_concurrency(result: ConcurrencyRun, path: Path) -> None:
     right.set_ylabel("ms per successful insert")
     right.set_yscale("log")
     right.legend()
-    fig.suptitle(f"bench --suite concurrency: {result.workers} workers x {result.ops_per_worker} inserts, "
-                 f"{result.machine.cores} cores", fontsize=10)
+    fig.suptitle(
+        f"bench --suite concurrency: {result.workers} workers x {result.ops_per_worker} inserts, "
+        f"{result.machine.cores} cores",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

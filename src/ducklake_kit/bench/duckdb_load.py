@@ -50,8 +50,9 @@ def output_prefix(ep: Endpoints, folder: str) -> str:
     return f"{ep.data_path.rstrip('/')}/{folder}"
 
 
-def duckdb_load(ep: Endpoints, files: list[SourceFile], zones_path: Path, folder: str, load_id: str,
-                threads: int | None = None) -> DuckDBLoad:
+def duckdb_load(
+    ep: Endpoints, files: list[SourceFile], zones_path: Path, folder: str, load_id: str, threads: int | None = None
+) -> DuckDBLoad:
     """Conform, flag and derive `files` with one DuckDB (all cores unless `threads`), writing under
     `<data path>/<folder>/{trips,quarantine}/`."""
     prefix = output_prefix(ep, folder)
@@ -63,27 +64,38 @@ def duckdb_load(ep: Endpoints, files: list[SourceFile], zones_path: Path, folder
         if threads:
             con.execute(f"SET threads = {int(threads)}")
         con.execute("SET preserve_insertion_order = false")  # the lake keeps no row order: lets COPY write in parallel
-        con.execute("CREATE TEMP TABLE zones AS SELECT LocationID AS location_id, Borough AS borough, Zone AS zone "
-                    f"FROM read_csv({quote_literal(str(zones_path))}, header = true)")
+        con.execute(
+            "CREATE TEMP TABLE zones AS SELECT LocationID AS location_id, Borough AS borough, Zone AS zone "
+            f"FROM read_csv({quote_literal(str(zones_path))}, header = true)"
+        )
         lake_cols = [c for c, _ in trips_columns()]
         for f in files:
             flagged = source_select(con, str(f.path), f.period, canonical)
-            exprs = {**{c: f"f.{c}" for c in canonical}, **DERIVED_SQL,
-                     "load_id": quote_literal(load_id), "source_file": quote_literal(f.path.name)}
-            select = (f"SELECT {', '.join(f'{exprs[c]} AS {c}' for c in lake_cols)}, f.reject_reason FROM ({flagged}) f "
-                      "LEFT JOIN zones pu ON pu.location_id = f.pu_location_id "
-                      "LEFT JOIN zones dz ON dz.location_id = f.do_location_id")
+            exprs = {
+                **{c: f"f.{c}" for c in canonical},
+                **DERIVED_SQL,
+                "load_id": quote_literal(load_id),
+                "source_file": quote_literal(f.path.name),
+            }
+            select = (
+                f"SELECT {', '.join(f'{exprs[c]} AS {c}' for c in lake_cols)}, f.reject_reason FROM ({flagged}) f "
+                "LEFT JOIN zones pu ON pu.location_id = f.pu_location_id "
+                "LEFT JOIN zones dz ON dz.location_id = f.do_location_id"
+            )
             name = f"duckdb-{load_id}-"
             # two passes over the source (accepted, then rejected) cost less than keeping the flagged rows in memory
             rows, written = con.execute(
                 f"COPY (SELECT * EXCLUDE (reject_reason) FROM ({select}) WHERE reject_reason IS NULL) TO "
                 f"{quote_literal(trips_dir)} (FORMAT parquet, PARTITION_BY ({', '.join(PARTITION_KEYS)}), "
-                f"WRITE_PARTITION_COLUMNS true, FILENAME_PATTERN '{name}{{uuid}}', RETURN_FILES true, APPEND)").fetchone()
+                f"WRITE_PARTITION_COLUMNS true, FILENAME_PATTERN '{name}{{uuid}}', RETURN_FILES true, APPEND)"
+            ).fetchone()
             out.rows_accepted += rows
             out.files += list(written or [])
             path = f"{quarantine_dir}/{name}{uuid.uuid4()}.parquet"
-            rejected = con.execute(f"COPY (SELECT * FROM ({select}) WHERE reject_reason IS NOT NULL) TO "
-                                   f"{quote_literal(path)} (FORMAT parquet)").fetchone()[0]
+            rejected = con.execute(
+                f"COPY (SELECT * FROM ({select}) WHERE reject_reason IS NOT NULL) TO "
+                f"{quote_literal(path)} (FORMAT parquet)"
+            ).fetchone()[0]
             out.rows_rejected += rejected
             out.files.append(path)  # written even when empty, as one file per source: removed with the prefix
     finally:

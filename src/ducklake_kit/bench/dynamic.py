@@ -40,9 +40,11 @@ GOAL_BASE_ROWS = 12_000_000
 FIRST_YEAR = 2021  # base months from January of this year; the appended months follow the largest base
 TRIPS, ZONES = f"{BENCH_SCHEMA}.dt_trips", f"{BENCH_SCHEMA}.dt_zones"
 INC, FULL_TABLE = f"{BENCH_SCHEMA}.dt_revenue_incremental", f"{BENCH_SCHEMA}.dt_revenue_full"
-QUERY = (f"SELECT t.pickup_date, z.borough, count(*) AS trips, sum(t.total_amount::DECIMAL(18, 2)) AS revenue, "
-         f"sum(t.tip_amount::DECIMAL(18, 2)) AS tips FROM {TRIPS} AS t JOIN {ZONES} AS z "
-         f"ON t.pu_location_id = z.location_id GROUP BY t.pickup_date, z.borough")
+QUERY = (
+    f"SELECT t.pickup_date, z.borough, count(*) AS trips, sum(t.total_amount::DECIMAL(18, 2)) AS revenue, "
+    f"sum(t.tip_amount::DECIMAL(18, 2)) AS tips FROM {TRIPS} AS t JOIN {ZONES} AS z "
+    f"ON t.pu_location_id = z.location_id GROUP BY t.pickup_date, z.borough"
+)
 
 
 def month_of(i: int) -> tuple[int, int]:
@@ -72,8 +74,12 @@ class BaseFigures:
         return round(self.incremental_median_s / self.full_median_s, 3)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "incremental_median_s": self.incremental_median_s, "full_median_s": self.full_median_s,
-                "ratio": self.ratio}
+        return {
+            **asdict(self),
+            "incremental_median_s": self.incremental_median_s,
+            "full_median_s": self.full_median_s,
+            "ratio": self.ratio,
+        }
 
 
 @dataclass
@@ -92,19 +98,32 @@ class DynamicBench:
 
     def goals(self) -> dict[str, Any]:
         first = self.bases[0]
-        return {"ratio_at_first_base": first.ratio, "ratio_goal": GOAL_RATIO, "ratio_met": first.ratio <= GOAL_RATIO,
-                "first_base_rows": first.base_rows, "goal_base_rows": GOAL_BASE_ROWS,
-                "at_goal_size": first.base_rows >= GOAL_BASE_ROWS,
-                "growth_when_doubled": self.growth, "growth_goal": GOAL_GROWTH,
-                "growth_met": abs(self.growth) < GOAL_GROWTH}
+        return {
+            "ratio_at_first_base": first.ratio,
+            "ratio_goal": GOAL_RATIO,
+            "ratio_met": first.ratio <= GOAL_RATIO,
+            "first_base_rows": first.base_rows,
+            "goal_base_rows": GOAL_BASE_ROWS,
+            "at_goal_size": first.base_rows >= GOAL_BASE_ROWS,
+            "growth_when_doubled": self.growth,
+            "growth_goal": GOAL_GROWTH,
+            "growth_met": abs(self.growth) < GOAL_GROWTH,
+        }
 
     def as_dict(self) -> dict[str, Any]:
-        return {"machine": self.machine.as_dict(), "rows_per_month": self.rows_per_month, "runs": self.runs,
-                "file_cache": self.file_cache,
-                "bases": [b.as_dict() for b in self.bases], "goals": self.goals()}
+        return {
+            "machine": self.machine.as_dict(),
+            "rows_per_month": self.rows_per_month,
+            "runs": self.runs,
+            "file_cache": self.file_cache,
+            "bases": [b.as_dict() for b in self.bases],
+            "goals": self.goals(),
+        }
 
 
-def _month_files(cache: Path, months: list[int], rows_per_month: int, on_step: Callable[[str], None]) -> dict[int, Path]:
+def _month_files(
+    cache: Path, months: list[int], rows_per_month: int, on_step: Callable[[str], None]
+) -> dict[int, Path]:
     folder = cache / "bench-dynamic" / f"{rows_per_month}"
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
@@ -120,8 +139,10 @@ def _month_files(cache: Path, months: list[int], rows_per_month: int, on_step: C
 
 def _month_rows(path: Path) -> str:
     """The columns the query reads, from one raw month (every trip of the file, its odd dates included)."""
-    return (f"SELECT tpep_pickup_datetime::DATE AS pickup_date, PULocationID::INTEGER AS pu_location_id, "
-            f"total_amount, tip_amount FROM read_parquet({quote_literal(str(path))})")
+    return (
+        f"SELECT tpep_pickup_datetime::DATE AS pickup_date, PULocationID::INTEGER AS pu_location_id, "
+        f"total_amount, tip_amount FROM read_parquet({quote_literal(str(path))})"
+    )
 
 
 def _drop(lake: Lake, meta: Metadata) -> None:
@@ -129,12 +150,22 @@ def _drop(lake: Lake, meta: Metadata) -> None:
         manage.drop(lake, meta, name, if_exists=True)
 
 
-def bench_dynamic(platform: Platform, state: State, *, months: int = 12, rows_per_month: int = 100_000,
-                  runs: int = 2, file_cache: bool = False, on_step: Callable[[str], None] = lambda _m: None,
-                  json_path: Path | None = None) -> DynamicBench:
+def bench_dynamic(
+    platform: Platform,
+    state: State,
+    *,
+    months: int = 12,
+    rows_per_month: int = 100_000,
+    runs: int = 2,
+    file_cache: bool = False,
+    on_step: Callable[[str], None] = lambda _m: None,
+    json_path: Path | None = None,
+) -> DynamicBench:
     if months < 1 or rows_per_month < 1000 or runs < 1:
-        raise KitError("--months, --runs must be at least 1 and --rows-per-month at least 1000",
-                       "e.g. bench --suite dynamic --months 12 --rows-per-month 1000000")
+        raise KitError(
+            "--months, --runs must be at least 1 and --rows-per-month at least 1000",
+            "e.g. bench --suite dynamic --months 12 --rows-per-month 1000000",
+        )
     before = load_average()
     appended = list(range(2 * months, 2 * months + runs))
     files = _month_files(state.cache_dir, list(range(2 * months)) + appended, rows_per_month, on_step)
@@ -154,12 +185,16 @@ def bench_dynamic(platform: Platform, state: State, *, months: int = 12, rows_pe
                 _drop(lake, meta)
                 union = " UNION ALL ".join(_month_rows(files[i]) for i in range(n))
                 lake.con.execute(f"CREATE OR REPLACE TABLE lake.{TRIPS} AS {union}")
-                lake.con.execute(f"CREATE OR REPLACE TABLE lake.{ZONES} AS SELECT LocationID AS location_id, "
-                                 f"Borough AS borough FROM read_csv({quote_literal(str(zones_csv))}, header = true)")
+                lake.con.execute(
+                    f"CREATE OR REPLACE TABLE lake.{ZONES} AS SELECT LocationID AS location_id, "
+                    f"Borough AS borough FROM read_csv({quote_literal(str(zones_csv))}, header = true)"
+                )
                 base_rows = int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}"))
                 on_step(f"base of {n} months: {base_rows:,} trips; creating {INC} (AUTO) and {FULL_TABLE} (FULL)")
                 for name, mode in ((INC, "AUTO"), (FULL_TABLE, "FULL")):
-                    [stmt] = ddl.parse(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 day' REFRESH_MODE = {mode} AS {QUERY}")
+                    [stmt] = ddl.parse(
+                        f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 day' REFRESH_MODE = {mode} AS {QUERY}"
+                    )
                     manage.create(lake, meta, stmt)
                 fig = BaseFigures(n, base_rows, 0)
                 changes = []
@@ -172,18 +207,23 @@ def bench_dynamic(platform: Platform, state: State, *, months: int = 12, rows_pe
                         r = refresher.refresh(meta.get(name), "bench")
                         times.append(round(time.perf_counter() - start, 3))
                         if (r.status, r.mode) != (SUCCEEDED, mode):
-                            raise KitError(f"the {mode.lower()} refresh of {name} was {r.status} {r.mode} "
-                                           f"({r.error or r.reason})", "see `dynamic history " + name + "`",
-                                           exit_code=EXIT_CHECK_FAILED)
+                            raise KitError(
+                                f"the {mode.lower()} refresh of {name} was {r.status} {r.mode} ({r.error or r.reason})",
+                                "see `dynamic history " + name + "`",
+                                exit_code=EXIT_CHECK_FAILED,
+                            )
                         if name == INC:
                             fig.incremental_how = r.reason or ""
                         on_step(f"  +{changes[-1]:,} trips: {name} {r.mode.lower()} in {times[-1]} s ({r.reason})")
                 for name in (INC, FULL_TABLE):
                     wrong = manage.check(lake, meta, name)
                     if wrong != (0, 0):
-                        raise KitError(f"{name} differs from its query run in full ({wrong[0]} rows only in the table, "
-                                       f"{wrong[1]} only in the query)", "this is a defect of the refresher: report it",
-                                       exit_code=EXIT_CHECK_FAILED)
+                        raise KitError(
+                            f"{name} differs from its query run in full ({wrong[0]} rows only in the table, "
+                            f"{wrong[1]} only in the query)",
+                            "this is a defect of the refresher: report it",
+                            exit_code=EXIT_CHECK_FAILED,
+                        )
                 fig.change_rows = int(statistics.median(changes))
                 bases.append(fig)
         finally:

@@ -80,12 +80,19 @@ class SizeFigures:
     @property
     def ratios(self) -> dict[str, float | None]:
         s = self.sides
-        return {"a_to_c": _ratio(s["a"], s["c"]), "a_cluster_to_a": _ratio(s.get("a_cluster"), s["a"]),
-                "a_to_b": _ratio(s["a"], s["b"])}
+        return {
+            "a_to_c": _ratio(s["a"], s["c"]),
+            "a_cluster_to_a": _ratio(s.get("a_cluster"), s["a"]),
+            "a_to_b": _ratio(s["a"], s["b"]),
+        }
 
     def as_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "files": self.files,
-                "sides": {k: (v.as_dict() if v else None) for k, v in self.sides.items()}, "ratios": self.ratios}
+        return {
+            "rows": self.rows,
+            "files": self.files,
+            "sides": {k: (v.as_dict() if v else None) for k, v in self.sides.items()},
+            "ratios": self.ratios,
+        }
 
 
 @dataclass
@@ -100,8 +107,14 @@ class Goal:
         return None if self.value is None else self.value >= self.at_least
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "ratio": self.ratio, "at_least": self.at_least, "rows": GOAL_ROWS,
-                "value": self.value, "met": self.met}
+        return {
+            "name": self.name,
+            "ratio": self.ratio,
+            "at_least": self.at_least,
+            "rows": GOAL_ROWS,
+            "value": self.value,
+            "met": self.met,
+        }
 
 
 @dataclass
@@ -114,13 +127,24 @@ class LoadBench:
     @property
     def goals(self) -> list[Goal]:
         at = next((s for s in self.sizes if s.rows == GOAL_ROWS), None)
-        return [Goal("Spark -> DuckLake / DuckDB alone", "a_to_c", GOAL_A_TO_C, at.ratios["a_to_c"] if at else None),
-                Goal("standalone cluster / local[*]", "a_cluster_to_a", GOAL_CLUSTER_TO_LOCAL,
-                     at.ratios["a_cluster_to_a"] if at else None)]
+        return [
+            Goal("Spark -> DuckLake / DuckDB alone", "a_to_c", GOAL_A_TO_C, at.ratios["a_to_c"] if at else None),
+            Goal(
+                "standalone cluster / local[*]",
+                "a_cluster_to_a",
+                GOAL_CLUSTER_TO_LOCAL,
+                at.ratios["a_cluster_to_a"] if at else None,
+            ),
+        ]
 
     def as_dict(self) -> dict[str, Any]:
-        return {**self.machine.as_dict(), "cluster": self.cluster, "codecs": self.codecs,
-                "sizes": [s.as_dict() for s in self.sizes], "goals": [g.as_dict() for g in self.goals]}
+        return {
+            **self.machine.as_dict(),
+            "cluster": self.cluster,
+            "codecs": self.codecs,
+            "sizes": [s.as_dict() for s in self.sizes],
+            "goals": [g.as_dict() for g in self.goals],
+        }
 
 
 class PeakMemory:
@@ -155,7 +179,7 @@ class PeakMemory:
             self._stop.wait(0.05)
 
     @contextmanager
-    def phase(self) -> Iterator["PeakMemory"]:
+    def phase(self) -> Iterator[PeakMemory]:
         """Peaks within the phase, and the RSS at its start (memory the process already held, e.g. from
         generating the data, is not growth caused by the load)."""
         self.python_peak = self.jvm_peak = 0
@@ -170,7 +194,6 @@ class PeakMemory:
         finally:
             self._stop.set()
             self._thread.join()
-
 
 
 def _months(n: int) -> list[tuple[int, int]]:
@@ -207,7 +230,7 @@ def remove_prefix(ep: Endpoints, prefix: str) -> int:
     """Delete every object under `prefix` (an s3://bucket/folder path): side (c)'s files. Returns how many."""
     client, bucket, objects = _objects(ep, prefix)
     for i in range(0, len(objects), 1000):  # delete_objects takes at most 1000 keys
-        client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": o["Key"]} for o in objects[i:i + 1000]]})
+        client.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": o["Key"]} for o in objects[i : i + 1000]]})
     return len(objects)
 
 
@@ -216,31 +239,59 @@ def _mib(n: int) -> int:
 
 
 def _figures(rows: int, seconds: float, m: PeakMemory, load_before: float, **extra: Any) -> PathFigures:
-    return PathFigures(round(seconds, 2), round(rows / seconds), _mib(m.python_peak), _mib(m.jvm_peak),
-                       _mib(m.python_peak - m.python_start), round(load_before, 2), **extra)
+    return PathFigures(
+        round(seconds, 2),
+        round(rows / seconds),
+        _mib(m.python_peak),
+        _mib(m.jvm_peak),
+        _mib(m.python_peak - m.python_start),
+        round(load_before, 2),
+        **extra,
+    )
 
 
-def _lake_side(ep: Endpoints, files, zones_path: Path, total: int, memory: PeakMemory, spark_master) -> tuple[PathFigures, Any]:
+def _lake_side(
+    ep: Endpoints, files, zones_path: Path, total: int, memory: PeakMemory, spark_master
+) -> tuple[PathFigures, Any]:
     """(a) or (a'): the load itself, into the bench schema (replace: a re-run supersedes the last one's rows)."""
     before = os.getloadavg()[0]
     with memory.phase() as m:
-        result = run_load(ep, files, zones_path=zones_path, zones_note="", source_note="bench", mode="replace",
-                          schema_name=BENCH_SCHEMA, spark_master=spark_master)
+        result = run_load(
+            ep,
+            files,
+            zones_path=zones_path,
+            zones_note="",
+            source_note="bench",
+            mode="replace",
+            schema_name=BENCH_SCHEMA,
+            spark_master=spark_master,
+        )
     seconds = result.timings["spark"] + result.timings["commit"]  # landing the raw files is part of no side
     loaded = sum(f.rows_read for f in result.files)
     if loaded != total:
         raise KitError(f"the DuckLake path loaded {loaded:,} rows of {total:,}", "this is a bug; see the load's checks")
-    return _figures(total, seconds, m, before, snapshot_id=result.snapshot_id, raw_landing_s=result.timings.get("raw"),
-                    spark_s=result.timings["spark"], commit_s=result.timings["commit"]), result
+    return _figures(
+        total,
+        seconds,
+        m,
+        before,
+        snapshot_id=result.snapshot_id,
+        raw_landing_s=result.timings.get("raw"),
+        spark_s=result.timings["spark"],
+        commit_s=result.timings["commit"],
+    ), result
 
 
 def _check_same_counts(side: str, result, accepted: int, rejected: int) -> None:
     """The rows a side wrote, per table, against the load's own counts (computed by the lake in its commit)."""
     want = (sum(f.rows_accepted for f in result.files), sum(f.rows_rejected for f in result.files))
     if (accepted, rejected) != want:
-        raise KitError(f"side ({side}) wrote {accepted:,} accepted and {rejected:,} rejected rows, the load "
-                       f"{want[0]:,} and {want[1]:,}", "the two implementations of the rules disagree: this is a bug",
-                       exit_code=EXIT_CHECK_FAILED)
+        raise KitError(
+            f"side ({side}) wrote {accepted:,} accepted and {rejected:,} rejected rows, the load "
+            f"{want[0]:,} and {want[1]:,}",
+            "the two implementations of the rules disagree: this is a bug",
+            exit_code=EXIT_CHECK_FAILED,
+        )
 
 
 def _duckdb_side(ep: Endpoints, files, zones_path: Path, total: int, memory: PeakMemory, lake_result) -> PathFigures:
@@ -264,8 +315,13 @@ def _s3_bytes(ep: Endpoints, prefix: str) -> int:
     return sum(o["Size"] for o in _objects(ep, prefix)[2])
 
 
-def bench_load(platform: Platform, state: State, sizes: list[int] | tuple[int, ...] = DEFAULT_ROWS,
-               on_step: Callable[[str], None] = lambda _m: None, cluster: bool = True) -> LoadBench:
+def bench_load(
+    platform: Platform,
+    state: State,
+    sizes: list[int] | tuple[int, ...] = DEFAULT_ROWS,
+    on_step: Callable[[str], None] = lambda _m: None,
+    cluster: bool = True,
+) -> LoadBench:
     """Sides (a), (b), (c) on local[*] for each size, then (a') on the standalone cluster for each size.
     `cluster=False` leaves (a') out (its figures are None)."""
     sizes = list(sizes)
@@ -300,8 +356,9 @@ def bench_load(platform: Platform, state: State, sizes: list[int] | tuple[int, .
                 t = time.perf_counter()
                 _plain_parquet(spark, files, zones_path, out / "run")
                 seconds = time.perf_counter() - t
-            sides["b"] = _figures(total, seconds, m, before,
-                                  bytes=sum(p.stat().st_size for p in (out / "run").rglob("*.parquet")))
+            sides["b"] = _figures(
+                total, seconds, m, before, bytes=sum(p.stat().st_size for p in (out / "run").rglob("*.parquet"))
+            )
             shutil.rmtree(out / "run", ignore_errors=True)
             on_step(f"(a) {total:,} rows: Spark on local[*] -> DuckLake")
             sides["a"], result = _lake_side(ep, files, zones_path, total, memory, local)
@@ -314,13 +371,28 @@ def bench_load(platform: Platform, state: State, sizes: list[int] | tuple[int, .
     how = "not run"
     if cluster:
         how = _cluster_sides(ep, state, inputs, figures, zones_path, memory, on_step)
-    return LoadBench(figures, Machine.since(load_before), how,
-                     {"a": "snappy (DuckDB's default)", "b": "snappy (Spark's default)", "c": "snappy (DuckDB's default)",
-                      "a_cluster": "snappy (DuckDB's default)"})
+    return LoadBench(
+        figures,
+        Machine.since(load_before),
+        how,
+        {
+            "a": "snappy (DuckDB's default)",
+            "b": "snappy (Spark's default)",
+            "c": "snappy (DuckDB's default)",
+            "a_cluster": "snappy (DuckDB's default)",
+        },
+    )
 
 
-def _cluster_sides(ep: Endpoints, state: State, inputs, figures: list[SizeFigures], zones_path: Path, memory: PeakMemory,
-                   on_step: Callable[[str], None]) -> str:
+def _cluster_sides(
+    ep: Endpoints,
+    state: State,
+    inputs,
+    figures: list[SizeFigures],
+    zones_path: Path,
+    memory: PeakMemory,
+    on_step: Callable[[str], None],
+) -> str:
     """(a') for every size on the standalone cluster: the one `spark up` started, else one started here and stopped
     afterwards (the session on it too)."""
     from ducklake_kit.platforms.spark_cluster import SparkCluster
@@ -331,8 +403,9 @@ def _cluster_sides(ep: Endpoints, state: State, inputs, figures: list[SizeFigure
     if started:
         on_step(f"starting a standalone Spark cluster (master + {CLUSTER_WORKERS} workers of 1 core) for (a')")
         status = cluster.up("standalone", CLUSTER_WORKERS)
-    how = (f"{status.alive_workers} worker(s) of 1 core, " + ("started for this run and stopped after it" if started
-                                                              else "the cluster `spark up` started"))
+    how = f"{status.alive_workers} worker(s) of 1 core, " + (
+        "started for this run and stopped after it" if started else "the cluster `spark up` started"
+    )
     try:
         target = spark_mod.target("standalone", state)
         spark_mod.session(target)

@@ -36,14 +36,17 @@ def busy_sql(rows: int) -> str:
 def dag_source(independent: int, chain: int, rows: int) -> str:
     """The generated pipeline: nodes i1..iK (independent) and c1 -> c2 -> ... -> cC."""
     parts = [f"-- id: i{k}\n{busy_sql(rows)};" for k in range(1, independent + 1)]
-    parts += [f"-- id: c{k}\n" + (f"-- depends_on: c{k - 1}\n" if k > 1 else "") + f"{busy_sql(rows)};"
-              for k in range(1, chain + 1)]
+    parts += [
+        f"-- id: c{k}\n" + (f"-- depends_on: c{k - 1}\n" if k > 1 else "") + f"{busy_sql(rows)};"
+        for k in range(1, chain + 1)
+    ]
     return "\n".join(parts)
 
 
 def chain_source(n: int) -> str:
-    return "\n".join(f"-- id: s{k}\n" + (f"-- depends_on: s{k - 1}\n" if k > 1 else "") + "SELECT 1;"
-                     for k in range(1, n + 1))
+    return "\n".join(
+        f"-- id: s{k}\n" + (f"-- depends_on: s{k - 1}\n" if k > 1 else "") + "SELECT 1;" for k in range(1, n + 1)
+    )
 
 
 def _seconds(node) -> float:
@@ -80,8 +83,15 @@ def figures(pipeline: Pipeline, r: PipelineRun, workers: int) -> DagFigures:
     cp = critical_path(pipeline, r)
     bound = max(cp, total / workers)
     span = makespan(r)
-    return DagFigures(len(r.nodes), round(span, 3), round(total, 3), round(cp, 3), round(bound, 3),
-                      round(span / bound, 3), round(statistics.median(_seconds(n) for n in r.nodes), 3))
+    return DagFigures(
+        len(r.nodes),
+        round(span, 3),
+        round(total, 3),
+        round(cp, 3),
+        round(bound, 3),
+        round(span / bound, 3),
+        round(statistics.median(_seconds(n) for n in r.nodes), 3),
+    )
 
 
 @dataclass
@@ -100,8 +110,10 @@ class PipelineBench:
 
     @property
     def goals(self) -> dict[str, bool]:
-        return {f"makespan <= {GOAL_VS_BOUND} x bound": self.parallel.vs_bound <= GOAL_VS_BOUND,
-                f"scheduling < {GOAL_SCHEDULING_MS:g} ms a node": self.scheduling_ms_per_node < GOAL_SCHEDULING_MS}
+        return {
+            f"makespan <= {GOAL_VS_BOUND} x bound": self.parallel.vs_bound <= GOAL_VS_BOUND,
+            f"scheduling < {GOAL_SCHEDULING_MS:g} ms a node": self.scheduling_ms_per_node < GOAL_SCHEDULING_MS,
+        }
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -123,23 +135,36 @@ def _run_ok(pipeline: Pipeline, wp, **kw) -> PipelineRun:
     return r
 
 
-def bench_pipeline(platform: Platform, state: State, *, workers: int = 2, independent: int = 12, chain: int = 4,
-                   node_s: float = 0.4, scheduling_nodes: int = 50, scheduler: str | None = None,
-                   on_step: Callable[[str], None] = lambda _m: None, json_path: Path | None = None) -> PipelineBench:
+def bench_pipeline(
+    platform: Platform,
+    state: State,
+    *,
+    workers: int = 2,
+    independent: int = 12,
+    chain: int = 4,
+    node_s: float = 0.4,
+    scheduling_nodes: int = 50,
+    scheduler: str | None = None,
+    on_step: Callable[[str], None] = lambda _m: None,
+    json_path: Path | None = None,
+) -> PipelineBench:
     from ducklake_kit.workers import WorkerPlane
     from ducklake_kit.workers import plane as plane_mod
     from ducklake_kit.workers.client import name_order
 
     if workers < 1 or independent < 0 or chain < 1:
-        raise KitError("the pipeline benchmark needs at least one worker and a chain of at least one node",
-                       "use --workers >= 1")
+        raise KitError(
+            "the pipeline benchmark needs at least one worker and a chain of at least one node", "use --workers >= 1"
+        )
     load_before = load_average()
     ep = platform.endpoints()
     with plane_mod.borrowed(state, ep, workers, scheduler) as status, WorkerPlane(status.address, ep) as wp:
         names = sorted(wp.names(), key=name_order)[:workers]
         if len(names) < workers:
-            raise KitError(f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {workers}",
-                           f"start more workers there, or run with --workers {len(names)}")
+            raise KitError(
+                f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {workers}",
+                f"start more workers there, or run with --workers {len(names)}",
+            )
         on_step("calibrating one node on w1")
         probe = wp.run(busy_sql(ROWS_PER_S // 2), worker=names[0])
         if not probe.ok:
@@ -147,7 +172,9 @@ def bench_pipeline(platform: Platform, state: State, *, workers: int = 2, indepe
         rows = max(10_000, int(node_s * (ROWS_PER_S // 2) / max(probe.statements[0].seconds, 1e-3)))
         dag = build(dag_source(independent, chain, rows), "<bench dag>", name="bench_dag")
         only = set(dag.nodes)
-        on_step(f"the DAG: {independent} independent nodes + a chain of {chain}, about {node_s}s each, on {workers} workers")
+        on_step(
+            f"the DAG: {independent} independent nodes + a chain of {chain}, about {node_s}s each, on {workers} workers"
+        )
         parallel = _run_ok(dag, wp, only=only, among=names)  # on exactly `workers` workers, whatever else runs
         on_step("the same DAG serially (every node pinned to one worker)")
         serial_dag = build(dag_source(independent, chain, rows), "<bench dag>", name="bench_dag_serial")
@@ -160,8 +187,18 @@ def bench_pipeline(platform: Platform, state: State, *, workers: int = 2, indepe
     par, ser = figures(dag, parallel, workers), figures(serial_dag, serial, 1)
     own = sum(_seconds(n) for n in chained.nodes)
     per_node_ms = (makespan(chained) - own) / max(scheduling_nodes - 1, 1) * 1000
-    out = PipelineBench(Machine.since(load_before), workers, independent, chain, rows, par, ser,
-                        round(ser.makespan_s / par.makespan_s, 3), scheduling_nodes, round(per_node_ms, 3),
-                        _order_held(dag, parallel) and _order_held(trivial, chained))
+    out = PipelineBench(
+        Machine.since(load_before),
+        workers,
+        independent,
+        chain,
+        rows,
+        par,
+        ser,
+        round(ser.makespan_s / par.makespan_s, 3),
+        scheduling_nodes,
+        round(per_node_ms, 3),
+        _order_held(dag, parallel) and _order_held(trivial, chained),
+    )
     write_outputs(out, json_path, None)
     return out

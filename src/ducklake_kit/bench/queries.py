@@ -36,23 +36,27 @@ import duckdb
 
 from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average, write_outputs
 from ducklake_kit.errors import KitError
-from ducklake_kit.lake.profile import catalog_statements
 from ducklake_kit.lake import Lake
+from ducklake_kit.lake.profile import catalog_statements
 from ducklake_kit.lake.sql import quote_literal, table_exists
 from ducklake_kit.lessons import queries as queries_mod
 from ducklake_kit.platforms import s3
+from ducklake_kit.platforms.base import RAW_BUCKET, Platform
+from ducklake_kit.platforms.state import State
 from ducklake_kit.taxi import sources
 from ducklake_kit.taxi import spark as spark_mod
 from ducklake_kit.taxi.load import run_load
-from ducklake_kit.platforms.base import RAW_BUCKET, Platform
-from ducklake_kit.platforms.state import State
 
 ROWS_PER_FILE = 2_500_000  # as `bench --suite load`, so both suites share the generated months (and the cache)
 SEED = 42
 GOAL_LAKE_TO_PARQUET = 1.05  # DuckLake at most 5% slower than plain Parquet
 GOAL_SPEEDUP_VS_SPARK = 10.0  # DuckDB on DuckLake at least 10x faster than Spark SQL
 ENGINES = ("ducklake", "parquet", "spark")
-ENGINE_LABELS = {"ducklake": "DuckDB on DuckLake", "parquet": "DuckDB on Parquet (S3)", "spark": "Spark SQL on Parquet (local)"}
+ENGINE_LABELS = {
+    "ducklake": "DuckDB on DuckLake",
+    "parquet": "DuckDB on Parquet (S3)",
+    "spark": "Spark SQL on Parquet (local)",
+}
 _BENCH_TABLES = ("trips", "quarantine", "zones", "load_log")
 _HIVE = "hive_partitioning = true, hive_types = {'pickup_year': INTEGER, 'pickup_month': INTEGER}"
 SETTLE_AFTER_SPARK_S = 0.05
@@ -81,10 +85,16 @@ class QueryFigures:
     differences: dict[str, str] = field(default_factory=dict)  # engine -> the first difference from DuckLake's answer
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "file": self.file, "result_rows": self.result_rows,
-                **{e: asdict(st) for e, st in self.engines.items()},
-                "ratio_ducklake_to_parquet": self.ratio_ducklake_to_parquet, "speedup_vs_spark": self.speedup_vs_spark,
-                "answers_agree": self.answers_agree, "differences": self.differences}
+        return {
+            "name": self.name,
+            "file": self.file,
+            "result_rows": self.result_rows,
+            **{e: asdict(st) for e, st in self.engines.items()},
+            "ratio_ducklake_to_parquet": self.ratio_ducklake_to_parquet,
+            "speedup_vs_spark": self.speedup_vs_spark,
+            "answers_agree": self.answers_agree,
+            "differences": self.differences,
+        }
 
 
 @dataclass
@@ -98,10 +108,17 @@ class Totals:
     speedup_met: bool
 
     def as_dict(self) -> dict[str, Any]:
-        return {"total_median_s": self.total_median_s, "ratio_ducklake_to_parquet": self.ratio_ducklake_to_parquet,
-                "speedup_vs_spark": self.speedup_vs_spark,
-                "goals": {"ratio_ducklake_to_parquet_max": GOAL_LAKE_TO_PARQUET, "speedup_vs_spark_min": GOAL_SPEEDUP_VS_SPARK,
-                          "ratio_met": self.ratio_met, "speedup_met": self.speedup_met}}
+        return {
+            "total_median_s": self.total_median_s,
+            "ratio_ducklake_to_parquet": self.ratio_ducklake_to_parquet,
+            "speedup_vs_spark": self.speedup_vs_spark,
+            "goals": {
+                "ratio_ducklake_to_parquet_max": GOAL_LAKE_TO_PARQUET,
+                "speedup_vs_spark_min": GOAL_SPEEDUP_VS_SPARK,
+                "ratio_met": self.ratio_met,
+                "speedup_met": self.speedup_met,
+            },
+        }
 
 
 @dataclass
@@ -121,10 +138,20 @@ class QueriesRun:
         return all(q.answers_agree for q in self.queries)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"suite": "queries", "rows_requested": self.rows_requested, "table_rows": self.table_rows,
-                **self.machine.as_dict(), "runs": self.runs, "warmup": self.warmup, "engines": ENGINE_LABELS,
-                "data": self.data, "queries": [q.as_dict() for q in self.queries], **self.totals.as_dict(),
-                "answers_agree": self.answers_agree, "fixed_cost": self.fixed_cost}
+        return {
+            "suite": "queries",
+            "rows_requested": self.rows_requested,
+            "table_rows": self.table_rows,
+            **self.machine.as_dict(),
+            "runs": self.runs,
+            "warmup": self.warmup,
+            "engines": ENGINE_LABELS,
+            "data": self.data,
+            "queries": [q.as_dict() for q in self.queries],
+            **self.totals.as_dict(),
+            "answers_agree": self.answers_agree,
+            "fixed_cost": self.fixed_cost,
+        }
 
 
 def round_order(i: int) -> tuple[str, ...]:
@@ -168,7 +195,12 @@ def _norm(v: Any) -> Any:
 
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) or isinstance(b, float):
-        if not isinstance(a, (int, float)) or not isinstance(b, (int, float)) or isinstance(a, bool) or isinstance(b, bool):
+        if (
+            not isinstance(a, (int, float))
+            or not isinstance(b, (int, float))
+            or isinstance(a, bool)
+            or isinstance(b, bool)
+        ):
             return False
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)  # doubles summed in another order
     return a == b
@@ -218,12 +250,22 @@ def ensure_lake_data(platform: Platform, state: State, rows: int, on_step: Calla
             lake.con.execute("COMMIT")
     load_s = None
     if not reused:
-        on_step(f"loading {sum(f.rows or 0 for f in files):,} rows into lake.{BENCH_SCHEMA}.trips through the Spark load")
+        on_step(
+            f"loading {sum(f.rows or 0 for f in files):,} rows into lake.{BENCH_SCHEMA}.trips through the Spark load"
+        )
         zones_path, _ = sources.zone_lookup(cache)
         t = time.perf_counter()
         # replace: the tables may have just been dropped on purpose (above), which `skip` refuses to load over
-        run_load(ep, files, zones_path=zones_path, zones_note="", source_note="bench queries", mode="replace",
-                 schema_name=BENCH_SCHEMA, on_step=on_step)
+        run_load(
+            ep,
+            files,
+            zones_path=zones_path,
+            zones_note="",
+            source_note="bench queries",
+            mode="replace",
+            schema_name=BENCH_SCHEMA,
+            on_step=on_step,
+        )
         load_s = round(time.perf_counter() - t, 1)
     else:
         on_step(f"lake.{BENCH_SCHEMA} already holds these {len(files)} month(s): not reloaded")
@@ -233,7 +275,9 @@ def ensure_lake_data(platform: Platform, state: State, rows: int, on_step: Calla
 
 def _parquet_count(con: duckdb.DuckDBPyConnection, root: str) -> int | None:
     try:
-        return int(con.execute(f"SELECT count(*) FROM read_parquet('{root}/trips/**/*.parquet', {_HIVE})").fetchone()[0])
+        return int(
+            con.execute(f"SELECT count(*) FROM read_parquet('{root}/trips/**/*.parquet', {_HIVE})").fetchone()[0]
+        )
     except duckdb.Error:
         return None
 
@@ -257,20 +301,26 @@ def export_parquet(platform: Platform, lake: Lake, root: str, expected: int, on_
         shutil.rmtree(root, ignore_errors=True)
         Path(root, "zones").mkdir(parents=True)
     a = lake.alias
-    lake.con.execute(f"COPY (FROM {a}.{BENCH_SCHEMA}.trips) TO '{root}/trips' "
-                     "(FORMAT parquet, PARTITION_BY (pickup_year, pickup_month), OVERWRITE_OR_IGNORE true)")
+    lake.con.execute(
+        f"COPY (FROM {a}.{BENCH_SCHEMA}.trips) TO '{root}/trips' "
+        "(FORMAT parquet, PARTITION_BY (pickup_year, pickup_month), OVERWRITE_OR_IGNORE true)"
+    )
     lake.con.execute(f"COPY (FROM {a}.{BENCH_SCHEMA}.zones) TO '{root}/zones/zones.parquet' (FORMAT parquet)")
     got = _parquet_count(lake.con, root)
     if got != expected:
-        raise KitError(f"the Parquet export at {root} holds {got} rows, the lake {expected}", "this is a bug; run the bench again")
+        raise KitError(
+            f"the Parquet export at {root} holds {got} rows, the lake {expected}", "this is a bug; run the bench again"
+        )
     return True
 
 
 def lake_files(lake: Lake, table: str) -> list[str]:
     """The Parquet data files of lake.bench.<table> as of now; a table with delete files or inlined rows has rows
     the files alone do not tell, so it cannot be compared file for file."""
-    rows = lake.con.execute("SELECT data_file, delete_file FROM ducklake_list_files(?, ?, schema => ?) ORDER BY 1",
-                            [lake.alias, table, BENCH_SCHEMA]).fetchall()
+    rows = lake.con.execute(
+        "SELECT data_file, delete_file FROM ducklake_list_files(?, ?, schema => ?) ORDER BY 1",
+        [lake.alias, table, BENCH_SCHEMA],
+    ).fetchall()
     if any(d for _, d in rows):
         raise KitError(f"lake.{BENCH_SCHEMA}.{table} has delete files", "run the bench again: it reloads its schema")
     return [f for f, _ in rows]
@@ -281,16 +331,24 @@ def layout(con: duckdb.DuckDBPyConnection, files: list[str] | str) -> dict[str, 
     n_files, groups, rows, size = con.execute(
         "SELECT count(DISTINCT file_name), count(*), sum(num_rows), sum(total_compressed_size) FROM "
         "(SELECT file_name, row_group_id, any_value(row_group_num_rows) AS num_rows, sum(total_compressed_size) AS total_compressed_size "
-        " FROM parquet_metadata(?) GROUP BY ALL)", [files]).fetchone()
-    return {"files": int(n_files), "row_groups": int(groups), "rows": int(rows or 0), "compressed_bytes": int(size or 0)}
+        " FROM parquet_metadata(?) GROUP BY ALL)",
+        [files],
+    ).fetchone()
+    return {
+        "files": int(n_files),
+        "row_groups": int(groups),
+        "rows": int(rows or 0),
+        "compressed_bytes": int(size or 0),
+    }
 
 
 def _sql_list(values: list[str]) -> str:
     return "[" + ", ".join(quote_literal(v) for v in values) + "]"
 
 
-def fixed_cost(lake_cur: duckdb.DuckDBPyConnection, parquet_cur: duckdb.DuckDBPyConnection, runs: int,
-               query_sql: str) -> dict[str, Any]:
+def fixed_cost(
+    lake_cur: duckdb.DuckDBPyConnection, parquet_cur: duckdb.DuckDBPyConnection, runs: int, query_sql: str
+) -> dict[str, Any]:
     """What every DuckLake query pays before it reads a row, timed on a query that reads none (its snapshot
     only), and the catalog statements a real query (`query_sql`) sends (snapshot, file list, deletes, ...)."""
     probe = "SELECT 1 FROM trips LIMIT 0"
@@ -305,11 +363,15 @@ def fixed_cost(lake_cur: duckdb.DuckDBPyConnection, parquet_cur: duckdb.DuckDBPy
     lake_cur.execute(query_sql).fetchall()  # a first query after a schema change reloads the whole catalog schema
     statements, _ = catalog_statements(lake_cur, query_sql)
     lake_ms, parquet_ms = (statistics.median(times[e]) * 1000 for e in ("ducklake", "parquet"))
-    return {"probe": probe, "ducklake_ms": round(lake_ms, 2), "parquet_ms": round(parquet_ms, 2),
-            "extra_ms_per_query": round(lake_ms - parquet_ms, 2),
-            "catalog_round_trips": len(statements),  # of the first benchmark query, BEGIN and COMMIT included
-            "catalog_tables": list(dict.fromkeys(t for st in statements for t in re.findall(r"ducklake_\w+", st))),
-            "catalog_statements": [s.split("\n")[0][:110] for s in statements]}
+    return {
+        "probe": probe,
+        "ducklake_ms": round(lake_ms, 2),
+        "parquet_ms": round(parquet_ms, 2),
+        "extra_ms_per_query": round(lake_ms - parquet_ms, 2),
+        "catalog_round_trips": len(statements),  # of the first benchmark query, BEGIN and COMMIT included
+        "catalog_tables": list(dict.fromkeys(t for st in statements for t in re.findall(r"ducklake_\w+", st))),
+        "catalog_statements": [s.split("\n")[0][:110] for s in statements],
+    }
 
 
 # -- running ------------------------------------------------------------------------------------------------
@@ -317,26 +379,48 @@ def fixed_cost(lake_cur: duckdb.DuckDBPyConnection, parquet_cur: duckdb.DuckDBPy
 
 def _stats(seconds: list[float], table_rows: int) -> EngineStats:
     med = statistics.median(seconds)
-    return EngineStats(round(med, 4), round(min(seconds), 4), round(max(seconds), 4),
-                       round(table_rows / med) if med else None, [round(s, 4) for s in seconds])
+    return EngineStats(
+        round(med, 4),
+        round(min(seconds), 4),
+        round(max(seconds), 4),
+        round(table_rows / med) if med else None,
+        [round(s, 4) for s in seconds],
+    )
 
 
 def ratios(ducklake_s: float, parquet_s: float, spark_s: float) -> dict[str, float]:
     """DuckLake's time over plain Parquet's on the same files (1.0: no overhead), and Spark's over DuckLake's."""
-    return {"ratio_ducklake_to_parquet": round(ducklake_s / parquet_s, 3), "speedup_vs_spark": round(spark_s / ducklake_s, 1)}
+    return {
+        "ratio_ducklake_to_parquet": round(ducklake_s / parquet_s, 3),
+        "speedup_vs_spark": round(spark_s / ducklake_s, 1),
+    }
 
 
 def totals(entries: list[QueryFigures]) -> Totals:
     """Over all queries: each engine's sum of medians, their ratios (sum over sum) and the goals they meet."""
     total = {e: round(sum(q.engines[e].median_s for q in entries), 4) for e in ENGINES}
     r = ratios(total["ducklake"], total["parquet"], total["spark"])
-    return Totals(total, r["ratio_ducklake_to_parquet"], r["speedup_vs_spark"],
-                  r["ratio_ducklake_to_parquet"] <= GOAL_LAKE_TO_PARQUET, r["speedup_vs_spark"] >= GOAL_SPEEDUP_VS_SPARK)
+    return Totals(
+        total,
+        r["ratio_ducklake_to_parquet"],
+        r["speedup_vs_spark"],
+        r["ratio_ducklake_to_parquet"] <= GOAL_LAKE_TO_PARQUET,
+        r["speedup_vs_spark"] >= GOAL_SPEEDUP_VS_SPARK,
+    )
 
 
-def bench_queries(platform: Platform, state: State, *, rows: int, runs: int = 5, warmup: int = 1,
-                  on_step: Callable[[str], None] = lambda _m: None, json_path: Path | None = None,
-                  png_path: Path | None = None, names: list[str] | None = None) -> QueriesRun:
+def bench_queries(
+    platform: Platform,
+    state: State,
+    *,
+    rows: int,
+    runs: int = 5,
+    warmup: int = 1,
+    on_step: Callable[[str], None] = lambda _m: None,
+    json_path: Path | None = None,
+    png_path: Path | None = None,
+    names: list[str] | None = None,
+) -> QueriesRun:
     """Run the benchmark queries on the three engines; figures per query and in total, answers checked."""
     if rows < 1000:
         raise KitError(f"--rows {rows} is too small to measure", "use --rows 1000000 or more")
@@ -351,11 +435,21 @@ def bench_queries(platform: Platform, state: State, *, rows: int, runs: int = 5,
         table_rows = int(lake.scalar(f"SELECT count(*) FROM {BENCH_SCHEMA}.trips"))
         wrote_local = export_parquet(platform, lake, local_root, table_rows, on_step)
         files = {t: lake_files(lake, t) for t in ("trips", "zones")}
-        data["ducklake"] = {**layout(lake.con, files["trips"]), "snapshot_id": lake.current_snapshot(),
-                            "snapshots_in_catalog": int(lake.scalar("SELECT count(*) FROM ducklake_snapshots(?)", [lake.alias]))}
-        data["parquet_s3"] = {**layout(lake.con, files["trips"]), "source": "the lake's own data files (ducklake_list_files)",
-                              "uri": files["trips"][0].rsplit("/", 3)[0] if files["trips"] else None}
-        data["parquet_local"] = {**layout(lake.con, f"{local_root}/trips/**/*.parquet"), "path": local_root, "written": wrote_local}
+        data["ducklake"] = {
+            **layout(lake.con, files["trips"]),
+            "snapshot_id": lake.current_snapshot(),
+            "snapshots_in_catalog": int(lake.scalar("SELECT count(*) FROM ducklake_snapshots(?)", [lake.alias])),
+        }
+        data["parquet_s3"] = {
+            **layout(lake.con, files["trips"]),
+            "source": "the lake's own data files (ducklake_list_files)",
+            "uri": files["trips"][0].rsplit("/", 3)[0] if files["trips"] else None,
+        }
+        data["parquet_local"] = {
+            **layout(lake.con, f"{local_root}/trips/**/*.parquet"),
+            "path": local_root,
+            "written": wrote_local,
+        }
 
         on_step("engines: DuckDB on lake.bench, DuckDB views over read_parquet(the lake's files), Spark temp views")
         on_lake = lake.con.cursor()
@@ -363,12 +457,18 @@ def bench_queries(platform: Platform, state: State, *, rows: int, runs: int = 5,
         on_parquet = lake.con.cursor()  # same DuckDB instance: same threads, same caches as (a)
         on_parquet.execute("USE memory.main")
         # the partition columns are inside the lake's files (WRITE_PARTITION_COLUMNS): no hive partitioning needed
-        on_parquet.execute(f"CREATE OR REPLACE VIEW trips AS FROM read_parquet({_sql_list(files['trips'])}, hive_partitioning = false)")
-        on_parquet.execute(f"CREATE OR REPLACE VIEW zones AS FROM read_parquet({_sql_list(files['zones'])}, hive_partitioning = false)")
+        on_parquet.execute(
+            f"CREATE OR REPLACE VIEW trips AS FROM read_parquet({_sql_list(files['trips'])}, hive_partitioning = false)"
+        )
+        on_parquet.execute(
+            f"CREATE OR REPLACE VIEW zones AS FROM read_parquet({_sql_list(files['zones'])}, hive_partitioning = false)"
+        )
         parquet_rows = int(on_parquet.execute("SELECT count(*) FROM trips").fetchone()[0])
         if parquet_rows != table_rows:
-            raise KitError(f"the lake's data files hold {parquet_rows:,} rows, the table {table_rows:,}",
-                           "the table has rows outside its files (inlined data): run the bench again")
+            raise KitError(
+                f"the lake's data files hold {parquet_rows:,} rows, the table {table_rows:,}",
+                "the table has rows outside its files (inlined data): run the bench again",
+            )
         spark.read.parquet(f"{local_root}/trips").createOrReplaceTempView("trips")
         spark.read.parquet(f"{local_root}/zones/zones.parquet").createOrReplaceTempView("zones")
 
@@ -398,8 +498,18 @@ def bench_queries(platform: Platform, state: State, *, rows: int, runs: int = 5,
             diffs = {e: compare(answers["ducklake"], answers[e]) for e in ("parquet", "spark")}
             stats = {e: _stats(times[e], table_rows) for e in ENGINES}
             r = ratios(stats["ducklake"].median_s, stats["parquet"].median_s, stats["spark"].median_s)
-            results.append(QueryFigures(q.name, q.path.name, len(answers["ducklake"]), stats, r["ratio_ducklake_to_parquet"],
-                                        r["speedup_vs_spark"], not any(diffs.values()), {e: d for e, d in diffs.items() if d}))
+            results.append(
+                QueryFigures(
+                    q.name,
+                    q.path.name,
+                    len(answers["ducklake"]),
+                    stats,
+                    r["ratio_ducklake_to_parquet"],
+                    r["speedup_vs_spark"],
+                    not any(diffs.values()),
+                    {e: d for e, d in diffs.items() if d},
+                )
+            )
         on_lake.close()
         on_parquet.close()
 
@@ -423,14 +533,21 @@ def chart_queries(result: QueriesRun, path: Path) -> None:
     width = 0.27
     for i, engine in enumerate(ENGINES):
         med = [q.engines[engine].median_s for q in qs]
-        err = [[m - q.engines[engine].min_s for m, q in zip(med, qs)], [q.engines[engine].max_s - m for m, q in zip(med, qs)]]
-        ax.bar([x + (i - 1) * width for x in range(len(qs))], med, width, yerr=err, capsize=2, label=ENGINE_LABELS[engine])
+        err = [
+            [m - q.engines[engine].min_s for m, q in zip(med, qs)],
+            [q.engines[engine].max_s - m for m, q in zip(med, qs)],
+        ]
+        ax.bar(
+            [x + (i - 1) * width for x in range(len(qs))], med, width, yerr=err, capsize=2, label=ENGINE_LABELS[engine]
+        )
     ax.set_xticks(range(len(qs)), [q.name for q in qs], fontsize=7, rotation=25, ha="right")
     ax.set_yscale("log")
     ax.set_ylabel("median seconds (log scale; bars: min..max)")
-    ax.set_title(f"bench --suite queries: {result.table_rows:,} rows, {result.machine.cores} cores, {result.runs} runs; "
-                 f"DuckLake/Parquet {result.totals.ratio_ducklake_to_parquet}, Spark/DuckLake {result.totals.speedup_vs_spark}x",
-                 fontsize=9)
+    ax.set_title(
+        f"bench --suite queries: {result.table_rows:,} rows, {result.machine.cores} cores, {result.runs} runs; "
+        f"DuckLake/Parquet {result.totals.ratio_ducklake_to_parquet}, Spark/DuckLake {result.totals.speedup_vs_spark}x",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

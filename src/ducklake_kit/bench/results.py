@@ -30,12 +30,16 @@ class Machine:
         return cls(os.cpu_count(), [round(x, 2) for x in load_before], [round(x, 2) for x in os.getloadavg()])
 
     def as_dict(self) -> dict[str, Any]:
-        return {"cores": self.cores, "load_average_before": self.load_average_before,
-                "load_average_after": self.load_average_after}
+        return {
+            "cores": self.cores,
+            "load_average_before": self.load_average_before,
+            "load_average_after": self.load_average_after,
+        }
 
 
-def write_outputs(result: Any, json_path: Path | None, png_path: Path | None,
-                  chart: Callable[[Any, Path], None] | None = None) -> None:
+def write_outputs(
+    result: Any, json_path: Path | None, png_path: Path | None, chart: Callable[[Any, Path], None] | None = None
+) -> None:
     """The result (a dict, or a dataclass with `as_dict()`) as JSON to `json_path` and, with a chart function, a
     PNG to `png_path` (folders created)."""
     if json_path:

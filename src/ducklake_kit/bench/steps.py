@@ -78,7 +78,9 @@ class StepsBench:
         """The correctness claim (not the speed goal): every insert reported and counted exactly once."""
         r = self.runner
         if r.errors or r.rows_lost or r.duplicate_rows:
-            return f"the runner's loop had {r.errors} error(s), {r.rows_lost} row(s) lost, {r.duplicate_rows} duplicated"
+            return (
+                f"the runner's loop had {r.errors} error(s), {r.rows_lost} row(s) lost, {r.duplicate_rows} duplicated"
+            )
         return None
 
     def as_dict(self) -> dict[str, Any]:
@@ -92,9 +94,16 @@ def _p95(values: list[float]) -> float | None:
     return ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)]
 
 
-def bench_steps(platform: Platform, state: State, *, workers: int = 3, iterations: int = 100,
-                on_step: Callable[[str], None] = lambda _m: None, json_path: Path | None = None,
-                scheduler: str | None = None) -> StepsBench:
+def bench_steps(
+    platform: Platform,
+    state: State,
+    *,
+    workers: int = 3,
+    iterations: int = 100,
+    on_step: Callable[[str], None] = lambda _m: None,
+    json_path: Path | None = None,
+    scheduler: str | None = None,
+) -> StepsBench:
     if workers < 1 or iterations < 1:
         raise KitError("--workers and --ops must be at least 1", "e.g. --workers 3 --ops 100")
     ep = platform.endpoints()
@@ -105,30 +114,56 @@ def bench_steps(platform: Platform, state: State, *, workers: int = 3, iteration
     loop = next((s for s in run.steps if s.iterations is not None), None)
     if loop is None:  # the playbook failed before its loop (the table could not be made)
         first = next((s for s in run.steps if s.error), None)
-        raise KitError(f"the benchmark's playbook failed before its loop ({first.error.line() if first else 'no loop ran'})",
-                       "run `steps run steps/bench_inserts.yaml` to see it")
+        raise KitError(
+            f"the benchmark's playbook failed before its loop ({first.error.line() if first else 'no loop ran'})",
+            "run `steps run steps/bench_inserts.yaml` to see it",
+        )
     its = loop.iterations or []
     done = [it.seconds * 1000 for it in its if not it.failure]
     with Lake(ep) as lake:
         counted, distinct = lake.con.execute(
-            f"SELECT count(*), count(DISTINCT i) FROM {BENCH_SCHEMA}.step_inserts").fetchone()
-    figures = RunnerFigures(iterations, sorted({it.worker for it in its if it.worker}), round(loop.iterations_seconds or 0.0, 3),
-                            round(run.seconds, 3), round(statistics.median(done), 2) if done else None,
-                            round(_p95(done), 2) if done else None, sum(1 for it in its if it.failure), int(counted),
-                            iterations - int(distinct), int(counted) - int(distinct))
+            f"SELECT count(*), count(DISTINCT i) FROM {BENCH_SCHEMA}.step_inserts"
+        ).fetchone()
+    figures = RunnerFigures(
+        iterations,
+        sorted({it.worker for it in its if it.worker}),
+        round(loop.iterations_seconds or 0.0, 3),
+        round(run.seconds, 3),
+        round(statistics.median(done), 2) if done else None,
+        round(_p95(done), 2) if done else None,
+        sum(1 for it in its if it.failure),
+        int(counted),
+        iterations - int(distinct),
+        int(counted) - int(distinct),
+    )
     ops = math.ceil(iterations / workers)
     on_step(f"the direct bench of the same shape: {workers} writers x {ops} inserts, no runner")
-    both = bench_concurrency(platform, state, workers=workers, ops=ops, modes=("ducklake", "workers"), calibrate_ops=0,
-                             scheduler=scheduler).results
+    both = bench_concurrency(
+        platform, state, workers=workers, ops=ops, modes=("ducklake", "workers"), calibrate_ops=0, scheduler=scheduler
+    ).results
     direct, plane_direct = both["ducklake"], both["workers"]
     scale = iterations / (workers * ops)
     scaled = direct.total_s * scale
-    return _written(StepsBench(workers, Machine.since(load_before), figures, workers * ops, round(direct.total_s, 3),
-                               round(scaled, 3), direct.median_ms, direct.errors, direct.rows_lost,
-                               round(figures.total_s / scaled, 2) if scaled else float("inf"),
-                               plane_total_scaled_s=round(plane_direct.total_s * scale, 3),
-                               plane_median_ms=plane_direct.median_ms, plane_errors=plane_direct.errors,
-                               plane_rows_lost=plane_direct.rows_lost, seed=SEED), json_path)
+    return _written(
+        StepsBench(
+            workers,
+            Machine.since(load_before),
+            figures,
+            workers * ops,
+            round(direct.total_s, 3),
+            round(scaled, 3),
+            direct.median_ms,
+            direct.errors,
+            direct.rows_lost,
+            round(figures.total_s / scaled, 2) if scaled else float("inf"),
+            plane_total_scaled_s=round(plane_direct.total_s * scale, 3),
+            plane_median_ms=plane_direct.median_ms,
+            plane_errors=plane_direct.errors,
+            plane_rows_lost=plane_direct.rows_lost,
+            seed=SEED,
+        ),
+        json_path,
+    )
 
 
 def _written(result: StepsBench, json_path: Path | None) -> StepsBench:

@@ -7,11 +7,12 @@ Exit codes: 0 ok, 1 a computed check failed, 2 usage error, 3 bad input, an envi
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from ducklake_kit.cli import core, workers, spark, data, steps, pipeline, dynamic, bench  # noqa: F401,I001  (each registers its commands on `app`, in this order)
+# each registers its commands on `app`, in this order (the order of `--help`)
+from ducklake_kit.cli import core, workers, spark, data, steps, pipeline, dynamic, bench  # noqa: F401  # isort: skip
 from ducklake_kit.cli.common import Ctx, app
 from ducklake_kit.platforms import PLATFORMS
 from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT, K3D_PG_PORT, K3D_S3_PORT
@@ -20,16 +21,41 @@ from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT, K3D_P
 @app.callback()
 def main_options(
     ctx: typer.Context,
-    platform: Annotated[str, typer.Option(envvar="DUCKLAKE_PLATFORM", help=f"Where the services run: {', '.join(PLATFORMS)}.")] = "local",
-    home: Annotated[Optional[Path], typer.Option(envvar="DUCKLAKE_HOME", help="State folder (data, logs, credentials). Default: ./.ducklake")] = None,
-    pg_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_PG_PORT", help=f"Local PostgreSQL port (default {DEFAULT_PG_PORT}; k3d: {K3D_PG_PORT}, the port-forward).")] = None,
-    s3_port: Annotated[Optional[int], typer.Option(envvar="DUCKLAKE_S3_PORT", help=f"Local S3 port (default {DEFAULT_S3_PORT}; k3d: {K3D_S3_PORT}, the port-forward).")] = None,
-    scheduler: Annotated[Optional[str], typer.Option(envvar="DUCKLAKE_SCHEDULER", help="A running Dask scheduler (tcp://host:port, or tls://host:port with DUCKLAKE_SCHEDULER_TLS_CA/_CERT/_KEY or Dask's TLS config) to use as the worker plane instead of starting one.")] = None,
+    platform: Annotated[
+        str, typer.Option(envvar="DUCKLAKE_PLATFORM", help=f"Where the services run: {', '.join(PLATFORMS)}.")
+    ] = "local",
+    home: Annotated[
+        Path | None,
+        typer.Option(envvar="DUCKLAKE_HOME", help="State folder (data, logs, credentials). Default: ./.ducklake"),
+    ] = None,
+    pg_port: Annotated[
+        int | None,
+        typer.Option(
+            envvar="DUCKLAKE_PG_PORT",
+            help=f"Local PostgreSQL port (default {DEFAULT_PG_PORT}; k3d: {K3D_PG_PORT}, the port-forward).",
+        ),
+    ] = None,
+    s3_port: Annotated[
+        int | None,
+        typer.Option(
+            envvar="DUCKLAKE_S3_PORT",
+            help=f"Local S3 port (default {DEFAULT_S3_PORT}; k3d: {K3D_S3_PORT}, the port-forward).",
+        ),
+    ] = None,
+    scheduler: Annotated[
+        str | None,
+        typer.Option(
+            envvar="DUCKLAKE_SCHEDULER",
+            help="A running Dask scheduler (tcp://host:port, or tls://host:port with DUCKLAKE_SCHEDULER_TLS_CA/_CERT/_KEY or Dask's TLS config) to use as the worker plane instead of starting one.",
+        ),
+    ] = None,
 ) -> None:
     if platform not in PLATFORMS:
         raise typer.BadParameter(f"choose one of {', '.join(PLATFORMS)}", param_hint="--platform")
     if scheduler is not None and not scheduler.startswith(("tcp://", "tls://")):
-        raise typer.BadParameter("give the scheduler's address as tcp://host:port or tls://host:port", param_hint="--scheduler")
+        raise typer.BadParameter(
+            "give the scheduler's address as tcp://host:port or tls://host:port", param_hint="--scheduler"
+        )
     ctx.obj = Ctx(platform, home, pg_port, s3_port, scheduler)
 
 

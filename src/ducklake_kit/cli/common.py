@@ -31,8 +31,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help='Print {"status", "result"
 
 
 class Ctx:
-    def __init__(self, platform: str, home: Path | None, pg_port: int | None, s3_port: int | None,
-                 scheduler: str | None = None):
+    def __init__(
+        self, platform: str, home: Path | None, pg_port: int | None, s3_port: int | None, scheduler: str | None = None
+    ):
         self.platform_name = platform
         self.state = State(home)
         self.scheduler = scheduler  # a user's Dask scheduler (tcp://host:port); None: the kit's own worker plane
@@ -54,8 +55,10 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
         except (duckdb.Error, psycopg.Error, BotoCoreError, ClientError) as exc:
             # a service failed in a place without its own explanation: still one line, not a traceback
             first = first_line(exc)
-            _fail(KitError(f"{type(exc).__name__}: {first}", "run `status` to see whether the services answer"),
-                  kwargs.get("as_json") is True)
+            _fail(
+                KitError(f"{type(exc).__name__}: {first}", "run `status` to see whether the services answer"),
+                kwargs.get("as_json") is True,
+            )
         except OSError as exc:
             if exc.errno not in _CANNOT_WRITE or exc.filename is None:
                 raise
@@ -73,8 +76,10 @@ def _cannot_write(exc: OSError, args: tuple, kwargs: dict) -> KitError:
     home = getattr(getattr(getattr(ctx, "obj", None), "state", None), "home", None)
     path = str(exc.filename)
     if home is not None and path.startswith(str(home)):
-        return KitError(f"cannot use the state folder {home} ({exc.strerror}: {path})",
-                        "point DUCKLAKE_HOME (or --home) at a folder you can write, or make this one writable")
+        return KitError(
+            f"cannot use the state folder {home} ({exc.strerror}: {path})",
+            "point DUCKLAKE_HOME (or --home) at a folder you can write, or make this one writable",
+        )
     return KitError(f"cannot use {path} ({exc.strerror})", "check the path and its permissions")
 
 

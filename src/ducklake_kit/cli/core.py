@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import subprocess
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import click
 import typer
@@ -18,7 +18,10 @@ from ducklake_kit.platforms import doctor as doctor_mod
 
 
 def _services_table(statuses) -> Any:
-    rows = [[s.name, "yes" if s.healthy else "NO", s.port or "", s.pid or "", _size(s.data_bytes), s.detail] for s in statuses]
+    rows = [
+        [s.name, "yes" if s.healthy else "NO", s.port or "", s.pid or "", _size(s.data_bytes), s.detail]
+        for s in statuses
+    ]
     return table("Services", ["service", "healthy", "port", "pid", "data", "detail"], rows)
 
 
@@ -42,9 +45,18 @@ def doctor(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     if as_json:
         print_json("ok" if ok else "error", {"platform": c.platform_name, "tools": [t.as_dict() for t in tools]})
     else:
-        rows = [[t.name, "ok" if t.found else ("MISSING" if t.required else "missing (optional here)"), t.version,
-                 "" if t.found else t.hint] for t in tools]
-        console().print(table(f"Prerequisites for --platform {c.platform_name}", ["tool", "state", "version", "install hint"], rows))
+        rows = [
+            [
+                t.name,
+                "ok" if t.found else ("MISSING" if t.required else "missing (optional here)"),
+                t.version,
+                "" if t.found else t.hint,
+            ]
+            for t in tools
+        ]
+        console().print(
+            table(f"Prerequisites for --platform {c.platform_name}", ["tool", "state", "version", "install hint"], rows)
+        )
         for t in tools:
             if not t.ok:
                 problem = "is missing" if t.version == "not found" else f"is not usable: {t.version}"
@@ -53,8 +65,14 @@ def doctor(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         raise typer.Exit(EXIT_ERROR)
 
 
-WorkersOpt = Annotated[Optional[int], typer.Option(
-    "--workers", min=0, help="DuckDB workers on Dask to run (default 2, or as many as the last `up`); 0: no worker plane.")]
+WorkersOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        min=0,
+        help="DuckDB workers on Dask to run (default 2, or as many as the last `up`); 0: no worker plane.",
+    ),
+]
 
 
 @app.command()
@@ -111,9 +129,14 @@ def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     spark = SparkCluster(c.state).status()  # only what `spark up` started counts for the health
     healthy = healthy and (plane is None or plane.healthy) and spark.healthy
     if as_json:
-        print_json("ok" if healthy else "error", {"services": [vars(s) for s in statuses],
-                                                  "worker_plane": plane.as_dict() if plane else None,
-                                                  "spark": spark.as_dict()})
+        print_json(
+            "ok" if healthy else "error",
+            {
+                "services": [vars(s) for s in statuses],
+                "worker_plane": plane.as_dict() if plane else None,
+                "spark": spark.as_dict(),
+            },
+        )
     else:
         console().print(_services_table(statuses))
         if plane is not None:
@@ -123,7 +146,9 @@ def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
         if spark.started:
             print_cluster(spark)
         else:
-            console().print("spark: local[*] in each load's own process (no cluster: `spark up` starts one)", markup=False)
+            console().print(
+                "spark: local[*] in each load's own process (no cluster: `spark up` starts one)", markup=False
+            )
     if not healthy:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
@@ -139,9 +164,8 @@ def reset(
     c: Ctx = ctx.obj
     if not yes and not _confirmed(f"Delete the catalog, the lake data and the credentials in {c.state.home}?"):
         raise KitError("reset cancelled; nothing was deleted", "pass --yes to reset without asking")
-    from ducklake_kit.workers import plane as plane_mod
-
     from ducklake_kit.platforms.spark_cluster import SparkCluster
+    from ducklake_kit.workers import plane as plane_mod
 
     msgs = [] if c.scheduler else plane_mod.down(c.state)
     msgs += SparkCluster(c.state).down()
@@ -192,11 +216,14 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     out.print("[bold]Worker plane:[/]")
     out.print(f"  Dask scheduler {plane['scheduler']}", markup=False)
     if plane["tls_dir"]:
-        out.print(f"  mutual TLS: a client needs the CA and the client certificate and key in {plane['tls_dir']}",
-                  markup=False)
+        out.print(
+            f"  mutual TLS: a client needs the CA and the client certificate and key in {plane['tls_dir']}",
+            markup=False,
+        )
     if plane["dashboard"]:
-        out.print(f"  dashboard (open in a browser): {plane['dashboard']} (read-only, no login, loopback only)",
-                  markup=False)
+        out.print(
+            f"  dashboard (open in a browser): {plane['dashboard']} (read-only, no login, loopback only)", markup=False
+        )
     sp = info["spark"]
     out.print("[bold]Spark[/] (the cluster `spark up` starts):")
     out.print(f"  standalone master {sp['master']}, status page {sp['status_page']}", markup=False)
@@ -205,20 +232,26 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 
 def _plane_address(c: Ctx) -> dict[str, Any]:
     from ducklake_kit.workers.config import PlaneConfig  # no Dask import for printing an address
-
     from ducklake_kit.workers.tls import tls_dir
 
     cfg = PlaneConfig.of(c.state, c.scheduler)
-    return {"scheduler": cfg.address, "dashboard": cfg.dashboard,
-            "tls_dir": None if cfg.external_address else str(tls_dir(c.state))}
+    return {
+        "scheduler": cfg.address,
+        "dashboard": cfg.dashboard,
+        "tls_dir": None if cfg.external_address else str(tls_dir(c.state)),
+    }
 
 
 def _spark_addresses(c: Ctx) -> dict[str, Any]:
     from ducklake_kit.platforms.spark_cluster import SparkCluster
 
     cluster = SparkCluster(c.state)
-    return {"master": cluster.master_url, "status_page": f"http://127.0.0.1:{cluster.ui_port}",
-            "connect": cluster.connect_url, "token_file": str(cluster.root / "secrets.json")}
+    return {
+        "master": cluster.master_url,
+        "status_page": f"http://127.0.0.1:{cluster.ui_port}",
+        "connect": cluster.connect_url,
+        "token_file": str(cluster.root / "secrets.json"),
+    }
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -230,8 +263,8 @@ def shell(ctx: typer.Context) -> None:
     try:
         code = subprocess.call(argv)
     except OSError as exc:
-        raise KitError(f"could not start the DuckDB CLI {argv[0]} ({exc.strerror})",
-                       "run `uv sync`: the duckdb-cli wheel provides it") from None
+        raise KitError(
+            f"could not start the DuckDB CLI {argv[0]} ({exc.strerror})",
+            "run `uv sync`: the duckdb-cli wheel provides it",
+        ) from None
     raise typer.Exit(code)
-
-

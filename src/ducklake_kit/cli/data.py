@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -23,13 +23,27 @@ from ducklake_kit.taxi import sources
 @command
 def sql(
     ctx: typer.Context,
-    query: Annotated[Optional[str], typer.Argument(
-        help="One or more SQL statements, run against the attached lake (USE lake). Text that starts with `-` (a "
-             "`--` comment) goes after `--`: sql -- \"$(cat q.sql)\"; or use --file.")] = None,
-    file: Annotated[Optional[Path], typer.Option(
-        "--file", "-f", help="Read the SQL from this file instead (`-`: standard input), as psql -f and duckdb -f do.")] = None,
-    expect: Annotated[Optional[str], typer.Option(
-        help="Check the answer: the last statement must return exactly one value equal to this text (else exit 1).")] = None,
+    query: Annotated[
+        str | None,
+        typer.Argument(
+            help="One or more SQL statements, run against the attached lake (USE lake). Text that starts with `-` (a "
+            '`--` comment) goes after `--`: sql -- "$(cat q.sql)"; or use --file.'
+        ),
+    ] = None,
+    file: Annotated[
+        Path | None,
+        typer.Option(
+            "--file",
+            "-f",
+            help="Read the SQL from this file instead (`-`: standard input), as psql -f and duckdb -f do.",
+        ),
+    ] = None,
+    expect: Annotated[
+        str | None,
+        typer.Option(
+            help="Check the answer: the last statement must return exactly one value equal to this text (else exit 1)."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run SQL against the lake; rows for every statement that returns them, real affected-row counts. Dynamic-table DDL (CREATE DYNAMIC TABLE, ALTER / DROP / SHOW DYNAMIC ...) is accepted too."""
@@ -59,16 +73,20 @@ def _sql_text(query: str | None, file: Path | None) -> str:
     """The SQL `sql` runs: the argument, or the file's text (`-`: standard input). Read as UTF-8 with an optional
     byte-order mark (editors on Windows write one; DuckDB would take it for part of the first keyword)."""
     if (query is None) == (file is None):
-        raise KitError("give the SQL as text or with --file, one of the two",
-                       'e.g. `sql "SELECT 1"`, `sql --file q.sql`, or `sql --file -` to read standard input')
+        raise KitError(
+            "give the SQL as text or with --file, one of the two",
+            'e.g. `sql "SELECT 1"`, `sql --file q.sql`, or `sql --file -` to read standard input',
+        )
     if file is None:
         return query  # type: ignore[return-value]
     try:
         raw = sys.stdin.buffer.read() if str(file) == "-" else file.read_bytes()
         return raw.decode("utf-8-sig")
     except OSError as exc:
-        raise KitError(f"cannot read the SQL file {file} ({exc.strerror})", "give the path of a readable .sql file, "
-                       "or - for standard input") from None
+        raise KitError(
+            f"cannot read the SQL file {file} ({exc.strerror})",
+            "give the path of a readable .sql file, or - for standard input",
+        ) from None
     except UnicodeDecodeError as exc:
         raise KitError(f"the SQL file {file} is not UTF-8 text (byte {exc.start})", "save it as UTF-8") from None
 
@@ -81,10 +99,15 @@ def _storage_down(exc: StatementFailed, ep: Endpoints) -> KitError | None:
     try:
         s3.list_buckets(ep.s3)
     except KitError as down:
-        where = "" if exc.total == 1 else (f" at statement {exc.index + 1} of {exc.total} (the {exc.index} before it "
-                                           "ran, the rest did not)")
-        return KitError(f"SQL failed{where} because the lake's S3 server stopped answering ({down.what})",
-                        "run `up` (it restarts what is down), then the SQL that did not run")
+        where = (
+            ""
+            if exc.total == 1
+            else (f" at statement {exc.index + 1} of {exc.total} (the {exc.index} before it ran, the rest did not)")
+        )
+        return KitError(
+            f"SQL failed{where} because the lake's S3 server stopped answering ({down.what})",
+            "run `up` (it restarts what is down), then the SQL that did not run",
+        )
     return None
 
 
@@ -105,14 +128,25 @@ def _dynamic_sql(c: Ctx, ep: Endpoints, query: str, expect: str | None) -> SqlRu
 @command
 def load(
     ctx: typer.Context,
-    source: Annotated[str, typer.Option(help="auto (TLC if reachable, else synthetic), tlc, synthetic or files.")] = "auto",
-    months: Annotated[str, typer.Option(help="Months to load: 2024-01..2024-03 or 2024-01,2024-05.")] = sources.DEFAULT_MONTHS,
-    path: Annotated[Optional[list[str]], typer.Option(help="Files or globs for --source files (repeatable).")] = None,
+    source: Annotated[
+        str, typer.Option(help="auto (TLC if reachable, else synthetic), tlc, synthetic or files.")
+    ] = "auto",
+    months: Annotated[
+        str, typer.Option(help="Months to load: 2024-01..2024-03 or 2024-01,2024-05.")
+    ] = sources.DEFAULT_MONTHS,
+    path: Annotated[list[str] | None, typer.Option(help="Files or globs for --source files (repeatable).")] = None,
     rows_per_month: Annotated[int, typer.Option(help="Rows a synthetic month holds.")] = sources.DEFAULT_ROWS_PER_MONTH,
     seed: Annotated[int, typer.Option(help="Seed of the synthetic generator (same seed, same data).")] = 0,
-    mode: Annotated[str, typer.Option(help="skip (a file already loaded is not loaded again), append, or replace.")] = "skip",
-    spark_master: Annotated[Optional[str], typer.Option(help="Where Spark runs: local[*] (default), spark://host:port, sc://host:port (Spark Connect; "
-                                                               "or SPARK_REMOTE), or standalone / connect: the cluster `spark up` started.")] = None,
+    mode: Annotated[
+        str, typer.Option(help="skip (a file already loaded is not loaded again), append, or replace.")
+    ] = "skip",
+    spark_master: Annotated[
+        str | None,
+        typer.Option(
+            help="Where Spark runs: local[*] (default), spark://host:port, sc://host:port (Spark Connect; "
+            "or SPARK_REMOTE), or standalone / connect: the cluster `spark up` started."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Load NYC taxi trips through PySpark into the lake: one load, one snapshot; re-running is a no-op."""
@@ -120,8 +154,17 @@ def load(
 
     c: Ctx = ctx.obj
     result, run = taxi_flow.load_and_verify(
-        c.platform(), c.state, source=source, months=months, paths=path or [], rows_per_month=rows_per_month,
-        seed=seed, mode=mode, spark_master=spark_master, on_step=step_printer(as_json))
+        c.platform(),
+        c.state,
+        source=source,
+        months=months,
+        paths=path or [],
+        rows_per_month=rows_per_month,
+        seed=seed,
+        mode=mode,
+        spark_master=spark_master,
+        on_step=step_printer(as_json),
+    )
     if as_json:
         print_json("ok" if run.ok else "error", {**result.as_dict(), **run.as_dict()})
     else:
@@ -132,12 +175,31 @@ def load(
 
 def _render_load(result, run: CheckRun) -> None:
     out = console()
-    rows = [[f.source.path.name, f.source.period, f.status, f"{f.rows_read:,}", f"{f.rows_accepted:,}", f"{f.rows_rejected:,}",
-             f.data_files, f.reason] for f in result.files]
-    out.print(table(f"Load {result.load_id} ({result.source_note}; zones: {result.zones})",
-                    ["file", "period", "status", "read", "accepted", "quarantined", "data files", "note"], rows))
-    snap = (f"snapshot {result.snapshot_id} (was {result.previous_snapshot})" if result.snapshot_id is not None
-            else f"no new snapshot (still {result.previous_snapshot})")
+    rows = [
+        [
+            f.source.path.name,
+            f.source.period,
+            f.status,
+            f"{f.rows_read:,}",
+            f"{f.rows_accepted:,}",
+            f"{f.rows_rejected:,}",
+            f.data_files,
+            f.reason,
+        ]
+        for f in result.files
+    ]
+    out.print(
+        table(
+            f"Load {result.load_id} ({result.source_note}; zones: {result.zones})",
+            ["file", "period", "status", "read", "accepted", "quarantined", "data files", "note"],
+            rows,
+        )
+    )
+    snap = (
+        f"snapshot {result.snapshot_id} (was {result.previous_snapshot})"
+        if result.snapshot_id is not None
+        else f"no new snapshot (still {result.previous_snapshot})"
+    )
     timing = ", ".join(f"{k} {v:.1f}s" for k, v in result.timings.items())
     out.print(f"{snap}; {timing}", markup=False)
     if run.checks:
@@ -148,8 +210,13 @@ def _render_load(result, run: CheckRun) -> None:
 @command
 def query(
     ctx: typer.Context,
-    names: Annotated[Optional[list[str]], typer.Argument(help="Queries to run (file names in queries/ without the number); all by default.")] = None,
-    check: Annotated[bool, typer.Option("--check/--no-check", help="Check each answer against the source files (default).")] = True,
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(help="Queries to run (file names in queries/ without the number); all by default."),
+    ] = None,
+    check: Annotated[
+        bool, typer.Option("--check/--no-check", help="Check each answer against the source files (default).")
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the named queries from queries/ and check each answer against an independent computation on the raw files."""
@@ -163,7 +230,11 @@ def query(
         out = console()
         teaches = {x.name: x.teaches for x in q.list_queries()}
         for name, (columns, rows, seconds) in answers.items():
-            out.print(table(f"{name} ({len(rows)} rows, {seconds * 1000:.0f} ms): {teaches.get(name, '')}", columns, rows[:25]))
+            out.print(
+                table(
+                    f"{name} ({len(rows)} rows, {seconds * 1000:.0f} ms): {teaches.get(name, '')}", columns, rows[:25]
+                )
+            )
             if len(rows) > 25:
                 out.print(f"... {len(rows) - 25} more rows (--json for all)", markup=False)
         if check:
@@ -176,7 +247,9 @@ def query(
 @command
 def timetravel(
     ctx: typer.Context,
-    rows_per_month: Annotated[int, typer.Option(help="Synthetic trips a month in the lesson's two loads.")] = LESSON_ROWS_PER_MONTH,
+    rows_per_month: Annotated[
+        int, typer.Option(help="Synthetic trips a month in the lesson's two loads.")
+    ] = LESSON_ROWS_PER_MONTH,
     as_json: JsonOpt = False,
 ) -> None:
     """The time-travel and change-feed lesson, checked: two loads, a correction, AT (VERSION/TIMESTAMP), table_changes, a restore."""
@@ -189,14 +262,34 @@ def timetravel(
         print_json("ok" if run.ok else "error", {**result, **run.as_dict()})
     else:
         out = console()
-        out.print(table(f"Snapshots of the lesson (schema {result['schema']})", ["step", "snapshot_id", "time", "message"],
-                        [[r.get("step"), r.get("snapshot_id"), r.get("snapshot_time"), r.get("commit_message")]
-                         for r in result["snapshots"]]))
-        out.print(table("trips AT (VERSION => n)", ["step", "snapshot_id", "trips"],
-                        [[r["step"], r["snapshot_id"], f"{r['trips']:,}"] for r in result["counts_at_version"]]))
+        out.print(
+            table(
+                f"Snapshots of the lesson (schema {result['schema']})",
+                ["step", "snapshot_id", "time", "message"],
+                [
+                    [r.get("step"), r.get("snapshot_id"), r.get("snapshot_time"), r.get("commit_message")]
+                    for r in result["snapshots"]
+                ],
+            )
+        )
+        out.print(
+            table(
+                "trips AT (VERSION => n)",
+                ["step", "snapshot_id", "trips"],
+                [[r["step"], r["snapshot_id"], f"{r['trips']:,}"] for r in result["counts_at_version"]],
+            )
+        )
         out.print(f"AT (TIMESTAMP => ...): {result['at_timestamp']}", markup=False)
-        out.print(table("ducklake_table_changes (from..to, both included)", ["from", "to", "changes"],
-                        [[r["from"], r["to"], {k: v for k, v in r.items() if k not in ("from", "to")}] for r in result["changes"]]))
+        out.print(
+            table(
+                "ducklake_table_changes (from..to, both included)",
+                ["from", "to", "changes"],
+                [
+                    [r["from"], r["to"], {k: v for k, v in r.items() if k not in ("from", "to")}]
+                    for r in result["changes"]
+                ],
+            )
+        )
         out.print(f"correction: {result['rule']} ({result['rule_why']}); restore: {result['restore']}", markup=False)
         print_checks(run, "Time travel checks")
     if not run.ok:
@@ -207,10 +300,23 @@ def timetravel(
 @command
 def maintain(
     ctx: typer.Context,
-    older_than: Annotated[str, typer.Option(help="Expire snapshots (and delete orphaned files) older than this: '7 days', '2 hours', '0 seconds' (all but the current one), or a timestamp.")] = "7 days",
-    version: Annotated[Optional[list[int]], typer.Option(help="Expire exactly this snapshot instead (repeatable).")] = None,
+    older_than: Annotated[
+        str,
+        typer.Option(
+            help="Expire snapshots (and delete orphaned files) older than this: '7 days', '2 hours', '0 seconds' (all but the current one), or a timestamp."
+        ),
+    ] = "7 days",
+    version: Annotated[
+        list[int] | None, typer.Option(help="Expire exactly this snapshot instead (repeatable).")
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would go; change nothing.")] = False,
-    dead_loads: Annotated[bool, typer.Option("--dead-loads", help="Also delete now, whatever their age, the unreferenced files of loads known dead (killed or failed: their lock in the catalog is free); a running load's files are never touched.")] = False,
+    dead_loads: Annotated[
+        bool,
+        typer.Option(
+            "--dead-loads",
+            help="Also delete now, whatever their age, the unreferenced files of loads known dead (killed or failed: their lock in the catalog is free); a running load's files are never touched.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Flush inlined data, merge adjacent files, expire snapshots, clean up old and orphaned files, CHECKPOINT; checked. Says how many unreferenced files it left, and why."""
@@ -218,18 +324,33 @@ def maintain(
 
     c: Ctx = ctx.obj
     run = CheckRun()
-    result = mt.run_maintain(c.platform(), run, older_than=older_than, versions=version or None, dry_run=dry_run,
-                             dead_loads=dead_loads, on_step=step_printer(as_json))
+    result = mt.run_maintain(
+        c.platform(),
+        run,
+        older_than=older_than,
+        versions=version or None,
+        dry_run=dry_run,
+        dead_loads=dead_loads,
+        on_step=step_printer(as_json),
+    )
     if as_json:
         print_json("ok" if run.ok else "error", {**result, **run.as_dict()})
     else:
         out = console()
         before, after = result["before"], result["after"]
-        out.print(table("Before / after" + (" (dry run: nothing changed)" if dry_run else ""), ["", "before", "after"],
-                        [[k, before[k], after.get(k)] for k in before]))
+        out.print(
+            table(
+                "Before / after" + (" (dry run: nothing changed)" if dry_run else ""),
+                ["", "before", "after"],
+                [[k, before[k], after.get(k)] for k in before],
+            )
+        )
         detail = result.get("would") if dry_run else result.get("done")
         for k, v in (detail or {}).items():
-            out.print(f"{'would ' if dry_run else ''}{k}: {v if not isinstance(v, list) or len(v) <= 5 else f'{len(v)} items'}", markup=False)
+            out.print(
+                f"{'would ' if dry_run else ''}{k}: {v if not isinstance(v, list) or len(v) <= 5 else f'{len(v)} items'}",
+                markup=False,
+            )
         print_checks(run, "Maintenance checks")
     if not run.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
@@ -239,9 +360,18 @@ def maintain(
 @command
 def all_(
     ctx: typer.Context,
-    source: Annotated[str, typer.Option(help="Where the trips come from: synthetic (offline, quick), auto or tlc (downloads the real months).")] = "synthetic",
-    mode: Annotated[str, typer.Option(help="Mode of the first load: skip, append or replace (the second is always skip).")] = "skip",
-    bench: Annotated[bool, typer.Option("--bench/--no-bench", help="Finish with the short concurrency benchmark.")] = True,
+    source: Annotated[
+        str,
+        typer.Option(
+            help="Where the trips come from: synthetic (offline, quick), auto or tlc (downloads the real months)."
+        ),
+    ] = "synthetic",
+    mode: Annotated[
+        str, typer.Option(help="Mode of the first load: skip, append or replace (the second is always skip).")
+    ] = "skip",
+    bench: Annotated[
+        bool, typer.Option("--bench/--no-bench", help="Finish with the short concurrency benchmark.")
+    ] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """The whole flow with checks (what `just ducklake-test` runs): foundation, load, queries, time travel, maintenance, a short benchmark. Exit 0 only if every check holds."""
@@ -249,8 +379,16 @@ def all_(
 
     c: Ctx = ctx.obj
     run = CheckRun()
-    result = flow.run_all(c.platform(), c.state, run, source=source, mode=mode, bench=bench, scheduler=c.scheduler,
-                          on_step=step_printer(as_json))
+    result = flow.run_all(
+        c.platform(),
+        c.state,
+        run,
+        source=source,
+        mode=mode,
+        bench=bench,
+        scheduler=c.scheduler,
+        on_step=step_printer(as_json),
+    )
     info = result.pop("catalog_info")
     if as_json:
         print_json("ok" if run.ok else "error", {**result, **run.as_dict()}, info)
@@ -259,9 +397,20 @@ def all_(
         out.print(render_checks(run, f"ducklake-test on --platform {c.platform_name}"))
         if "bench" in result:
             out.print(_bench_concurrency_line(result["bench"]), markup=False)
-        out.print(table("Summary", ["stage", "checks passed", "seconds"],
-                        [[st["stage"], f"{st['passed']}/{st['checks']}", f"{st['seconds']:.1f}"] for st in run.summary()]
-                        + [["total", f"{len(run.checks) - len(run.failed)}/{len(run.checks)}", f"{sum(run.stages.values()):.1f}"]]))
+        out.print(
+            table(
+                "Summary",
+                ["stage", "checks passed", "seconds"],
+                [[st["stage"], f"{st['passed']}/{st['checks']}", f"{st['seconds']:.1f}"] for st in run.summary()]
+                + [
+                    [
+                        "total",
+                        f"{len(run.checks) - len(run.failed)}/{len(run.checks)}",
+                        f"{sum(run.stages.values()):.1f}",
+                    ]
+                ],
+            )
+        )
         verdict = f"{len(run.checks) - len(run.failed)}/{len(run.checks)} checks passed"
         out.print(f"[green]{verdict}[/]" if run.ok else f"[red]{verdict}[/]")
     if not run.ok:
@@ -271,8 +420,8 @@ def all_(
 def _bench_concurrency_line(figures: dict) -> str:
     parts = []
     for mode, r in figures["results"].items():
-        parts.append(f"{mode}: {r['total_s']:.2f} s total, median {r['median_ms'] or 0:.1f} ms, p95 {r.get('p95_ms') or 0:.1f} ms, "
-                     f"{r['errors']} errors, {r['rows_lost']} rows lost")
+        parts.append(
+            f"{mode}: {r['total_s']:.2f} s total, median {r['median_ms'] or 0:.1f} ms, p95 {r.get('p95_ms') or 0:.1f} ms, "
+            f"{r['errors']} errors, {r['rows_lost']} rows lost"
+        )
     return f"bench ({figures['workers']} writers x {figures['ops_per_worker']} inserts): " + "; ".join(parts)
-
-

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -16,7 +16,9 @@ from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 dynamic_app = typer.Typer(
     help="Dynamic tables: CREATE DYNAMIC TABLE name TARGET_LAG = '5 minutes' AS SELECT ..., kept fresh "
     "incrementally from the lake's change feed (definitions and history in the catalog's PostgreSQL, schema "
-    "dynamic_tables).", no_args_is_help=True)
+    "dynamic_tables).",
+    no_args_is_help=True,
+)
 app.add_typer(dynamic_app, name="dynamic")
 
 NameArg = Annotated[str, typer.Argument(help="The dynamic table: name or schema.name.")]
@@ -34,9 +36,20 @@ def _open(ctx: typer.Context) -> Iterator[tuple[Any, Any]]:
 
 
 def _refresh_rows(refreshes) -> list[list[Any]]:
-    return [[r.name, r.status, r.mode or "-", r.rows_inserted if r.rows_inserted is not None else "-",
-             r.rows_deleted if r.rows_deleted is not None else "-", r.read_snapshot or "-", r.commit_snapshot or "-",
-             f"{r.duration_ms:.0f}" if r.duration_ms is not None else "-", r.error or r.reason or ""] for r in refreshes]
+    return [
+        [
+            r.name,
+            r.status,
+            r.mode or "-",
+            r.rows_inserted if r.rows_inserted is not None else "-",
+            r.rows_deleted if r.rows_deleted is not None else "-",
+            r.read_snapshot or "-",
+            r.commit_snapshot or "-",
+            f"{r.duration_ms:.0f}" if r.duration_ms is not None else "-",
+            r.error or r.reason or "",
+        ]
+        for r in refreshes
+    ]
 
 
 REFRESH_COLUMNS = ["table", "status", "mode", "inserted", "deleted", "read snapshot", "made snapshot", "ms", "why"]
@@ -46,8 +59,10 @@ REFRESH_COLUMNS = ["table", "status", "mode", "inserted", "deleted", "read snaps
 @command
 def create_cmd(
     ctx: typer.Context,
-    file: Annotated[Optional[Path], typer.Argument(help="A .sql file of CREATE [OR REPLACE] DYNAMIC TABLE statements.")] = None,
-    sql_text: Annotated[Optional[str], typer.Option("--sql", help="The statement(s) as text instead of a file.")] = None,
+    file: Annotated[
+        Path | None, typer.Argument(help="A .sql file of CREATE [OR REPLACE] DYNAMIC TABLE statements.")
+    ] = None,
+    sql_text: Annotated[str | None, typer.Option("--sql", help="The statement(s) as text instead of a file.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create dynamic tables: the table is filled at once (unless INITIALIZE = ON_SCHEDULE) and its definition, mode and reason are recorded."""
@@ -60,24 +75,39 @@ def create_cmd(
     try:  # UTF-8 with an optional byte-order mark: left in, it hides the CREATE from the parser
         text = file.read_text(encoding="utf-8-sig") if file is not None else sql_text
     except (OSError, UnicodeDecodeError) as exc:
-        raise KitError(f"cannot read {file} ({getattr(exc, 'strerror', None) or exc})",
-                       "give the path of a readable UTF-8 .sql file") from None
+        raise KitError(
+            f"cannot read {file} ({getattr(exc, 'strerror', None) or exc})",
+            "give the path of a readable UTF-8 .sql file",
+        ) from None
     statements = ddl.parse(text or "")
     bad = [s for s in statements if not isinstance(s, ddl.CreateDynamicTable)]
     if bad:
-        raise KitError("`dynamic create` takes CREATE DYNAMIC TABLE statements only",
-                       "run ALTER / DROP / SHOW with `dynamic alter|drop|list` or with `sql`")
+        raise KitError(
+            "`dynamic create` takes CREATE DYNAMIC TABLE statements only",
+            "run ALTER / DROP / SHOW with `dynamic alter|drop|list` or with `sql`",
+        )
     created = []
     with _open(ctx) as (lake, meta):
         for stmt in statements:
             first = manage.create(lake, meta, stmt)
             d = meta.get(stmt.name)
-            created.append({"name": d.name, "plan": d.plan_kind, "how": d.plan, "lag": d.lag,
-                            "refresh_mode": d.refresh_mode, "rows": first.rows_inserted if first else 0,
-                            "snapshot": first.commit_snapshot if first else None})
+            created.append(
+                {
+                    "name": d.name,
+                    "plan": d.plan_kind,
+                    "how": d.plan,
+                    "lag": d.lag,
+                    "refresh_mode": d.refresh_mode,
+                    "rows": first.rows_inserted if first else 0,
+                    "snapshot": first.commit_snapshot if first else None,
+                }
+            )
             if not as_json:
-                filled = f"{first.rows_inserted} rows at snapshot {first.read_snapshot}" if first else \
-                    "empty until its first scheduled refresh"
+                filled = (
+                    f"{first.rows_inserted} rows at snapshot {first.read_snapshot}"
+                    if first
+                    else "empty until its first scheduled refresh"
+                )
                 typer.echo(f"created {d.name} (lag {d.lag}, {d.refresh_mode}): {filled}; {d.plan}")
     if as_json:
         print_json("ok", {"created": created})
@@ -89,14 +119,25 @@ def list_cmd(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """List the dynamic tables: status, lag, mode, the snapshot each reflects."""
     with _open(ctx) as (_lake, meta):
         defs = meta.all()
-    rows = [{"name": d.name, "status": d.status, "lag": d.lag, "refresh_mode": d.refresh_mode, "plan": d.plan_kind,
-             "data_snapshot": d.data_snapshot, "data_timestamp": d.data_timestamp, "failures": d.consecutive_failures}
-            for d in defs]
+    rows = [
+        {
+            "name": d.name,
+            "status": d.status,
+            "lag": d.lag,
+            "refresh_mode": d.refresh_mode,
+            "plan": d.plan_kind,
+            "data_snapshot": d.data_snapshot,
+            "data_timestamp": d.data_timestamp,
+            "failures": d.consecutive_failures,
+        }
+        for d in defs
+    ]
     if as_json:
         print_json("ok", {"dynamic_tables": rows})
         return
-    console().print(table(f"Dynamic tables ({len(rows)})", list(rows[0]) if rows else ["name"],
-                          [list(r.values()) for r in rows]))
+    console().print(
+        table(f"Dynamic tables ({len(rows)})", list(rows[0]) if rows else ["name"], [list(r.values()) for r in rows])
+    )
 
 
 @dynamic_app.command("show")
@@ -108,19 +149,41 @@ def show_cmd(ctx: typer.Context, name: NameArg, as_json: JsonOpt = False) -> Non
     with _open(ctx) as (_lake, meta):
         d = manage.get(meta, name)
         last = meta.history(d.name, 1)
-    body = {"name": d.name, "status": d.status, "lag": d.lag, "refresh_mode": d.refresh_mode,
-            "plan": d.plan_kind, "how": d.plan, "reason": d.reason, "columns": d.columns, "sources": d.sources,
-            "depends_on": d.depends_on, "data_snapshot": d.data_snapshot, "data_timestamp": d.data_timestamp,
-            "consecutive_failures": d.consecutive_failures, "query": d.query,
-            "last_refresh": last[0].as_dict() if last else None}
+    body = {
+        "name": d.name,
+        "status": d.status,
+        "lag": d.lag,
+        "refresh_mode": d.refresh_mode,
+        "plan": d.plan_kind,
+        "how": d.plan,
+        "reason": d.reason,
+        "columns": d.columns,
+        "sources": d.sources,
+        "depends_on": d.depends_on,
+        "data_snapshot": d.data_snapshot,
+        "data_timestamp": d.data_timestamp,
+        "consecutive_failures": d.consecutive_failures,
+        "query": d.query,
+        "last_refresh": last[0].as_dict() if last else None,
+    }
     if as_json:
         print_json("ok", body)
         return
     out = console()
-    out.print(table(f"Dynamic table {d.name}", ["property", "value"],
-                    [[k, v] for k, v in body.items() if k not in ("sources", "last_refresh", "query")]))
-    out.print(table("Sources", ["source", "last read at snapshot", "dynamic table"],
-                    [[s, snap, "yes" if s in d.depends_on else "no"] for s, snap in d.sources.items()]))
+    out.print(
+        table(
+            f"Dynamic table {d.name}",
+            ["property", "value"],
+            [[k, v] for k, v in body.items() if k not in ("sources", "last_refresh", "query")],
+        )
+    )
+    out.print(
+        table(
+            "Sources",
+            ["source", "last read at snapshot", "dynamic table"],
+            [[s, snap, "yes" if s in d.depends_on else "no"] for s, snap in d.sources.items()],
+        )
+    )
     if last:
         out.print(table("Last refresh", REFRESH_COLUMNS, _refresh_rows(last)))
     out.print(d.query, markup=False)
@@ -130,8 +193,17 @@ def show_cmd(ctx: typer.Context, name: NameArg, as_json: JsonOpt = False) -> Non
 @command
 def refresh_cmd(
     ctx: typer.Context,
-    names: Annotated[Optional[list[str]], typer.Argument(help="Tables to refresh (default: all); the dynamic tables they read are refreshed first.")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Then compare each refreshed table with its query run in full at the snapshot it read (EXCEPT ALL both ways); exit 1 if any differs. A table whose query depends on the time (now(), current_date, ...) is reported as not compared.")] = False,
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(help="Tables to refresh (default: all); the dynamic tables they read are refreshed first."),
+    ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Then compare each refreshed table with its query run in full at the snapshot it read (EXCEPT ALL both ways); exit 1 if any differs. A table whose query depends on the time (now(), current_date, ...) is reported as not compared.",
+        ),
+    ] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Refresh now, upstream first, each table in its own transaction. Exit 1 if one failed (its dependents are skipped)."""
@@ -153,16 +225,23 @@ def refresh_cmd(
     wrong = {n: c for n, c in checked.items() if c != (0, 0)}
     ok = not batch.failed and not wrong
     if as_json:
-        print_json("ok" if ok else "error", {"refreshes": [r.as_dict() for r in batch.refreshes],
-                                             "checks": {n: {"only_in_table": a, "only_in_query": b}
-                                                        for n, (a, b) in checked.items()},
-                                             "not_compared": not_compared})
+        print_json(
+            "ok" if ok else "error",
+            {
+                "refreshes": [r.as_dict() for r in batch.refreshes],
+                "checks": {n: {"only_in_table": a, "only_in_query": b} for n, (a, b) in checked.items()},
+                "not_compared": not_compared,
+            },
+        )
     else:
         console().print(table("Refreshes", REFRESH_COLUMNS, _refresh_rows(batch.refreshes)))
         for n, (a, b) in checked.items():
             verdict = "ok" if (a, b) == (0, 0) else "FAIL"
-            typer.echo(f"{verdict}: {n} equals its query run in full" if verdict == "ok" else
-                       f"FAIL: {n} differs from its query run in full ({a} rows only in the table, {b} only in the query)")
+            typer.echo(
+                f"{verdict}: {n} equals its query run in full"
+                if verdict == "ok"
+                else f"FAIL: {n} differs from its query run in full ({a} rows only in the table, {b} only in the query)"
+            )
         for n, why in not_compared.items():
             typer.echo(f"not compared: {n}: {why}")
     if not ok:
@@ -174,8 +253,10 @@ def refresh_cmd(
 def alter_cmd(
     ctx: typer.Context,
     name: NameArg,
-    action: Annotated[str, typer.Argument(help="suspend, resume, refresh, or lag (with the new lag: '5 minutes' or DOWNSTREAM).")],
-    value: Annotated[Optional[str], typer.Argument(help="The new lag, for `lag`.")] = None,
+    action: Annotated[
+        str, typer.Argument(help="suspend, resume, refresh, or lag (with the new lag: '5 minutes' or DOWNSTREAM).")
+    ],
+    value: Annotated[str | None, typer.Argument(help="The new lag, for `lag`.")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Suspend, resume or refresh a dynamic table, or set its lag (ALTER DYNAMIC TABLE ... in `sql`)."""
@@ -183,17 +264,24 @@ def alter_cmd(
 
     action = action.lower()
     if action not in ("suspend", "resume", "refresh", "lag") or (action == "lag") != (value is not None):
-        raise KitError(f"`{action}{' ' + value if value else ''}` is not an alteration",
-                       "use suspend, resume, refresh, or lag '5 minutes' (or lag DOWNSTREAM)")
-    stmt = ddl.AlterDynamicTable(name, "SET_LAG", ddl.parse_lag(value)) if action == "lag" else \
-        ddl.AlterDynamicTable(name, action.upper())
+        raise KitError(
+            f"`{action}{' ' + value if value else ''}` is not an alteration",
+            "use suspend, resume, refresh, or lag '5 minutes' (or lag DOWNSTREAM)",
+        )
+    stmt = (
+        ddl.AlterDynamicTable(name, "SET_LAG", ddl.parse_lag(value))
+        if action == "lag"
+        else ddl.AlterDynamicTable(name, action.upper())
+    )
     with _open(ctx) as (lake, meta):
         refreshes = manage.alter(lake, meta, stmt)
         d = manage.get(meta, name)
     failed = [r for r in refreshes if r.status == "FAILED"]
     if as_json:
-        print_json("error" if failed else "ok", {"name": d.name, "status": d.status, "lag": d.lag,
-                                                 "refreshes": [r.as_dict() for r in refreshes]})
+        print_json(
+            "error" if failed else "ok",
+            {"name": d.name, "status": d.status, "lag": d.lag, "refreshes": [r.as_dict() for r in refreshes]},
+        )
     else:
         if refreshes:
             console().print(table("Refreshes", REFRESH_COLUMNS, _refresh_rows(refreshes)))
@@ -204,9 +292,12 @@ def alter_cmd(
 
 @dynamic_app.command("drop")
 @command
-def drop_cmd(ctx: typer.Context, name: NameArg,
-             if_exists: Annotated[bool, typer.Option("--if-exists", help="No error when it does not exist.")] = False,
-             as_json: JsonOpt = False) -> None:
+def drop_cmd(
+    ctx: typer.Context,
+    name: NameArg,
+    if_exists: Annotated[bool, typer.Option("--if-exists", help="No error when it does not exist.")] = False,
+    as_json: JsonOpt = False,
+) -> None:
     """Drop a dynamic table: its table in the lake and its definition (refused while another dynamic table reads it)."""
     from ducklake_kit.dynamic_tables import manage
 
@@ -220,9 +311,12 @@ def drop_cmd(ctx: typer.Context, name: NameArg,
 
 @dynamic_app.command("history")
 @command
-def history_cmd(ctx: typer.Context, name: NameArg,
-                limit: Annotated[int, typer.Option(help="How many refreshes, newest first.")] = 20,
-                as_json: JsonOpt = False) -> None:
+def history_cmd(
+    ctx: typer.Context,
+    name: NameArg,
+    limit: Annotated[int, typer.Option(help="How many refreshes, newest first.")] = 20,
+    as_json: JsonOpt = False,
+) -> None:
     """A dynamic table's refreshes, newest first: mode and why, rows inserted and deleted, snapshots read and made."""
     from ducklake_kit.dynamic_tables import manage
 
@@ -232,9 +326,16 @@ def history_cmd(ctx: typer.Context, name: NameArg,
     if as_json:
         print_json("ok", {"name": d.name, "refreshes": [r.as_dict() for r in rows]})
         return
-    console().print(table(f"Refreshes of {d.name} ({len(rows)}, newest first)", ["id", "trigger", "started"] + REFRESH_COLUMNS[1:],
-                          [[r.id, r.trigger, r.started_at.strftime("%Y-%m-%d %H:%M:%S"), *row[1:]]
-                           for r, row in zip(rows, _refresh_rows(rows))]))
+    console().print(
+        table(
+            f"Refreshes of {d.name} ({len(rows)}, newest first)",
+            ["id", "trigger", "started"] + REFRESH_COLUMNS[1:],
+            [
+                [r.id, r.trigger, r.started_at.strftime("%Y-%m-%d %H:%M:%S"), *row[1:]]
+                for r, row in zip(rows, _refresh_rows(rows))
+            ],
+        )
+    )
 
 
 @dynamic_app.command("run")
@@ -242,7 +343,7 @@ def history_cmd(ctx: typer.Context, name: NameArg,
 def run_cmd(
     ctx: typer.Context,
     once: Annotated[bool, typer.Option("--once", help="One round: refresh what is stale now, then stop.")] = False,
-    for_seconds: Annotated[Optional[float], typer.Option("--for", help="Run this many seconds, then stop.")] = None,
+    for_seconds: Annotated[float | None, typer.Option("--for", help="Run this many seconds, then stop.")] = None,
     tick: Annotated[float, typer.Option(help="Seconds between rounds.")] = 1.0,
     as_json: JsonOpt = False,
 ) -> None:
@@ -256,19 +357,36 @@ def run_cmd(
 
     def say(r) -> None:
         if not as_json:
-            typer.echo(f"{r.finished_at:%H:%M:%S} {r.name}: {r.status}"
-                       + (f" {r.mode.lower()}, +{r.rows_inserted} -{r.rows_deleted}" if r.mode else "")
-                       + (f" ({r.error or r.reason})" if (r.error or r.reason) else ""))
+            typer.echo(
+                f"{r.finished_at:%H:%M:%S} {r.name}: {r.status}"
+                + (f" {r.mode.lower()}, +{r.rows_inserted} -{r.rows_deleted}" if r.mode else "")
+                + (f" ({r.error or r.reason})" if (r.error or r.reason) else "")
+            )
 
     with _open(ctx) as (lake, meta):
-        result = scheduler.run(lake, meta, once=once, seconds=for_seconds, tick_s=tick, on_refresh=say,
-                               on_error=lambda e: typer.echo(f"round failed, trying again next round: {e}", err=True))
+        result = scheduler.run(
+            lake,
+            meta,
+            once=once,
+            seconds=for_seconds,
+            tick_s=tick,
+            on_refresh=say,
+            on_error=lambda e: typer.echo(f"round failed, trying again next round: {e}", err=True),
+        )
     failed = [r for r in result.refreshes if r.status == "FAILED"]
     if as_json:
-        print_json("error" if failed else "ok", {"rounds": result.ticks, "stopped_by": result.stopped_by,
-                                                 "refreshes": [r.as_dict() for r in result.refreshes]})
+        print_json(
+            "error" if failed else "ok",
+            {
+                "rounds": result.ticks,
+                "stopped_by": result.stopped_by,
+                "refreshes": [r.as_dict() for r in result.refreshes],
+            },
+        )
     else:
-        typer.echo(f"stopped ({result.stopped_by}) after {result.ticks} round(s): {len(result.refreshes)} refresh(es), "
-                   f"{len(failed)} failed")
+        typer.echo(
+            f"stopped ({result.stopped_by}) after {result.ticks} round(s): {len(result.refreshes)} refresh(es), "
+            f"{len(failed)} failed"
+        )
     if failed:
         raise typer.Exit(EXIT_CHECK_FAILED)

@@ -42,7 +42,9 @@ def _default(value: Any) -> Any:
 
 
 def envelope(status: str, result: dict[str, Any] | None = None, catalog_info: dict[str, Any] | None = None) -> str:
-    return json.dumps({"status": status, "result": result or {}, "catalog_info": catalog_info or {}}, default=_default, indent=2)
+    return json.dumps(
+        {"status": status, "result": result or {}, "catalog_info": catalog_info or {}}, default=_default, indent=2
+    )
 
 
 def print_json(status: str, result: dict[str, Any] | None = None, catalog_info: dict[str, Any] | None = None) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.text import Text
@@ -19,13 +19,22 @@ if TYPE_CHECKING:
 
 pipeline_app = typer.Typer(
     help="SQL pipelines: a .sql file whose statements carry `-- id:`, `-- depends_on:`, `-- node:` headers, run as a "
-    "DAG on the worker plane, with lineage recorded in the lake.", no_args_is_help=True)
+    "DAG on the worker plane, with lineage recorded in the lake.",
+    no_args_is_help=True,
+)
 app.add_typer(pipeline_app, name="pipeline")
 
 FileArg = Annotated[Path, typer.Argument(help="The pipeline file, e.g. pipelines/taxi_marts.sql.")]
-SelectOpt = Annotated[Optional[str], typer.Option(
-    "--select", help="Only these nodes, dbt's forms: name, +name (with its ancestors), name+ (with its descendants).")]
-StrictOpt = Annotated[bool, typer.Option("--strict", help="An inferred dependency the headers do not declare is an error.")]
+SelectOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--select",
+        help="Only these nodes, dbt's forms: name, +name (with its ancestors), name+ (with its descendants).",
+    ),
+]
+StrictOpt = Annotated[
+    bool, typer.Option("--strict", help="An inferred dependency the headers do not declare is an error.")
+]
 
 
 def _warn(lines: list[str], as_json: bool) -> None:
@@ -45,9 +54,14 @@ def _read(file: Path, select: str | None, strict: bool):
 
 @pipeline_app.command("plan")
 @command
-def plan_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None, strict: StrictOpt = False,
-             png: Annotated[Optional[Path], typer.Option("--png", help="Also draw the DAG to this PNG file.")] = None,
-             as_json: JsonOpt = False) -> None:
+def plan_cmd(
+    ctx: typer.Context,
+    file: FileArg,
+    select: SelectOpt = None,
+    strict: StrictOpt = False,
+    png: Annotated[Path | None, typer.Option("--png", help="Also draw the DAG to this PNG file.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """The DAG: its waves, every edge (declared or inferred), where each node runs. Runs nothing."""
     from ducklake_kit.pipelines import flow
 
@@ -66,16 +80,30 @@ def plan_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None, strict
         typer.echo(f"DAG drawn to {png}")
 
 
-def _print_plan(plan: "Plan") -> None:
+def _print_plan(plan: Plan) -> None:
     p = plan.pipeline
     out = console()
     wave_of = {n: i + 1 for i, wave in enumerate(plan.waves) for n in wave}
-    rows = [[n.id, wave_of.get(n.id, "-"), ", ".join(sorted(p.parents(n.id), key=list(p.nodes).index)) or "-",
-             n.pin or "any", ", ".join(sorted(map(str, n.use.writes))) or "-",
-             ", ".join(sorted(map(str, n.use.reads))) or "-", n.description or ""]
-            for n in p.nodes.values() if n.id in plan.selected]
-    out.print(table(f"Pipeline {p.name} ({p.file}): {len(plan.selected)} node(s) in {len(plan.waves)} wave(s)",
-                    ["node", "wave", "after", "worker", "writes", "reads", "description"], rows))
+    rows = [
+        [
+            n.id,
+            wave_of.get(n.id, "-"),
+            ", ".join(sorted(p.parents(n.id), key=list(p.nodes).index)) or "-",
+            n.pin or "any",
+            ", ".join(sorted(map(str, n.use.writes))) or "-",
+            ", ".join(sorted(map(str, n.use.reads))) or "-",
+            n.description or "",
+        ]
+        for n in p.nodes.values()
+        if n.id in plan.selected
+    ]
+    out.print(
+        table(
+            f"Pipeline {p.name} ({p.file}): {len(plan.selected)} node(s) in {len(plan.waves)} wave(s)",
+            ["node", "wave", "after", "worker", "writes", "reads", "description"],
+            rows,
+        )
+    )
     edges = [[e.parent, e.child, e.kind, e.why or "-"] for e in p.edges]
     if edges:
         out.print(table("Edges", ["parent", "child", "kind", "inferred from"], edges))
@@ -86,24 +114,38 @@ def _print_plan(plan: "Plan") -> None:
         out.print(f"workers running: {', '.join(plan.workers) or 'none'}", markup=False)
 
 
-def _draw_plan(plan: "Plan", png: Path) -> None:
+def _draw_plan(plan: Plan, png: Path) -> None:
     from ducklake_kit.pipelines.draw import Arrow, draw
 
     p = plan.pipeline
     nodes = [n for n in p.nodes if n in plan.selected]
-    arrows = [Arrow(e.parent, e.child, dashed=not e.declared) for e in p.edges
-              if e.parent in plan.selected and e.child in plan.selected]
+    arrows = [
+        Arrow(e.parent, e.child, dashed=not e.declared)
+        for e in p.edges
+        if e.parent in plan.selected and e.child in plan.selected
+    ]
     labels = {n: f"{n}\n{p.nodes[n].pin or 'any worker'}" for n in nodes}
     draw(nodes, arrows, png, title=f"pipeline {p.name} (dashed: inferred edge)", labels=labels)
 
 
 @pipeline_app.command("run")
 @command
-def run_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None,
-            from_failed: Annotated[bool, typer.Option("--from-failed", help="Re-run only the nodes that failed or were skipped in the last run of this pipeline.")] = False,
-            strict: StrictOpt = False,
-            timeout: Annotated[Optional[float], typer.Option("--timeout", help="Seconds a node may run; its worker interrupts it after that.")] = None,
-            as_json: JsonOpt = False) -> None:
+def run_cmd(
+    ctx: typer.Context,
+    file: FileArg,
+    select: SelectOpt = None,
+    from_failed: Annotated[
+        bool,
+        typer.Option(
+            "--from-failed", help="Re-run only the nodes that failed or were skipped in the last run of this pipeline."
+        ),
+    ] = False,
+    strict: StrictOpt = False,
+    timeout: Annotated[
+        float | None, typer.Option("--timeout", help="Seconds a node may run; its worker interrupts it after that.")
+    ] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """Run the pipeline on the worker plane: each node as soon as its dependencies are done; a failed node's descendants are skipped. Exit 1 if a node failed."""
     from ducklake_kit.pipelines import flow
 
@@ -123,9 +165,16 @@ def run_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None,
         else:
             step(f"node {node.id}: {node.status.upper()}: {node.error or node.reason}")
 
-    outcome = flow.run(pipeline, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(),
-                       select=select, from_failed=from_failed, timeout_s=timeout,
-                       platform_name=c.platform_name, on_event=on_event)
+    outcome = flow.run(
+        pipeline,
+        PlaneConfig.of(c.state, c.scheduler).address,
+        c.platform().endpoints(),
+        select=select,
+        from_failed=from_failed,
+        timeout_s=timeout,
+        platform_name=c.platform_name,
+        on_event=on_event,
+    )
     if outcome is None:
         if as_json:
             print_json("ok", {"run_id": None, "nodes": [], "note": "the last run had no failed or skipped node"})
@@ -133,8 +182,11 @@ def run_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None,
             typer.echo("nothing to re-run: the last run of this pipeline had no failed or skipped node")
         return
     if as_json:
-        print_json("ok" if outcome.run.ok else "error", outcome.run.as_dict() | {"history_snapshot": outcome.history_snapshot,
-                                                                "warnings": outcome.warnings}, outcome.catalog_info)
+        print_json(
+            "ok" if outcome.run.ok else "error",
+            outcome.run.as_dict() | {"history_snapshot": outcome.history_snapshot, "warnings": outcome.warnings},
+            outcome.catalog_info,
+        )
         _warn(outcome.warnings, True)
     else:
         _print_run(outcome)
@@ -148,34 +200,58 @@ def run_cmd(ctx: typer.Context, file: FileArg, select: SelectOpt = None,
 def _aborted_line(aborted: str) -> str:
     """The one error line of a run the worker plane could not finish (the details are in the run's table)."""
     if aborted.startswith("the worker plane's scheduler was lost"):
-        return KitError("the worker plane's scheduler was lost during the run",
-                        "run `up` to start it again, then `pipeline run --from-failed`").line()
+        return KitError(
+            "the worker plane's scheduler was lost during the run",
+            "run `up` to start it again, then `pipeline run --from-failed`",
+        ).line()
     return KitError(aborted, "run `status`, then `pipeline run --from-failed`").line()
 
 
-def _print_run(outcome: "RunOutcome") -> None:
+def _print_run(outcome: RunOutcome) -> None:
     r = outcome.run
-    rows = [[n.id, n.status.upper() if n.status != "ok" else "ok", n.worker or "-",
-             n.started_at.strftime("%H:%M:%S.%f")[:-3] if n.started_at else "-",
-             f"{n.duration_ms:.0f}" if n.duration_ms is not None else "-",
-             n.snapshot_id if n.snapshot_id is not None else "-", n.error or n.reason or ""] for n in r.nodes]
+    rows = [
+        [
+            n.id,
+            n.status.upper() if n.status != "ok" else "ok",
+            n.worker or "-",
+            n.started_at.strftime("%H:%M:%S.%f")[:-3] if n.started_at else "-",
+            f"{n.duration_ms:.0f}" if n.duration_ms is not None else "-",
+            n.snapshot_id if n.snapshot_id is not None else "-",
+            n.error or n.reason or "",
+        ]
+        for n in r.nodes
+    ]
     out = console()
-    out.print(table(f"Pipeline {r.pipeline}, run {r.run_id}", ["node", "status", "worker", "started", "ms", "snapshot",
-                                                               "error / reason"], rows))
+    out.print(
+        table(
+            f"Pipeline {r.pipeline}, run {r.run_id}",
+            ["node", "status", "worker", "started", "ms", "snapshot", "error / reason"],
+            rows,
+        )
+    )
     if r.aborted:
         out.print(f"ABORTED: {r.aborted}", markup=False)
-    verdict = ("PASS" if r.ok else "FAIL") + f": {r.count('ok')} ok, {r.count('failed')} failed, {r.count('skipped')} skipped"
-    out.print(f"{verdict}; run and lineage recorded in snapshot {outcome.history_snapshot} "
-              f"(SELECT * FROM pipeline_nodes WHERE run_id = '{r.run_id}')", markup=False)
+    verdict = (
+        "PASS" if r.ok else "FAIL"
+    ) + f": {r.count('ok')} ok, {r.count('failed')} failed, {r.count('skipped')} skipped"
+    out.print(
+        f"{verdict}; run and lineage recorded in snapshot {outcome.history_snapshot} "
+        f"(SELECT * FROM pipeline_nodes WHERE run_id = '{r.run_id}')",
+        markup=False,
+    )
 
 
 @pipeline_app.command("lineage")
 @command
-def lineage_cmd(ctx: typer.Context,
-                table_name: Annotated[str, typer.Argument(metavar="TABLE", help="A table a pipeline built: name, schema.name or local.name.")],
-                columns: Annotated[bool, typer.Option("--columns", help="Also each column's upstream columns.")] = False,
-                png: Annotated[Optional[Path], typer.Option("--png", help="Also draw the upstream tree to this PNG file.")] = None,
-                as_json: JsonOpt = False) -> None:
+def lineage_cmd(
+    ctx: typer.Context,
+    table_name: Annotated[
+        str, typer.Argument(metavar="TABLE", help="A table a pipeline built: name, schema.name or local.name.")
+    ],
+    columns: Annotated[bool, typer.Option("--columns", help="Also each column's upstream columns.")] = False,
+    png: Annotated[Path | None, typer.Option("--png", help="Also draw the upstream tree to this PNG file.")] = None,
+    as_json: JsonOpt = False,
+) -> None:
     """The tables (and with --columns the columns) a table was built from, recursively, as pipelines recorded them."""
     from ducklake_kit.pipelines import flow
 
@@ -194,7 +270,7 @@ def lineage_cmd(ctx: typer.Context,
         typer.echo(f"lineage drawn to {png}")
 
 
-def _upstream_tree(view: "LineageView") -> Tree:
+def _upstream_tree(view: LineageView) -> Tree:
     parents: dict[str, list] = {}
     for e in view.edges:
         parents.setdefault(e.child, []).append(e)
@@ -216,7 +292,7 @@ def _upstream_tree(view: "LineageView") -> Tree:
     return root
 
 
-def _column_tree(view: "LineageView") -> Tree:
+def _column_tree(view: LineageView) -> Tree:
     ups: dict[tuple[str, str], list[tuple[str, str]]] = {}
     for child, child_col, parent, parent_col in view.columns:
         ups.setdefault((child, child_col), []).append((parent, parent_col))
@@ -233,7 +309,7 @@ def _column_tree(view: "LineageView") -> Tree:
     return root
 
 
-def _draw_lineage(view: "LineageView", png: Path) -> None:
+def _draw_lineage(view: LineageView, png: Path) -> None:
     from ducklake_kit.pipelines.draw import Arrow, draw
 
     names = sorted({e.child for e in view.edges} | {e.parent for e in view.edges})
@@ -241,5 +317,5 @@ def _draw_lineage(view: "LineageView", png: Path) -> None:
     local = {e.parent: e.parent_location for e in view.edges if e.parent_location != "lake"}
     local |= {e.child: e.location for e in view.edges if e.location != "lake"}
     labels = {n: f"{n}\n(on {local[n]})" if n in local else n for n in names}
-    colors = {n: "#fde2c8" for n in local} | {view.table: "#c8f0d0"}
+    colors = dict.fromkeys(local, "#fde2c8") | {view.table: "#c8f0d0"}
     draw(names, arrows, png, title=f"upstream of {view.table} (orange: worker-local)", labels=labels, colors=colors)

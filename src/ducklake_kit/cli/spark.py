@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -16,20 +16,28 @@ if TYPE_CHECKING:
 
 spark_app = typer.Typer(
     help="Spark beyond local[*]: a standalone cluster (a master and N workers) and a Spark Connect server, started "
-    "from PySpark's own package on loopback, for `load --spark-master standalone|connect`.", no_args_is_help=True)
+    "from PySpark's own package on loopback, for `load --spark-master standalone|connect`.",
+    no_args_is_help=True,
+)
 app.add_typer(spark_app, name="spark")
 
 
-def print_cluster(st: "ClusterStatus") -> None:
+def print_cluster(st: ClusterStatus) -> None:
     rows = [[p.name, "yes" if p.running else "no", p.pid or "", p.port or "", p.detail] for p in st.processes]
     out = console()
     out.print(table("Spark (the kit's cluster)", ["process", "running", "pid", "port", "detail"], rows))
     if st.master_url:
-        out.print(f"standalone master: {st.master_url} ({st.alive_workers} worker(s) ALIVE); status page {st.ui_url}; "
-                  "load with --spark-master standalone", markup=False)
+        out.print(
+            f"standalone master: {st.master_url} ({st.alive_workers} worker(s) ALIVE); status page {st.ui_url}; "
+            "load with --spark-master standalone",
+            markup=False,
+        )
     if st.connect_url:
-        out.print(f"Spark Connect: {st.connect_url} (jobs run on {st.connect_master}; the token is in the state "
-                  "folder's spark/secrets.json); load with --spark-master connect", markup=False)
+        out.print(
+            f"Spark Connect: {st.connect_url} (jobs run on {st.connect_master}; the token is in the state "
+            "folder's spark/secrets.json); load with --spark-master connect",
+            markup=False,
+        )
     out.print(f"spark: {st.detail}", markup=False)
 
 
@@ -37,9 +45,17 @@ def print_cluster(st: "ClusterStatus") -> None:
 @command
 def spark_up(
     ctx: typer.Context,
-    mode: Annotated[str, typer.Option(help="standalone: a master and N workers; connect: a Spark Connect server (on "
-                                           "the standalone cluster when it runs, else local[*]).")] = "standalone",
-    workers: Annotated[Optional[int], typer.Option(help="Standalone workers, 1 core and 2g each (default 2, or as many as the last `spark up`).")] = None,
+    mode: Annotated[
+        str,
+        typer.Option(
+            help="standalone: a master and N workers; connect: a Spark Connect server (on "
+            "the standalone cluster when it runs, else local[*])."
+        ),
+    ] = "standalone",
+    workers: Annotated[
+        int | None,
+        typer.Option(help="Standalone workers, 1 core and 2g each (default 2, or as many as the last `spark up`)."),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Start the kit's Spark cluster (idempotent): ready when the master reports N workers ALIVE, or when a Spark

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import statistics
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -19,16 +19,28 @@ if TYPE_CHECKING:
 
 steps_app = typer.Typer(
     help="The step runner: NoETL-style playbooks (YAML) of `tool: ducklake` steps, run on the worker plane; "
-    "loops with `mode: async` run their iterations in parallel on the workers.", no_args_is_help=True)
+    "loops with `mode: async` run their iterations in parallel on the workers.",
+    no_args_is_help=True,
+)
 app.add_typer(steps_app, name="steps")
 
 FileArg = Annotated[Path, typer.Argument(help="The playbook, e.g. steps/basic.yaml.")]
-SetOpt = Annotated[Optional[list[str]], typer.Option(
-    "--set", help="Override or add a workload value: name=value (read as YAML: 3, [1, 2], text). Repeatable.")]
-ResumeOpt = Annotated[Optional[str], typer.Option(
-    "--resume", metavar="RUN", help="Run an earlier run again under its execution id: each step or iteration the lake "
-    "says that run committed (by its token) is not run again; one whose statements autocommit one by one is not run "
-    "again either (the lake cannot say).")]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set", help="Override or add a workload value: name=value (read as YAML: 3, [1, 2], text). Repeatable."
+    ),
+]
+ResumeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--resume",
+        metavar="RUN",
+        help="Run an earlier run again under its execution id: each step or iteration the lake "
+        "says that run committed (by its token) is not run again; one whose statements autocommit one by one is not run "
+        "again either (the lake cannot say).",
+    ),
+]
 ROWS_SHOWN = 10
 
 
@@ -40,23 +52,43 @@ def validate_cmd(file: FileArg, set_: SetOpt = None, as_json: JsonOpt = False) -
 
     playbook = runner.load(file, runner.parse_overrides(set_ or []))
     warnings = runner.paste_warnings(playbook)
-    steps = [{"step": s.name, "line": s.line, "tool": s.tool, "commands": len(s.commands),
-              "loop": ({"over": s.loop.collection, "as": s.loop.iterator, "mode": s.loop.mode} if s.loop else None),
-              "next": [t for t, _ in s.next.targets()] if s.next else None} for s in playbook.steps.values()]
+    steps = [
+        {
+            "step": s.name,
+            "line": s.line,
+            "tool": s.tool,
+            "commands": len(s.commands),
+            "loop": ({"over": s.loop.collection, "as": s.loop.iterator, "mode": s.loop.mode} if s.loop else None),
+            "next": [t for t, _ in s.next.targets()] if s.next else None,
+        }
+        for s in playbook.steps.values()
+    ]
     if as_json:
-        print_json("ok", {"playbook": playbook.name, "file": playbook.file, "shape": playbook.shape,
-                          "start": playbook.start, "steps": steps, "warnings": warnings})
+        print_json(
+            "ok",
+            {
+                "playbook": playbook.name,
+                "file": playbook.file,
+                "shape": playbook.shape,
+                "start": playbook.start,
+                "steps": steps,
+                "warnings": warnings,
+            },
+        )
         return
-    typer.echo(f"{file}: valid ({playbook.shape} shape), playbook {playbook.name}, {len(steps)} step(s) from "
-               f"'{playbook.start}'")
+    typer.echo(
+        f"{file}: valid ({playbook.shape} shape), playbook {playbook.name}, {len(steps)} step(s) from "
+        f"'{playbook.start}'"
+    )
     for warning in warnings:
         typer.echo(f"warning: {warning}")
 
 
 @steps_app.command("run")
 @command
-def run_cmd(ctx: typer.Context, file: FileArg, set_: SetOpt = None, resume: ResumeOpt = None,
-            as_json: JsonOpt = False) -> None:
+def run_cmd(
+    ctx: typer.Context, file: FileArg, set_: SetOpt = None, resume: ResumeOpt = None, as_json: JsonOpt = False
+) -> None:
     """Run a playbook on the worker plane. Exit 1 if a step failed (its command index, SQL and DuckDB's error are shown) or the plane was lost."""
     from ducklake_kit.steps import runner
 
@@ -67,19 +99,35 @@ def run_cmd(ctx: typer.Context, file: FileArg, set_: SetOpt = None, resume: Resu
 
     def on_event(kind: str, data: dict[str, Any]) -> None:  # the playbook's text is escaped: never Rich markup
         if kind == "step":
-            say(escape(f"step {data['step']}" + (" (loop)" if data["loop"] else "")
-                       + (f": {data['desc']}" if data["desc"] else "")))
+            say(
+                escape(
+                    f"step {data['step']}"
+                    + (" (loop)" if data["loop"] else "")
+                    + (f": {data['desc']}" if data["desc"] else "")
+                )
+            )
         elif kind == "iteration":
             it = data["iteration"]
             where = f" on {it['worker']}" if it["worker"] else ""
-            say(escape(f"  iteration {it['index'] + 1}/{data['total']} {it['status']}{where}"
-                       + (f": {it['error']['message']}" if it["error"] else "")
-                       + (f" ({it['note']})" if it["note"] else "")))
+            say(
+                escape(
+                    f"  iteration {it['index'] + 1}/{data['total']} {it['status']}{where}"
+                    + (f": {it['error']['message']}" if it["error"] else "")
+                    + (f" ({it['note']})" if it["note"] else "")
+                )
+            )
         elif kind == "skipped":
             say(escape(f"step {data['step']}: skipped ({data['reason']})"))
 
-    out = runner.run_file(playbook, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(),
-                          c.state.home, overrides=overrides, on_event=on_event, resume=resume)
+    out = runner.run_file(
+        playbook,
+        PlaneConfig.of(c.state, c.scheduler).address,
+        c.platform().endpoints(),
+        c.state.home,
+        overrides=overrides,
+        on_event=on_event,
+        resume=resume,
+    )
     if as_json:
         print_json("ok" if out.ok else "error", out.as_dict(), out.catalog_info)
     else:
@@ -94,12 +142,13 @@ def _aborted_line(aborted: str, file: Path, execution_id: str) -> str:
     """The one error line of a run the worker plane could not finish."""
     again = f"`steps run {file} --resume {execution_id}`"
     if aborted.startswith("the worker plane's scheduler was lost"):
-        return KitError("the worker plane's scheduler was lost during the run",
-                        f"run `up` to start it again, then {again}").line()
+        return KitError(
+            "the worker plane's scheduler was lost during the run", f"run `up` to start it again, then {again}"
+        ).line()
     return KitError(aborted, f"run `status`, then {again}").line()
 
 
-def _print(run: "PlaybookRun") -> None:
+def _print(run: PlaybookRun) -> None:
     out = console()
     for step in run.steps:
         _print_step(out, step)
@@ -107,11 +156,14 @@ def _print(run: "PlaybookRun") -> None:
         out.print(f"warning: {warning}", markup=False)
     s = run.summary()
     verdict = "PASS" if run.ok else "ABORTED" if run.aborted else "FAIL"
-    out.print(f"{verdict}: playbook {run.playbook} (run {run.execution_id}): {s['steps_ok']} ok, {s['steps_failed']} "
-              f"failed, {s['steps_skipped']} skipped in {run.seconds:.2f} s", markup=False)
+    out.print(
+        f"{verdict}: playbook {run.playbook} (run {run.execution_id}): {s['steps_ok']} ok, {s['steps_failed']} "
+        f"failed, {s['steps_skipped']} skipped in {run.seconds:.2f} s",
+        markup=False,
+    )
 
 
-def _print_step(out, step: "StepRun") -> None:
+def _print_step(out, step: StepRun) -> None:
     title = f"step {step.step}: {step.status.upper()}"
     if step.status == "skipped":
         out.print(f"{title} ({step.reason})", markup=False)
@@ -120,24 +172,45 @@ def _print_step(out, step: "StepRun") -> None:
         its = step.iterations
         ms = [it.seconds * 1000 for it in its if it.worker]
         workers = sorted({it.worker for it in its if it.worker})
-        rows = [[len(its), sum(1 for it in its if not it.failure), sum(1 for it in its if it.failure), ", ".join(workers) or "-",
-                 f"{statistics.median(ms):.1f}" if ms else "-", f"{step.seconds:.2f}"]]
+        rows = [
+            [
+                len(its),
+                sum(1 for it in its if not it.failure),
+                sum(1 for it in its if it.failure),
+                ", ".join(workers) or "-",
+                f"{statistics.median(ms):.1f}" if ms else "-",
+                f"{step.seconds:.2f}",
+            ]
+        ]
         out.print(table(title + " (loop)", ["iterations", "ok", "failed", "workers", "median ms", "total s"], rows))
         for it in its:  # how an iteration's fate was decided when its worker could not say
             if it.note:
                 out.print(f"  iteration {it.index}: {it.note}", markup=False)
     elif step.attempt is not None:
         a = step.attempt
-        rows = [[i, s.statement_type or "-", "error" if s.error else "ok",
-                 s.affected_rows if s.affected_rows is not None else (len(s.rows) if s.columns else "-"),
-                 s.snapshot_id if s.snapshot_id is not None else "-", f"{s.seconds * 1000:.1f}", _one_line(s.sql)]
-                for i, s in enumerate(a.statements)]
+        rows = [
+            [
+                i,
+                s.statement_type or "-",
+                "error" if s.error else "ok",
+                s.affected_rows if s.affected_rows is not None else (len(s.rows) if s.columns else "-"),
+                s.snapshot_id if s.snapshot_id is not None else "-",
+                f"{s.seconds * 1000:.1f}",
+                _one_line(s.sql),
+            ]
+            for i, s in enumerate(a.statements)
+        ]
         out.print(table(f"{title} on {a.worker}", ["#", "type", "status", "rows", "snapshot", "ms", "sql"], rows))
         shown = [s for s in a.statements if s.columns and not s.error]
         if shown:
             last = shown[-1]
-            out.print(table(f"rows of command {a.statements.index(last)} ({len(last.rows)})", last.columns,
-                            last.rows[:ROWS_SHOWN]))
+            out.print(
+                table(
+                    f"rows of command {a.statements.index(last)} ({len(last.rows)})",
+                    last.columns,
+                    last.rows[:ROWS_SHOWN],
+                )
+            )
     else:
         out.print(title, markup=False)
     if step.attempt is not None and step.attempt.note:

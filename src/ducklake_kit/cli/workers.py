@@ -14,24 +14,40 @@ if TYPE_CHECKING:
     from ducklake_kit.workers.plane import PlaneStatus
 
 
-def workers_table(plane: "PlaneStatus") -> Any:
-    rows = [[w.name, w.address, w.pid or "", w.state, w.lake, w.tasks_run,
-             "" if w.uptime_s is None else f"{w.uptime_s:.0f} s", "" if w.memory_mib is None else f"{w.memory_mib:.0f}",
-             ", ".join(w.local_tables) or "-"] for w in plane.workers]
+def workers_table(plane: PlaneStatus) -> Any:
+    rows = [
+        [
+            w.name,
+            w.address,
+            w.pid or "",
+            w.state,
+            w.lake,
+            w.tasks_run,
+            "" if w.uptime_s is None else f"{w.uptime_s:.0f} s",
+            "" if w.memory_mib is None else f"{w.memory_mib:.0f}",
+            ", ".join(w.local_tables) or "-",
+        ]
+        for w in plane.workers
+    ]
     rows += [[name, "", "", "GONE: run `up`", "", "", "", "", ""] for name in plane.missing]
     where = "the kit's" if plane.managed else "a user's"
-    return table(f"Workers ({where} Dask scheduler {plane.address})",
-                 ["worker", "address", "pid", "state", "lake", "tasks run", "uptime", "memory MiB", "worker-local tables"], rows)
+    return table(
+        f"Workers ({where} Dask scheduler {plane.address})",
+        ["worker", "address", "pid", "state", "lake", "tasks run", "uptime", "memory MiB", "worker-local tables"],
+        rows,
+    )
 
 
-def print_plane(plane: "PlaneStatus") -> None:
+def print_plane(plane: PlaneStatus) -> None:
     out = console()
     if plane.workers or plane.missing:
         out.print(workers_table(plane))
     out.print(f"worker plane: {plane.detail}", markup=False)
     if plane.managed and plane.user:
-        out.print(f"scheduler and workers: mutual TLS with the state folder's certificates, run as user {plane.user}",
-                  markup=False)
+        out.print(
+            f"scheduler and workers: mutual TLS with the state folder's certificates, run as user {plane.user}",
+            markup=False,
+        )
     if plane.dashboard:
         out.print(f"Dask dashboard: {plane.dashboard}", markup=False)
 

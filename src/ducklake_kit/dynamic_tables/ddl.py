@@ -29,8 +29,7 @@ UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 DOWNSTREAM = "DOWNSTREAM"
 # the longest lag: whole days that fit the metadata's `lag_seconds integer` column (PostgreSQL's int4, 2^31 - 1)
 MAX_LAG_DAYS = (2**31 - 1) // UNITS["day"]
-SYNTAX_FIX = ("write e.g. CREATE DYNAMIC TABLE daily TARGET_LAG = '5 minutes' AS SELECT ...; "
-              "see `dynamic create --help`")
+SYNTAX_FIX = "write e.g. CREATE DYNAMIC TABLE daily TARGET_LAG = '5 minutes' AS SELECT ...; see `dynamic create --help`"
 
 
 # Functions whose answer differs on every call: no refresh could ever equal the query run again, so `refresh --check`
@@ -39,10 +38,25 @@ RANDOM_FUNCTIONS = (exp.Rand, exp.Randn, exp.Randstr, exp.Uuid)
 RANDOM_NAMES = {"random", "uuid", "gen_random_uuid", "uuidv4", "uuidv7", "random_uuid", "setseed", "nextval"}
 # Functions of the clock: a table is right as of its refresh, but its query run later answers differently, so it
 # cannot be compared with a full recompute (today() and get_current_time() fold into CurrentDate and CurrentTime).
-TIME_FUNCTIONS = (exp.CurrentTimestamp, exp.CurrentDate, exp.CurrentTime, exp.CurrentDatetime, exp.CurrentTimestampLTZ,
-                  exp.Localtime, exp.Localtimestamp, exp.Systimestamp)
-TIME_NAMES = {"now", "get_current_timestamp", "transaction_timestamp", "current_localtimestamp", "current_localtime",
-              "get_current_time", "today"}
+TIME_FUNCTIONS = (
+    exp.CurrentTimestamp,
+    exp.CurrentDate,
+    exp.CurrentTime,
+    exp.CurrentDatetime,
+    exp.CurrentTimestampLTZ,
+    exp.Localtime,
+    exp.Localtimestamp,
+    exp.Systimestamp,
+)
+TIME_NAMES = {
+    "now",
+    "get_current_timestamp",
+    "transaction_timestamp",
+    "current_localtimestamp",
+    "current_localtime",
+    "get_current_time",
+    "today",
+}
 
 
 def calls(query: exp.Expression, text: str, classes: tuple, names: set[str]) -> list[str]:
@@ -55,8 +69,8 @@ def calls(query: exp.Expression, text: str, classes: tuple, names: set[str]) -> 
             if start is None or end is None:  # a keyword sqlglot built without its token (CURRENT_TIMESTAMP)
                 call = node.sql(DIALECT).lower()
             else:
-                written = text[start:end + 1]
-                call = f"{written}()" if text[end + 1:].lstrip().startswith("(") else written
+                written = text[start : end + 1]
+                call = f"{written}()" if text[end + 1 :].lstrip().startswith("(") else written
             if call not in found:
                 found.append(call)
     return found
@@ -103,12 +117,17 @@ def parse_lag(text: str) -> Lag:
     unit = parts[1].lower().rstrip("s") if len(parts) == 2 else ""
     # ASCII digits only: str.isdigit() also takes '²', which int() refuses
     if len(parts) != 2 or not (parts[0].isascii() and parts[0].isdigit()) or unit not in UNITS or int(parts[0]) <= 0:
-        raise DdlError(f"TARGET_LAG '{text}' is not a lag", "give a positive whole number and a unit, "
-                       "e.g. TARGET_LAG = '30 seconds' | '5 minutes' | '1 hour' | '1 day', or TARGET_LAG = DOWNSTREAM")
+        raise DdlError(
+            f"TARGET_LAG '{text}' is not a lag",
+            "give a positive whole number and a unit, "
+            "e.g. TARGET_LAG = '30 seconds' | '5 minutes' | '1 hour' | '1 day', or TARGET_LAG = DOWNSTREAM",
+        )
     seconds = int(parts[0]) * UNITS[unit]
     if seconds > MAX_LAG_DAYS * UNITS["day"]:
-        raise DdlError(f"TARGET_LAG '{text}' is too long: the longest lag is {MAX_LAG_DAYS} days",
-                       f"give at most '{MAX_LAG_DAYS} days', or TARGET_LAG = DOWNSTREAM")
+        raise DdlError(
+            f"TARGET_LAG '{text}' is too long: the longest lag is {MAX_LAG_DAYS} days",
+            f"give at most '{MAX_LAG_DAYS} days', or TARGET_LAG = DOWNSTREAM",
+        )
     return Lag(seconds)
 
 
@@ -159,7 +178,7 @@ def split_statements(text: str) -> list[tuple[str, list[Token]]]:
     for tok in [*_tokens(text), None]:
         if tok is None or tok.token_type == TokenType.SEMICOLON:
             if current:
-                out.append((text[current[0].start:current[-1].end + 1], current))
+                out.append((text[current[0].start : current[-1].end + 1], current))
             current = []
         else:
             current.append(tok)
@@ -209,25 +228,32 @@ class _Reader:
     def expect(self, *words: str) -> None:
         if not self.accept(*words):
             got = self.peek()
-            raise DdlError(f"expected {' '.join(words)} but found {got.text if got else 'the end'!r} in "
-                           f"`{self.text[:80]}`")
+            raise DdlError(
+                f"expected {' '.join(words)} but found {got.text if got else 'the end'!r} in `{self.text[:80]}`"
+            )
 
     def name(self) -> str:
         parts = []
         while True:
             tok = self.take()
-            if tok is None or tok.token_type not in (TokenType.VAR, TokenType.IDENTIFIER) and not tok.text.isidentifier():
+            if tok is None or (
+                tok.token_type not in (TokenType.VAR, TokenType.IDENTIFIER) and not tok.text.isidentifier()
+            ):
                 raise DdlError(f"expected a table name ([schema.]name) in `{self.text[:80]}`")
             if "." in tok.text or not tok.text:
-                raise DdlError(f"'{tok.text}' is not a dynamic table name",
-                               "name it as table or schema.table of the lake, without dots inside a name")
+                raise DdlError(
+                    f"'{tok.text}' is not a dynamic table name",
+                    "name it as table or schema.table of the lake, without dots inside a name",
+                )
             parts.append(tok.text)
             if _word(self.peek()) != ".":
                 break
             self.take()
         if len(parts) > 2:
-            raise DdlError(f"'{'.'.join(parts)}' is not a dynamic table name",
-                           "name it as table or schema.table of the lake, e.g. main.daily_revenue")
+            raise DdlError(
+                f"'{'.'.join(parts)}' is not a dynamic table name",
+                "name it as table or schema.table of the lake, e.g. main.daily_revenue",
+            )
         return ".".join(parts if len(parts) == 2 else ["main", *parts]).lower()
 
     def value(self) -> Token:
@@ -245,7 +271,9 @@ class _Reader:
 def _lag(tok: Token) -> Lag:
     if tok.token_type == TokenType.STRING or _word(tok) == DOWNSTREAM:
         return parse_lag(tok.text)
-    raise DdlError(f"TARGET_LAG = {tok.text} is not a lag", "quote it, e.g. TARGET_LAG = '5 minutes', or write DOWNSTREAM")
+    raise DdlError(
+        f"TARGET_LAG = {tok.text} is not a lag", "quote it, e.g. TARGET_LAG = '5 minutes', or write DOWNSTREAM"
+    )
 
 
 def parse_statement(text: str, tokens: list[Token] | None = None) -> Statement:
@@ -279,14 +307,17 @@ def parse_statement(text: str, tokens: list[Token] | None = None) -> Statement:
         tok = r.take()
         key = _word(tok)
         if key not in ("TARGET_LAG", "REFRESH_MODE", "INITIALIZE"):
-            raise DdlError(f"unknown property {tok.text if tok else 'nothing'!r} of dynamic table {name} (expected "
-                           "TARGET_LAG, REFRESH_MODE, INITIALIZE or AS SELECT ...)")
+            raise DdlError(
+                f"unknown property {tok.text if tok else 'nothing'!r} of dynamic table {name} (expected "
+                "TARGET_LAG, REFRESH_MODE, INITIALIZE or AS SELECT ...)"
+            )
         if key in props:
             raise DdlError(f"{key} is given twice for dynamic table {name}")
         props[key] = r.value()
     if "TARGET_LAG" not in props:
-        raise DdlError(f"dynamic table {name} has no TARGET_LAG",
-                       "add TARGET_LAG = '5 minutes' (or DOWNSTREAM) before AS SELECT")
+        raise DdlError(
+            f"dynamic table {name} has no TARGET_LAG", "add TARGET_LAG = '5 minutes' (or DOWNSTREAM) before AS SELECT"
+        )
     mode = _word(props.get("REFRESH_MODE")) or "AUTO"
     init = _word(props.get("INITIALIZE")) or "ON_CREATE"
     if mode not in MODES:
@@ -296,22 +327,26 @@ def parse_statement(text: str, tokens: list[Token] | None = None) -> Statement:
     first = r.peek()
     if first is None:
         raise DdlError(f"dynamic table {name} has no query after AS")
-    query = text[first.start - tokens[0].start:]  # token offsets count from the start of the text tokenized
+    query = text[first.start - tokens[0].start :]  # token offsets count from the start of the text tokenized
     try:
         select = sqlglot.parse_one(query, read=DIALECT)
     except ParseError as exc:
-        raise DdlError(f"the query of dynamic table {name} does not parse ({str(exc).splitlines()[0]})",
-                       "fix the SELECT after AS") from None
+        raise DdlError(
+            f"the query of dynamic table {name} does not parse ({str(exc).splitlines()[0]})", "fix the SELECT after AS"
+        ) from None
     while isinstance(select, exp.Subquery) and not select.alias:  # AS (SELECT ...)
         select = select.this
     if not isinstance(select, exp.Query):
-        raise DdlError(f"dynamic table {name} is defined by a {select.key.upper()} statement, not a query",
-                       "write AS SELECT ...")
+        raise DdlError(
+            f"dynamic table {name} is defined by a {select.key.upper()} statement, not a query", "write AS SELECT ..."
+        )
     random = random_calls(select, query)
     if random:
-        raise DdlError(f"the query of dynamic table {name} calls {', '.join(random)}, which is not deterministic "
-                       "(a new answer on every run): no refresh could equal the query run in full",
-                       f"keep {random[0]} out of a dynamic table: store its values in a table the query reads")
+        raise DdlError(
+            f"the query of dynamic table {name} calls {', '.join(random)}, which is not deterministic "
+            "(a new answer on every run): no refresh could equal the query run in full",
+            f"keep {random[0]} out of a dynamic table: store its values in a table the query reads",
+        )
     return CreateDynamicTable(name, _lag(props["TARGET_LAG"]), query.strip(), select, mode, init, or_replace, text)
 
 
@@ -320,8 +355,10 @@ def parse(text: str) -> list[Statement]:
     parsed = []
     for stmt_text, tokens in split_statements(text):
         if not is_dynamic(tokens):
-            raise DdlError(f"`{stmt_text[:60]}` is not a dynamic-table statement",
-                           "run other SQL with `sql`; a file for `dynamic create` holds CREATE DYNAMIC TABLE statements")
+            raise DdlError(
+                f"`{stmt_text[:60]}` is not a dynamic-table statement",
+                "run other SQL with `sql`; a file for `dynamic create` holds CREATE DYNAMIC TABLE statements",
+            )
         parsed.append(parse_statement(stmt_text, tokens))
     if not parsed:
         raise DdlError("no statement given", SYNTAX_FIX)

@@ -7,20 +7,40 @@ from __future__ import annotations
 import graphlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import duckdb
 
 from ducklake_kit.dynamic_tables import ddl
 from ducklake_kit.dynamic_tables import plan as planner
-from ducklake_kit.dynamic_tables.metadata import (ACTIVE, FAILED, SKIPPED, SUCCEEDED, SUSPENDED, Definition,
-                                                  Metadata, Refresh)
-from ducklake_kit.dynamic_tables.refresh import (FULL, LOCK_WAIT_S, Refresher, columns_of, lock_key, named, new_definition_id,
-                                                 parse_query, reflected, snapshot_time, sql, target)
+from ducklake_kit.dynamic_tables.metadata import (
+    ACTIVE,
+    FAILED,
+    SKIPPED,
+    SUCCEEDED,
+    SUSPENDED,
+    Definition,
+    Metadata,
+    Refresh,
+)
+from ducklake_kit.dynamic_tables.refresh import (
+    FULL,
+    LOCK_WAIT_S,
+    Refresher,
+    columns_of,
+    lock_key,
+    named,
+    new_definition_id,
+    parse_query,
+    reflected,
+    snapshot_time,
+    sql,
+    target,
+)
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, StatementResult
-from ducklake_kit.lake.sql import quote_ident, schema_exists
 from ducklake_kit.lake.locks import advisory_lock
+from ducklake_kit.lake.sql import quote_ident, schema_exists
 from ducklake_kit.lake.transactions import commit_with
 
 SUSPEND_AFTER_FAILURES = 5  # consecutive failed refreshes that suspend a table (ALTER ... RESUME starts it again)
@@ -35,8 +55,10 @@ def get(meta: Metadata, name: str) -> Definition:
     d = meta.get(name.lower())
     if d is None:
         known = ", ".join(x.name for x in meta.all()) or "none yet"
-        raise KitError(f"there is no dynamic table {name} (dynamic tables: {known})",
-                       "create it with `dynamic create FILE` or list them with `dynamic list`")
+        raise KitError(
+            f"there is no dynamic table {name} (dynamic tables: {known})",
+            "create it with `dynamic create FILE` or list them with `dynamic list`",
+        )
     return d
 
 
@@ -46,7 +68,7 @@ def upstream(meta: Metadata, name: str) -> set[str]:
     todo = [name]
     while todo:
         d = meta.get(todo.pop())
-        for dep in (d.depends_on if d else []):
+        for dep in d.depends_on if d else []:
             if dep not in seen:
                 seen.add(dep)
                 todo.append(dep)
@@ -77,8 +99,10 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
         raise KitError(f"{name} is a table of the lake, not a dynamic table", "choose another name")
     for source in planner.all_sources(stmt.select, lake.alias):
         if not _exists(lake, source):
-            raise KitError(f"dynamic table {name} reads {source}, which does not exist in the lake",
-                           "create or load it first (`sql \"SHOW ALL TABLES\"` lists the tables)")
+            raise KitError(
+                f"dynamic table {name} reads {source}, which does not exist in the lake",
+                'create or load it first (`sql "SHOW ALL TABLES"` lists the tables)',
+            )
         if source == name:
             raise KitError(f"dynamic table {name} reads itself", "read other tables")
     now = lake.current_snapshot()
@@ -86,17 +110,23 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
     try:
         described = lake.con.execute(f"DESCRIBE {sql(pinned)}").fetchall()
     except duckdb.Error as exc:
-        raise KitError(f"the query of dynamic table {name} fails: {first_line(exc)}", "fix the SELECT after AS") from None
+        raise KitError(
+            f"the query of dynamic table {name} fails: {first_line(exc)}", "fix the SELECT after AS"
+        ) from None
     columns = [r[0] for r in described]
     if len({c.lower() for c in columns}) != len(columns):
-        raise KitError(f"the query of dynamic table {name} gives two columns of one name ({', '.join(columns)})",
-                       "give each column its own alias")
+        raise KitError(
+            f"the query of dynamic table {name} gives two columns of one name ({', '.join(columns)})",
+            "give each column its own alias",
+        )
     types = {r[0]: r[1] for r in described}
     source_columns = {c.lower() for s in planner.all_sources(stmt.select, lake.alias) for c, _ in columns_of(lake, s)}
     plan = planner.analyze(stmt.select, columns, lake.alias, types=types, source_columns=source_columns)
     if stmt.refresh_mode == "INCREMENTAL" and not plan.incremental:
-        raise KitError(f"dynamic table {name} cannot be refreshed incrementally: {plan.explain()}",
-                       "use REFRESH_MODE = AUTO (a full refresh) or rewrite the query")
+        raise KitError(
+            f"dynamic table {name} cannot be refreshed incrementally: {plan.explain()}",
+            "use REFRESH_MODE = AUTO (a full refresh) or rewrite the query",
+        )
     sources = plan.sources
     depends_on = [s for s in sources if meta.get(s) is not None]
     for dep in depends_on:
@@ -106,17 +136,32 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
         blockers = meta.dependents(name)
         if blockers:
             raise KitError(f"dynamic table {name} is read by {', '.join(blockers)}", "drop or replace those first")
-    d = Definition(name=name, definition_id=new_definition_id(), query=stmt.query, ddl=stmt.text.strip(),
-                   lag_seconds=stmt.lag.seconds, refresh_mode=stmt.refresh_mode, initialize=stmt.initialize,
-                   status=ACTIVE, plan_kind=plan.kind, plan=plan.explain(), reason=plan.reason, columns=columns,
-                   consecutive_failures=0, data_snapshot=None, data_timestamp=None,
-                   created_at=datetime.now(timezone.utc), updated_at=datetime.now(timezone.utc),
-                   sources=dict.fromkeys(sources), depends_on=depends_on)
+    d = Definition(
+        name=name,
+        definition_id=new_definition_id(),
+        query=stmt.query,
+        ddl=stmt.text.strip(),
+        lag_seconds=stmt.lag.seconds,
+        refresh_mode=stmt.refresh_mode,
+        initialize=stmt.initialize,
+        status=ACTIVE,
+        plan_kind=plan.kind,
+        plan=plan.explain(),
+        reason=plan.reason,
+        columns=columns,
+        consecutive_failures=0,
+        data_snapshot=None,
+        data_timestamp=None,
+        created_at=datetime.now(UTC),
+        updated_at=datetime.now(UTC),
+        sources=dict.fromkeys(sources),
+        depends_on=depends_on,
+    )
     query = sql(named(pinned, columns))
     if stmt.initialize == "ON_SCHEDULE":
         query = f"SELECT * FROM ({query}) AS __q LIMIT 0"
-    schema, table = name.split(".")
-    started = datetime.now(timezone.utc)
+    schema, _table = name.split(".")
+    started = datetime.now(UTC)
     counts = []
 
     def make(con: duckdb.DuckDBPyConnection) -> None:
@@ -126,23 +171,43 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
         counts.append(int(con.execute(f"SELECT count(*) FROM {target(lake, name)}").fetchone()[0]))
 
     read = now if stmt.initialize == "ON_CREATE" else None
-    made = commit_with(lake, make, f"dynamic table {name}: created",
-                       extra={"dynamic_table": name, "definition": d.definition_id, "read": read, "mode": FULL,
-                              "trigger": "create"})
+    made = commit_with(
+        lake,
+        make,
+        f"dynamic table {name}: created",
+        extra={"dynamic_table": name, "definition": d.definition_id, "read": read, "mode": FULL, "trigger": "create"},
+    )
     try:
         meta.create(d, replace=old is not None)
     except Exception:  # a table nobody knows is a dynamic table would block the name: take it back
-        commit_with(lake, lambda con: con.execute(f"DROP TABLE IF EXISTS {target(lake, name)}"),
-                    f"dynamic table {name}: creation undone (its definition could not be recorded)")
+        commit_with(
+            lake,
+            lambda con: con.execute(f"DROP TABLE IF EXISTS {target(lake, name)}"),
+            f"dynamic table {name}: creation undone (its definition could not be recorded)",
+        )
         raise
     if read is None:
         return None
-    finished = datetime.now(timezone.utc)
-    return meta.record(Refresh(name, d.definition_id, "create", SUCCEEDED, started, finished,
-                               duration_ms=round((finished - started).total_seconds() * 1000, 1),
-                               mode=FULL, reason="INITIAL: created", rows_inserted=counts[0], rows_deleted=0,
-                               snapshots_read=dict.fromkeys(sources, now), read_snapshot=now,
-                               commit_snapshot=made.snapshot_id, data_timestamp=snapshot_time(lake, now)))
+    finished = datetime.now(UTC)
+    return meta.record(
+        Refresh(
+            name,
+            d.definition_id,
+            "create",
+            SUCCEEDED,
+            started,
+            finished,
+            duration_ms=round((finished - started).total_seconds() * 1000, 1),
+            mode=FULL,
+            reason="INITIAL: created",
+            rows_inserted=counts[0],
+            rows_deleted=0,
+            snapshots_read=dict.fromkeys(sources, now),
+            read_snapshot=now,
+            commit_snapshot=made.snapshot_id,
+            data_timestamp=snapshot_time(lake, now),
+        )
+    )
 
 
 def drop(lake: Lake, meta: Metadata, name: str, *, if_exists: bool = False) -> bool:
@@ -158,8 +223,9 @@ def drop(lake: Lake, meta: Metadata, name: str, *, if_exists: bool = False) -> b
         raise KitError(f"dynamic table {d.name} is read by {', '.join(readers)}", "drop those first")
     with _locked(lake, d.name):
         if _exists(lake, d.name):
-            commit_with(lake, lambda con: con.execute(f"DROP TABLE {target(lake, d.name)}"),
-                        f"dynamic table {d.name}: dropped")
+            commit_with(
+                lake, lambda con: con.execute(f"DROP TABLE {target(lake, d.name)}"), f"dynamic table {d.name}: dropped"
+            )
         meta.drop(d.name)
     return True
 
@@ -188,8 +254,15 @@ class Batch:
         return [r for r in self.refreshes if r.status == FAILED]
 
 
-def refresh_many(lake: Lake, meta: Metadata, names: list[str] | None = None, *, trigger: str = "manual",
-                 refresher: Refresher | None = None, include_suspended: bool = True) -> Batch:
+def refresh_many(
+    lake: Lake,
+    meta: Metadata,
+    names: list[str] | None = None,
+    *,
+    trigger: str = "manual",
+    refresher: Refresher | None = None,
+    include_suspended: bool = True,
+) -> Batch:
     """Refresh `names` (all when None) and the dynamic tables they read, upstream first; each in its own
     transaction. A table whose upstream failed is skipped (recorded with the reason); the others go on."""
     refresher = refresher or Refresher(lake, meta)
@@ -203,10 +276,10 @@ def refresh_many(lake: Lake, meta: Metadata, names: list[str] | None = None, *, 
     broken: dict[str, str] = {}  # table -> why its dependents are skipped
     for n in graph.static_order():
         d = every[n]
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         bad = [x for x in d.depends_on if x in broken]
         if bad or (d.status == SUSPENDED and not include_suspended):
-            why = (f"upstream dynamic table {bad[0]} {broken[bad[0]]}" if bad else "suspended")
+            why = f"upstream dynamic table {bad[0]} {broken[bad[0]]}" if bad else "suspended"
             batch.refreshes.append(meta.record(Refresh(n, d.definition_id, trigger, SKIPPED, now, now, reason=why)))
             broken[n] = "was skipped"
             continue
@@ -257,8 +330,11 @@ def execute(lake: Lake, meta: Metadata, stmt: ddl.Statement) -> StatementResult:
         return StatementResult("SHOW", ["name", "status", "target_lag", "refresh_mode", "plan", "data_snapshot"], rows)
     if isinstance(stmt, ddl.CreateDynamicTable):
         first = create(lake, meta, stmt)
-        return StatementResult("CREATE", ["name", "rows", "plan"],
-                               [(stmt.name, first.rows_inserted if first else 0, meta.get(stmt.name).plan)])
+        return StatementResult(
+            "CREATE",
+            ["name", "rows", "plan"],
+            [(stmt.name, first.rows_inserted if first else 0, meta.get(stmt.name).plan)],
+        )
     if isinstance(stmt, ddl.DropDynamicTable):
         dropped = drop(lake, meta, stmt.name, if_exists=stmt.if_exists)
         return StatementResult("DROP", ["name", "dropped"], [(stmt.name, dropped)])
@@ -267,8 +343,11 @@ def execute(lake: Lake, meta: Metadata, stmt: ddl.Statement) -> StatementResult:
     if failed:
         raise KitError(f"refresh of {failed[0].name} failed: {failed[0].error}", "see `dynamic history`")
     d = get(meta, stmt.name)
-    return StatementResult("ALTER", ["name", "status", "target_lag", "refreshed"],
-                           [(d.name, d.status, d.lag, ", ".join(f"{r.name} {r.status}" for r in refreshes) or None)])
+    return StatementResult(
+        "ALTER",
+        ["name", "status", "target_lag", "refreshed"],
+        [(d.name, d.status, d.lag, ", ".join(f"{r.name} {r.status}" for r in refreshes) or None)],
+    )
 
 
 def run_text(lake: Lake, meta: Metadata, text: str) -> list[StatementResult]:
@@ -276,6 +355,7 @@ def run_text(lake: Lake, meta: Metadata, text: str) -> list[StatementResult]:
     as `Lake.run` would."""
     results: list[StatementResult] = []
     for part, tokens in ddl.split_statements(text):
-        results += [execute(lake, meta, ddl.parse_statement(part, tokens))] if ddl.is_dynamic(tokens) \
-            else lake.run(part)
+        results += (
+            [execute(lake, meta, ddl.parse_statement(part, tokens))] if ddl.is_dynamic(tokens) else lake.run(part)
+        )
     return results

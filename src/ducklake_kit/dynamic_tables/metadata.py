@@ -72,6 +72,7 @@ class Definition:
     @property
     def lag(self) -> str:
         from ducklake_kit.dynamic_tables.ddl import Lag
+
         return str(Lag(self.lag_seconds))
 
 
@@ -98,7 +99,7 @@ class Refresh:
     id: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items()}
+        out = dict(self.__dict__.items())
         for k in ("started_at", "finished_at", "data_timestamp"):
             out[k] = out[k].isoformat() if out[k] else None
         return out
@@ -117,7 +118,7 @@ class Metadata:
     def close(self) -> None:
         self.conn.close()
 
-    def __enter__(self) -> "Metadata":
+    def __enter__(self) -> Metadata:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -133,10 +134,18 @@ class Metadata:
 
     def _definition(self, row: dict[str, Any]) -> Definition:
         d = Definition(**row)
-        d.sources = {r["source"]: r["read_snapshot"] for r in self.conn.execute(
-            f"SELECT source, read_snapshot FROM {SCHEMA}.sources WHERE name = %s ORDER BY source", [d.name])}
-        d.depends_on = [r["depends_on"] for r in self.conn.execute(
-            f"SELECT depends_on FROM {SCHEMA}.dependencies WHERE name = %s ORDER BY depends_on", [d.name])]
+        d.sources = {
+            r["source"]: r["read_snapshot"]
+            for r in self.conn.execute(
+                f"SELECT source, read_snapshot FROM {SCHEMA}.sources WHERE name = %s ORDER BY source", [d.name]
+            )
+        }
+        d.depends_on = [
+            r["depends_on"]
+            for r in self.conn.execute(
+                f"SELECT depends_on FROM {SCHEMA}.dependencies WHERE name = %s ORDER BY depends_on", [d.name]
+            )
+        ]
         return d
 
     def create(self, d: Definition, *, replace: bool) -> None:
@@ -147,8 +156,22 @@ class Metadata:
             self.conn.execute(
                 f"INSERT INTO {SCHEMA}.definitions (name, definition_id, query, ddl, lag_seconds, refresh_mode, "
                 "initialize, status, plan_kind, plan, reason, columns) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, "
-                "%s, %s, %s)", [d.name, d.definition_id, d.query, d.ddl, d.lag_seconds, d.refresh_mode, d.initialize,
-                                d.status, d.plan_kind, d.plan, d.reason, json.dumps(d.columns)])
+                "%s, %s, %s)",
+                [
+                    d.name,
+                    d.definition_id,
+                    d.query,
+                    d.ddl,
+                    d.lag_seconds,
+                    d.refresh_mode,
+                    d.initialize,
+                    d.status,
+                    d.plan_kind,
+                    d.plan,
+                    d.reason,
+                    json.dumps(d.columns),
+                ],
+            )
             for source in d.sources:
                 self.conn.execute(f"INSERT INTO {SCHEMA}.sources (name, source) VALUES (%s, %s)", [d.name, source])
             for dep in d.depends_on:
@@ -162,12 +185,17 @@ class Metadata:
 
     def set(self, name: str, **values: Any) -> None:
         cols = ", ".join(f"{k} = %s" for k in values)
-        self.conn.execute(f"UPDATE {SCHEMA}.definitions SET {cols}, updated_at = now() WHERE name = %s",
-                          [*values.values(), name])
+        self.conn.execute(
+            f"UPDATE {SCHEMA}.definitions SET {cols}, updated_at = now() WHERE name = %s", [*values.values(), name]
+        )
 
     def dependents(self, name: str) -> list[str]:
-        return [r["name"] for r in self.conn.execute(
-            f"SELECT name FROM {SCHEMA}.dependencies WHERE depends_on = %s ORDER BY name", [name])]
+        return [
+            r["name"]
+            for r in self.conn.execute(
+                f"SELECT name FROM {SCHEMA}.dependencies WHERE depends_on = %s ORDER BY name", [name]
+            )
+        ]
 
     def record(self, r: Refresh) -> Refresh:
         """Write a refresh's outcome; a successful one also moves the table's data snapshot and its sources'."""
@@ -177,28 +205,56 @@ class Metadata:
                 "rows_inserted, rows_deleted, snapshots_read, read_snapshot, commit_snapshot, data_timestamp, "
                 "started_at, finished_at, duration_ms, error) VALUES "
                 "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-                [r.name, r.definition_id, r.trigger, r.status, r.mode, r.reason, r.rows_inserted, r.rows_deleted,
-                 json.dumps(r.snapshots_read) if r.snapshots_read is not None else None, r.read_snapshot,
-                 r.commit_snapshot, r.data_timestamp, r.started_at, r.finished_at, r.duration_ms, r.error]).fetchone()
+                [
+                    r.name,
+                    r.definition_id,
+                    r.trigger,
+                    r.status,
+                    r.mode,
+                    r.reason,
+                    r.rows_inserted,
+                    r.rows_deleted,
+                    json.dumps(r.snapshots_read) if r.snapshots_read is not None else None,
+                    r.read_snapshot,
+                    r.commit_snapshot,
+                    r.data_timestamp,
+                    r.started_at,
+                    r.finished_at,
+                    r.duration_ms,
+                    r.error,
+                ],
+            ).fetchone()
             r.id = row["id"]
             current = "name = %s AND definition_id = %s"
             if r.status in (SUCCEEDED, NO_DATA):
-                self.conn.execute(f"UPDATE {SCHEMA}.definitions SET data_snapshot = %s, data_timestamp = %s, "
-                                  f"consecutive_failures = 0, updated_at = now() WHERE {current}",
-                                  [r.read_snapshot, r.data_timestamp, r.name, r.definition_id])
+                self.conn.execute(
+                    f"UPDATE {SCHEMA}.definitions SET data_snapshot = %s, data_timestamp = %s, "
+                    f"consecutive_failures = 0, updated_at = now() WHERE {current}",
+                    [r.read_snapshot, r.data_timestamp, r.name, r.definition_id],
+                )
                 for source, snap in (r.snapshots_read or {}).items():
-                    self.conn.execute(f"UPDATE {SCHEMA}.sources SET read_snapshot = %s WHERE name = %s AND source = %s",
-                                      [snap, r.name, source])
+                    self.conn.execute(
+                        f"UPDATE {SCHEMA}.sources SET read_snapshot = %s WHERE name = %s AND source = %s",
+                        [snap, r.name, source],
+                    )
             elif r.status == FAILED:
-                self.conn.execute(f"UPDATE {SCHEMA}.definitions SET consecutive_failures = consecutive_failures + 1, "
-                                  f"updated_at = now() WHERE {current}", [r.name, r.definition_id])
+                self.conn.execute(
+                    f"UPDATE {SCHEMA}.definitions SET consecutive_failures = consecutive_failures + 1, "
+                    f"updated_at = now() WHERE {current}",
+                    [r.name, r.definition_id],
+                )
         return r
 
     def commit_snapshots(self, name: str, definition_id: str, since: int) -> set[int]:
         """The lake snapshots (from `since` on) that recorded refreshes of this definition made."""
-        return {r["commit_snapshot"] for r in self.conn.execute(
-            f"SELECT commit_snapshot FROM {SCHEMA}.refresh_history WHERE name = %s AND definition_id = %s "
-            "AND commit_snapshot >= %s", [name, definition_id, since])}
+        return {
+            r["commit_snapshot"]
+            for r in self.conn.execute(
+                f"SELECT commit_snapshot FROM {SCHEMA}.refresh_history WHERE name = %s AND definition_id = %s "
+                "AND commit_snapshot >= %s",
+                [name, definition_id, since],
+            )
+        }
 
     def note(self, r: Refresh, reason: str) -> None:
         """Replace the reason a recorded refresh gives (what happened after it, e.g. the table suspended)."""
@@ -208,5 +264,7 @@ class Metadata:
         """The refreshes of the table's current definition (a CREATE OR REPLACE starts a new one), newest first."""
         rows = self.conn.execute(
             f"SELECT h.* FROM {SCHEMA}.refresh_history h JOIN {SCHEMA}.definitions d USING (name, definition_id) "
-            "WHERE h.name = %s ORDER BY h.id DESC LIMIT %s", [name, limit]).fetchall()
+            "WHERE h.name = %s ORDER BY h.id DESC LIMIT %s",
+            [name, limit],
+        ).fetchall()
         return [Refresh(**r) for r in rows]

@@ -21,8 +21,14 @@ from dataclasses import dataclass, field
 
 from sqlglot import exp
 
-from ducklake_kit.dynamic_tables.ddl import (DIALECT, RANDOM_FUNCTIONS, RANDOM_NAMES, TIME_FUNCTIONS, TIME_NAMES,
-                                             DdlError)
+from ducklake_kit.dynamic_tables.ddl import (
+    DIALECT,
+    RANDOM_FUNCTIONS,
+    RANDOM_NAMES,
+    TIME_FUNCTIONS,
+    TIME_NAMES,
+    DdlError,
+)
 
 AGGREGATE, ROWS, FULL = "aggregate", "rows", "full"
 # why a query is refreshed in full (Databricks-style codes, shown by `dynamic show`)
@@ -94,8 +100,11 @@ class Plan:
             return f"{self.reason}: {REASONS[self.reason]}"
         if self.kind == ROWS:
             return "rows: inserts appended, other changes replace the affected rows"
-        how = ("inserts merged into their groups (" + ", ".join(f"{m.column}: {m.function}" for m in self.merge) + ")"
-               if self.merge is not None else f"inserts recompute their groups ({self.merge_reason})")
+        how = (
+            "inserts merged into their groups (" + ", ".join(f"{m.column}: {m.function}" for m in self.merge) + ")"
+            if self.merge is not None
+            else f"inserts recompute their groups ({self.merge_reason})"
+        )
         return f"aggregate by {', '.join(k.column for k in self.keys)}: affected groups recomputed; {how}"
 
 
@@ -104,14 +113,20 @@ def source_name(table: exp.Table, lake_alias: str) -> str:
     if not catalog and db and db.lower() == lake_alias.lower():  # `lake.trips`: the lake's main.trips
         catalog, db = db, ""
     if catalog and catalog.lower() != lake_alias.lower():
-        raise DdlError(f"the query reads {table.sql(DIALECT)}, which is not a table of the lake",
-                       f"a dynamic table reads tables of `{lake_alias}`: name them as table or schema.table")
+        raise DdlError(
+            f"the query reads {table.sql(DIALECT)}, which is not a table of the lake",
+            f"a dynamic table reads tables of `{lake_alias}`: name them as table or schema.table",
+        )
     if "." in table.name or "." in (db or ""):
-        raise DdlError(f"the query reads {table.sql(DIALECT)}, a name with a dot in it",
-                       "name the lake's tables as table or schema.table, without dots inside a name")
+        raise DdlError(
+            f"the query reads {table.sql(DIALECT)}, a name with a dot in it",
+            "name the lake's tables as table or schema.table, without dots inside a name",
+        )
     if table.args.get("when") is not None:
-        raise DdlError(f"the query reads {table.sql(DIALECT)} at a version of its own",
-                       "drop the AT (...) clause: a dynamic table reads every source as of each refresh")
+        raise DdlError(
+            f"the query reads {table.sql(DIALECT)} at a version of its own",
+            "drop the AT (...) clause: a dynamic table reads every source as of each refresh",
+        )
     return f"{(db or 'main').lower()}.{table.name.lower()}"
 
 
@@ -157,11 +172,16 @@ def _check_shape(query: exp.Expression) -> exp.Select:
         if isinstance(node, exp.TableSample):
             raise _Full("SAMPLE")
         if isinstance(node, NONDETERMINISTIC) or (
-                isinstance(node, exp.Anonymous) and str(node.this).lower() in NONDETERMINISTIC_NAMES):
+            isinstance(node, exp.Anonymous) and str(node.this).lower() in NONDETERMINISTIC_NAMES
+        ):
             raise _Full("NONDETERMINISTIC_FUNCTION")
     for join in query.args.get("joins") or []:
-        if join.args.get("side") or join.args.get("kind") in ("SEMI", "ANTI") or join.args.get("method") \
-                or isinstance(join.this, exp.Lateral):
+        if (
+            join.args.get("side")
+            or join.args.get("kind") in ("SEMI", "ANTI")
+            or join.args.get("method")
+            or isinstance(join.this, exp.Lateral)
+        ):
             raise _Full("OUTER_JOIN")
     return query
 
@@ -181,16 +201,16 @@ def _group_keys(select: exp.Select, names: list[str], source_columns: set[str] |
         if not keys:
             raise _Full("GLOBAL_AGGREGATE")
         return keys
-    if any(group.args.get(k) for k in ("grouping_sets", "cube", "rollup")) \
-            or any(isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group.expressions):
+    if any(group.args.get(k) for k in ("grouping_sets", "cube", "rollup")) or any(
+        isinstance(g, (exp.Rollup, exp.Cube, exp.GroupingSets)) for g in group.expressions
+    ):
         raise _Full("GROUPING_SETS")
     aliases = {s.alias.lower(): i for i, s in enumerate(select.selects) if s.alias}
     keys = []
     for g in group.expressions:
         if isinstance(g, exp.Literal) and not g.is_string and g.this.isdigit() and 0 < int(g.this) <= len(items):
             i = int(g.this) - 1
-        elif isinstance(g, exp.Column) and not g.table and g.name.lower() in aliases \
-                and not any(e == g for e in items):
+        elif isinstance(g, exp.Column) and not g.table and g.name.lower() in aliases and not any(e == g for e in items):
             if source_columns is None or g.name.lower() in source_columns:
                 raise _Full("GROUP_KEY_NOT_SELECTED")  # the column, not the alias: it is not in the result
             i = aliases[g.name.lower()]
@@ -206,8 +226,9 @@ def _group_keys(select: exp.Select, names: list[str], source_columns: set[str] |
 FLOATING = {"DOUBLE", "FLOAT", "REAL"}
 
 
-def _merge_columns(select: exp.Select, names: list[str], keys: list[Key],
-                   types: dict[str, str] | None) -> tuple[list[MergeColumn] | None, str | None]:
+def _merge_columns(
+    select: exp.Select, names: list[str], keys: list[Key], types: dict[str, str] | None
+) -> tuple[list[MergeColumn] | None, str | None]:
     if select.args.get("having"):
         return None, "HAVING"
     key_columns = {k.column for k in keys}
@@ -228,8 +249,14 @@ def _merge_columns(select: exp.Select, names: list[str], keys: list[Key],
     return out, None
 
 
-def analyze(query: exp.Expression, names: list[str], lake_alias: str, *, types: dict[str, str] | None = None,
-            source_columns: set[str] | None = None) -> Plan:
+def analyze(
+    query: exp.Expression,
+    names: list[str],
+    lake_alias: str,
+    *,
+    types: dict[str, str] | None = None,
+    source_columns: set[str] | None = None,
+) -> Plan:
     """The plan of `query` (parsed by sqlglot), whose result has the columns `names` (as DuckDB names them) of
     `types` (column -> DuckDB type), reading tables whose columns are `source_columns` (lower case)."""
     read = all_sources(query, lake_alias)
@@ -240,8 +267,9 @@ def analyze(query: exp.Expression, names: list[str], lake_alias: str, *, types: 
             if any(_is_aggregate(s) for s in select.selects) or select.args.get("having"):
                 raise _Full("GLOBAL_AGGREGATE")
             return Plan(ROWS, occurrences=occ, columns=names, read=read)
-        if any(isinstance(s, exp.Star) or isinstance(s.unalias(), exp.Star) for s in select.selects) \
-                or len(select.selects) != len(names):
+        if any(isinstance(s, exp.Star) or isinstance(s.unalias(), exp.Star) for s in select.selects) or len(
+            select.selects
+        ) != len(names):
             raise _Full("STAR_WITH_AGGREGATE")
         keys = _group_keys(select, names, source_columns)
         merge, why = _merge_columns(select, names, keys, types)
@@ -262,10 +290,15 @@ def all_sources(query: exp.Expression, lake_alias: str) -> list[str]:
 
 # ---- rewriting -----------------------------------------------------------------------------------------------
 
+
 def _pinned_table(t: exp.Table, lake_alias: str, snapshot: int) -> exp.Table:
     schema, name = source_name(t, lake_alias).split(".")
-    new = exp.Table(this=exp.to_identifier(name), db=exp.to_identifier(schema), catalog=exp.to_identifier(lake_alias),
-                    when=exp.HistoricalData(this="AT", kind="VERSION", expression=exp.Literal.number(snapshot)))
+    new = exp.Table(
+        this=exp.to_identifier(name),
+        db=exp.to_identifier(schema),
+        catalog=exp.to_identifier(lake_alias),
+        when=exp.HistoricalData(this="AT", kind="VERSION", expression=exp.Literal.number(snapshot)),
+    )
     new.set("alias", exp.TableAlias(this=exp.to_identifier(t.alias_or_name)))
     return new
 
@@ -282,8 +315,11 @@ def pinned(query: exp.Expression, lake_alias: str, snapshot: int) -> exp.Express
     ctes = {c.alias_or_name.lower() for c in query.find_all(exp.CTE)}
 
     def pin(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Table) and isinstance(node.this, exp.Identifier) \
-                and not (not node.db and node.name.lower() in ctes):
+        if (
+            isinstance(node, exp.Table)
+            and isinstance(node.this, exp.Identifier)
+            and not (not node.db and node.name.lower() in ctes)
+        ):
             return _pinned_table(node, lake_alias, snapshot)
         return node
 
@@ -320,7 +356,11 @@ def key_select(select: exp.Select, keys: list[Key]) -> exp.Select:
 
 def restricted(select: exp.Select, keys: list[Key], keys_table: str) -> exp.Select:
     """The query limited, before grouping, to the groups listed in temporary table `keys_table`."""
-    match = exp.and_(*[exp.NullSafeEQ(this=k.expr.copy(), expression=exp.column(key_column(i), "__k", quoted=True))
-                       for i, k in enumerate(keys)])
+    match = exp.and_(
+        *[
+            exp.NullSafeEQ(this=k.expr.copy(), expression=exp.column(key_column(i), "__k", quoted=True))
+            for i, k in enumerate(keys)
+        ]
+    )
     sub = exp.select("1").from_(temp_table(keys_table, "__k")).where(match)
     return select.copy().where(exp.Exists(this=sub))

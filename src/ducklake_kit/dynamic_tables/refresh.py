@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import duckdb
 import psycopg
@@ -64,8 +64,11 @@ def named(query: exp.Expression, names: list[str]) -> exp.Expression:
     """The query with each select item aliased to the column name the table has (as DuckDB first named it), so
     every rewritten form of it gives the same names. A `*` is left alone."""
     out = query.copy()
-    if isinstance(out, exp.Select) and len(out.selects) == len(names) \
-            and not any(isinstance(s.unalias(), exp.Star) for s in out.selects):
+    if (
+        isinstance(out, exp.Select)
+        and len(out.selects) == len(names)
+        and not any(isinstance(s.unalias(), exp.Star) for s in out.selects)
+    ):
         out.set("expressions", [exp.alias_(s.unalias(), n, quoted=True) for s, n in zip(out.selects, names)])
     return out
 
@@ -79,17 +82,23 @@ def lake_commits(lake: Lake, d: Definition, after: int | None = None) -> list[tu
     oldest first; only commits after snapshot `after` are searched (the filter goes to PostgreSQL: the catalog
     keeps every snapshot)."""
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
-    rows = lake.con.execute(f"SELECT snapshot_id, commit_extra_info FROM {meta}.ducklake_snapshot_changes "
-                            "WHERE snapshot_id > ? AND commit_extra_info IS NOT NULL ORDER BY snapshot_id",
-                            [after if after is not None else -1]).fetchall()
+    rows = lake.con.execute(
+        f"SELECT snapshot_id, commit_extra_info FROM {meta}.ducklake_snapshot_changes "
+        "WHERE snapshot_id > ? AND commit_extra_info IS NOT NULL ORDER BY snapshot_id",
+        [after if after is not None else -1],
+    ).fetchall()
     out = []
     for snapshot, info in rows:
         try:
             extra = json.loads(info)
         except ValueError:  # another writer's own extra info
             continue
-        if isinstance(extra, dict) and extra.get("dynamic_table") == d.name \
-                and extra.get("definition") == d.definition_id and isinstance(extra.get("read"), int):
+        if (
+            isinstance(extra, dict)
+            and extra.get("dynamic_table") == d.name
+            and extra.get("definition") == d.definition_id
+            and isinstance(extra.get("read"), int)
+        ):
             out.append((int(snapshot), extra))
     return out
 
@@ -97,9 +106,14 @@ def lake_commits(lake: Lake, d: Definition, after: int | None = None) -> list[tu
 def columns_of(lake: Lake, name: str) -> list[tuple[str, str]]:
     """(column, DuckDB type) of lake table `schema.table` now, in order (names matched case-insensitively)."""
     schema, table = name.split(".")
-    return [(r[0], r[1]) for r in lake.con.execute(
-        "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = ? AND lower(schema_name) = ? "
-        "AND lower(table_name) = ? ORDER BY column_index", [lake.alias, schema.lower(), table.lower()]).fetchall()]
+    return [
+        (r[0], r[1])
+        for r in lake.con.execute(
+            "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = ? AND lower(schema_name) = ? "
+            "AND lower(table_name) = ? ORDER BY column_index",
+            [lake.alias, schema.lower(), table.lower()],
+        ).fetchall()
+    ]
 
 
 def analyze(lake: Lake, query: exp.Expression, name: str, columns: list[str]) -> planner.Plan:
@@ -115,12 +129,14 @@ def table_id_at(lake: Lake, source: str, snapshot: int) -> int | None:
     again under the same name has a new id, and its change feed knows nothing of the old one's rows."""
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
     schema, table = source.split(".")
-    row = lake.con.execute(f"""
+    row = lake.con.execute(
+        f"""
         SELECT t.table_id FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s USING (schema_id)
         WHERE lower(s.schema_name) = ? AND lower(t.table_name) = ?
           AND t.begin_snapshot <= ? AND (t.end_snapshot IS NULL OR t.end_snapshot > ?)
           AND s.begin_snapshot <= ? AND (s.end_snapshot IS NULL OR s.end_snapshot > ?)""",
-                           [schema.lower(), table.lower(), snapshot, snapshot, snapshot, snapshot]).fetchone()
+        [schema.lower(), table.lower(), snapshot, snapshot, snapshot, snapshot],
+    ).fetchone()
     return int(row[0]) if row else None
 
 
@@ -179,8 +195,11 @@ class Refresher:
         cols = ", ".join(quote_ident(c) for c in columns)
         self._temp(feed, f"SELECT {cols}, change_type AS __change FROM {changes_sql(self.lake, source, start, end)}")
         qfeed = f"temp.main.{quote_ident(feed)}"
-        kinds = dict(self.con.execute(f"SELECT __change IN ({', '.join(map(quote_literal, PRE))}), count(*) FROM {qfeed} "
-                                      "GROUP BY ALL").fetchall())
+        kinds = dict(
+            self.con.execute(
+                f"SELECT __change IN ({', '.join(map(quote_literal, PRE))}), count(*) FROM {qfeed} GROUP BY ALL"
+            ).fetchall()
+        )
         lost, gained = int(kinds.get(True, 0)), int(kinds.get(False, 0))
         if not lost or not gained:  # one side only: nothing to net, and no copy (dropping a column is ~1 ms)
             self.con.execute(f"ALTER TABLE {qfeed} DROP COLUMN __change")
@@ -191,8 +210,10 @@ class Refresher:
         try:
             lost_sql = f"SELECT {cols} FROM {qfeed} WHERE __change IN ({', '.join(map(quote_literal, PRE))})"
             gained_sql = f"SELECT {cols} FROM {qfeed} WHERE __change IN ({', '.join(map(quote_literal, POST))})"
-            return (self._temp(pre, f"{lost_sql} EXCEPT ALL {gained_sql}"),
-                    self._temp(post, f"{gained_sql} EXCEPT ALL {lost_sql}"))
+            return (
+                self._temp(pre, f"{lost_sql} EXCEPT ALL {gained_sql}"),
+                self._temp(post, f"{gained_sql} EXCEPT ALL {lost_sql}"),
+            )
         finally:
             self._drop_temps([feed])
 
@@ -205,15 +226,16 @@ class Refresher:
         refs = {o.ref for o in plan.occurrences if o.source == source}
         all_refs = {o.ref for o in plan.occurrences}
         for node in select.walk():
-            if isinstance(node, exp.Star) and not isinstance(node.parent, exp.Count) or isinstance(node, exp.Columns):
+            if (isinstance(node, exp.Star) and not isinstance(node.parent, exp.Count)) or isinstance(node, exp.Columns):
                 return every
             if isinstance(node, exp.Join) and node.args.get("using"):
                 return every
-            if isinstance(node, exp.Column) and ((node.table and node.table.lower() not in all_refs)
-                                                 or (not node.table and node.name.lower() in all_refs)):
+            if isinstance(node, exp.Column) and (
+                (node.table and node.table.lower() not in all_refs)
+                or (not node.table and node.name.lower() in all_refs)
+            ):
                 return every
-        named = {c.name.lower() for c in select.find_all(exp.Column)
-                 if not c.table or c.table.lower() in refs}
+        named = {c.name.lower() for c in select.find_all(exp.Column) if not c.table or c.table.lower() in refs}
         return [c for c in every if c.lower() in named] or every
 
     def sources_changed(self, sources: list[str], start: int, end: int) -> bool:
@@ -230,15 +252,17 @@ class Refresher:
         new = sql(planner.pinned(query, self.lake.alias, snapshot))
         return Work(FULL, reason), [("delete_all", None), ("insert", new)]
 
-    def decide(self, d: Definition, query: exp.Expression, plan: planner.Plan, prev: int | None, now: int,
-               temps: list[str]) -> tuple[Work, list] | None:
+    def decide(
+        self, d: Definition, query: exp.Expression, plan: planner.Plan, prev: int | None, now: int, temps: list[str]
+    ) -> tuple[Work, list] | None:
         """The refresh's mode and the statements it needs (None: nothing to do)."""
         if prev is None:
             return self._full(query, now, "INITIAL: the first refresh")
         replaced = [s for s in plan.sources if table_id_at(self.lake, s, prev) != table_id_at(self.lake, s, now)]
         if replaced:  # dropped and created again: its change feed knows nothing of the old table's rows
-            return self._full(query, now, f"SOURCE_REPLACED: {', '.join(replaced)} is not the table it was at "
-                                          f"snapshot {prev}")
+            return self._full(
+                query, now, f"SOURCE_REPLACED: {', '.join(replaced)} is not the table it was at snapshot {prev}"
+            )
         if d.refresh_mode == FULL or not plan.incremental:
             if not self.sources_changed(plan.sources, prev + 1, now):
                 return None
@@ -252,12 +276,15 @@ class Refresher:
             for j, source in enumerate(plan.sources):
                 pre[source], post[source] = f"__dt_pre_{j}", f"__dt_post_{j}"
                 temps += [pre[source], post[source]]
-                counts[source] = self._changes(source, prev + 1, now, pre[source], post[source],
-                                               self._read_columns(source, select, plan))
+                counts[source] = self._changes(
+                    source, prev + 1, now, pre[source], post[source], self._read_columns(source, select, plan)
+                )
         except duckdb.Error as exc:
             if d.refresh_mode == INCREMENTAL:
-                raise KitError(f"the change feed of {d.name}'s sources cannot be read ({first_line(exc)})",
-                               "re-create it with REFRESH_MODE = AUTO or FULL (CREATE OR REPLACE DYNAMIC TABLE ...)") from None
+                raise KitError(
+                    f"the change feed of {d.name}'s sources cannot be read ({first_line(exc)})",
+                    "re-create it with REFRESH_MODE = AUTO or FULL (CREATE OR REPLACE DYNAMIC TABLE ...)",
+                ) from None
             return self._full(query, now, f"CHANGE_FEED_UNREADABLE: {first_line(exc)}")
         if not any(a or b for a, b in counts.values()):
             return None
@@ -277,8 +304,11 @@ class Refresher:
         if plan.kind == planner.AGGREGATE and insert_only and plan.merge is not None:
             return self._merge(d, plan, terms(post, prev, now), temps)
         # affected keys: pre-images against the old snapshot, post-images against the new one
-        keys = plan.keys if plan.kind == planner.AGGREGATE else [planner.Key(c, exp.column(c, "__q", quoted=True))
-                                                                 for c in plan.columns]
+        keys = (
+            plan.keys
+            if plan.kind == planner.AGGREGATE
+            else [planner.Key(c, exp.column(c, "__q", quoted=True)) for c in plan.columns]
+        )
         if plan.kind == planner.AGGREGATE:
             parts = [planner.key_select(t, keys) for t in terms(pre, prev, prev) + terms(post, now, now)]
             affected_sql = " UNION ".join(sql(p) for p in parts)
@@ -291,15 +321,18 @@ class Refresher:
         size = int(self.con.execute(f"SELECT count(*) FROM {target(self.lake, d.name)}").fetchone()[0])
         what = "groups" if plan.kind == planner.AGGREGATE else "distinct rows"
         if d.refresh_mode != INCREMENTAL and affected > self.full_share * max(size, 1) and size > 0:
-            return self._full(query, now, f"AFFECTED_KEYS_SHARE: {affected} affected {what} of {size} rows "
-                                          f"(> {self.full_share:.0%})")
+            return self._full(
+                query, now, f"AFFECTED_KEYS_SHARE: {affected} affected {what} of {size} rows (> {self.full_share:.0%})"
+            )
         if plan.kind == planner.AGGREGATE:
             new = sql(planner.restricted(planner.pinned(select, self.lake.alias, now), keys, "__dt_keys"))
         else:
             inner = planner.pinned(select, self.lake.alias, now).subquery("__q")
             new = sql(planner.restricted(exp.select("*").from_(inner), keys, "__dt_keys"))
-        statements = [("delete_keys", ("__dt_keys", [(k.column, planner.key_column(i)) for i, k in enumerate(keys)])),
-                      ("insert", new)]
+        statements = [
+            ("delete_keys", ("__dt_keys", [(k.column, planner.key_column(i)) for i, k in enumerate(keys)])),
+            ("insert", new),
+        ]
         return Work(INCREMENTAL, f"{affected} affected {what} recomputed"), statements
 
     def _merge(self, d: Definition, plan: planner.Plan, terms: list[exp.Select], temps: list[str]) -> tuple[Work, list]:
@@ -307,26 +340,34 @@ class Refresher:
         and the aggregates of the new rows alone."""
         keys = [quote_ident(k.column) for k in plan.keys]
         combine = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
-        cols = ", ".join(keys + [f"{combine[m.function]}({quote_ident(m.column)}) AS {quote_ident(m.column)}"
-                                 for m in plan.merge])
+        cols = ", ".join(
+            keys + [f"{combine[m.function]}({quote_ident(m.column)}) AS {quote_ident(m.column)}" for m in plan.merge]
+        )
         union = " UNION ALL ".join(sql(t) for t in terms)
         groups = self._temp("__dt_delta", f"SELECT {cols} FROM ({union}) AS __d GROUP BY ALL")
         temps.append("__dt_delta")
         on = " AND ".join(f"__d.{k} IS NOT DISTINCT FROM __o.{k}" for k in keys) or "TRUE"
-        merged = {"sum": "CASE WHEN __o.{c} IS NULL THEN __d.{c} WHEN __d.{c} IS NULL THEN __o.{c} "
-                         "ELSE __o.{c} + __d.{c} END",
-                  "count": "coalesce(__o.{c}, 0) + __d.{c}", "min": "least(__o.{c}, __d.{c})",
-                  "max": "greatest(__o.{c}, __d.{c})"}
+        merged = {
+            "sum": "CASE WHEN __o.{c} IS NULL THEN __d.{c} WHEN __d.{c} IS NULL THEN __o.{c} "
+            "ELSE __o.{c} + __d.{c} END",
+            "count": "coalesce(__o.{c}, 0) + __d.{c}",
+            "min": "least(__o.{c}, __d.{c})",
+            "max": "greatest(__o.{c}, __d.{c})",
+        }
         how = {m.column: merged[m.function] for m in plan.merge}
-        select = ", ".join(how[c].format(c=quote_ident(c)) if c in how else f"__d.{quote_ident(c)}"
-                           for c in plan.columns)
-        new = (f"SELECT {select} FROM temp.main.__dt_delta AS __d "
-               f"LEFT JOIN {target(self.lake, d.name)} AS __o ON {on}")
+        select = ", ".join(
+            how[c].format(c=quote_ident(c)) if c in how else f"__d.{quote_ident(c)}" for c in plan.columns
+        )
+        new = f"SELECT {select} FROM temp.main.__dt_delta AS __d LEFT JOIN {target(self.lake, d.name)} AS __o ON {on}"
         self._temp("__dt_merged", new)
         temps.append("__dt_merged")
-        return (Work(INCREMENTAL, f"inserts merged into {groups} groups"),
-                [("delete_keys", ("__dt_delta", [(k.column, k.column) for k in plan.keys])),
-                 ("insert", "SELECT * FROM temp.main.__dt_merged")])
+        return (
+            Work(INCREMENTAL, f"inserts merged into {groups} groups"),
+            [
+                ("delete_keys", ("__dt_delta", [(k.column, k.column) for k in plan.keys])),
+                ("insert", "SELECT * FROM temp.main.__dt_merged"),
+            ],
+        )
 
     def apply(self, d: Definition, work: Work, statements: list, read: int, trigger: str = "manual") -> int | None:
         """The deletes and inserts in one lake transaction; the snapshot it made."""
@@ -338,8 +379,12 @@ class Refresher:
                     text = f"DELETE FROM {tgt}"
                 elif kind == "delete_keys":  # (temporary table, [(table column, its key column)])
                     table, cols = arg
-                    on = " AND ".join(f"{tgt}.{quote_ident(c)} IS NOT DISTINCT FROM __k.{quote_ident(k)}"
-                                      for c, k in cols) or "TRUE"
+                    on = (
+                        " AND ".join(
+                            f"{tgt}.{quote_ident(c)} IS NOT DISTINCT FROM __k.{quote_ident(k)}" for c, k in cols
+                        )
+                        or "TRUE"
+                    )
                     text = f"DELETE FROM {tgt} USING temp.main.{quote_ident(table)} AS __k WHERE {on}"
                 else:
                     text = f"INSERT INTO {tgt} {arg}"
@@ -349,10 +394,19 @@ class Refresher:
                 else:
                     work.deleted += count
 
-        made = commit_with(self.lake, run, f"dynamic table {d.name}: {work.mode.lower()} refresh",
-                           before_commit=self.before_commit,
-                           extra={"dynamic_table": d.name, "definition": d.definition_id, "read": read,
-                                  "mode": work.mode, "trigger": trigger})
+        made = commit_with(
+            self.lake,
+            run,
+            f"dynamic table {d.name}: {work.mode.lower()} refresh",
+            before_commit=self.before_commit,
+            extra={
+                "dynamic_table": d.name,
+                "definition": d.definition_id,
+                "read": read,
+                "mode": work.mode,
+                "trigger": trigger,
+            },
+        )
         return made.snapshot_id
 
     def recover(self, d: Definition, sources: list[str], commits: list[tuple[int, dict]]) -> list[Refresh]:
@@ -368,12 +422,21 @@ class Refresher:
             if commit in known:
                 continue
             at = snapshot_time(self.lake, commit)
-            r = Refresh(d.name, d.definition_id, extra.get("trigger") or "unknown", SUCCEEDED, at, at,
-                        mode=extra.get("mode"), snapshots_read=dict.fromkeys(sources, extra["read"]),
-                        read_snapshot=extra["read"], commit_snapshot=commit,
-                        data_timestamp=snapshot_time(self.lake, extra["read"]),
-                        reason=f"RECOVERED: landed in the lake at snapshot {commit}, its history row was lost; "
-                               "recorded by the next refresh")
+            r = Refresh(
+                d.name,
+                d.definition_id,
+                extra.get("trigger") or "unknown",
+                SUCCEEDED,
+                at,
+                at,
+                mode=extra.get("mode"),
+                snapshots_read=dict.fromkeys(sources, extra["read"]),
+                read_snapshot=extra["read"],
+                commit_snapshot=commit,
+                data_timestamp=snapshot_time(self.lake, extra["read"]),
+                reason=f"RECOVERED: landed in the lake at snapshot {commit}, its history row was lost; "
+                "recorded by the next refresh",
+            )
             try:
                 counts = change_counts(self.lake, d.name, commit, commit)
                 r.rows_inserted, r.rows_deleted = counts.get("insert", 0), counts.get("delete", 0)
@@ -388,24 +451,30 @@ class Refresher:
         try:
             described = self.con.execute(f"DESCRIBE {sql(planner.pinned(query, self.lake.alias, now))}").fetchall()
         except duckdb.Error as exc:
-            raise KitError(f"the query of {d.name} fails at snapshot {now}: {first_line(exc)}",
-                           "fix the sources, or re-create it (CREATE OR REPLACE DYNAMIC TABLE ...)") from None
+            raise KitError(
+                f"the query of {d.name} fails at snapshot {now}: {first_line(exc)}",
+                "fix the sources, or re-create it (CREATE OR REPLACE DYNAMIC TABLE ...)",
+            ) from None
         columns = [r[0] for r in described]
         if columns != d.columns:
-            raise KitError(f"the query of {d.name} now gives the columns {', '.join(columns)}, not "
-                           f"{', '.join(d.columns)}", "re-create it (CREATE OR REPLACE DYNAMIC TABLE ...)")
+            raise KitError(
+                f"the query of {d.name} now gives the columns {', '.join(columns)}, not {', '.join(d.columns)}",
+                "re-create it (CREATE OR REPLACE DYNAMIC TABLE ...)",
+            )
 
     # ---- one refresh, recorded ------------------------------------------------------------------------------
 
     def refresh(self, d: Definition, trigger: str = "manual") -> Refresh:
         """Refresh `d` once and record the outcome (FAILED ones too: the error is in the returned Refresh)."""
-        started = datetime.now(timezone.utc)
+        started = datetime.now(UTC)
         t0 = time.perf_counter()
         out = Refresh(d.name, d.definition_id, trigger, FAILED, started, started)
         temps: list[str] = []
         try:
-            busy = KitError(f"dynamic table {d.name} is being refreshed by another process for over {LOCK_WAIT_S} s",
-                            "wait for it, or stop the other `dynamic run`")
+            busy = KitError(
+                f"dynamic table {d.name} is being refreshed by another process for over {LOCK_WAIT_S} s",
+                "wait for it, or stop the other `dynamic run`",
+            )
             with advisory_lock(self.lake.endpoints, lock_key(d.name), timeout_s=LOCK_WAIT_S, busy=busy):
                 query = parse_query(d)
                 plan = analyze(self.lake, query, d.name, d.columns)
@@ -418,11 +487,15 @@ class Refresher:
                 self.recover(d, plan.sources, commits)
                 prev = reflected(self.lake, d, commits)
                 out.read_snapshot = now
-                out.snapshots_read = {s: now for s in plan.sources}
+                out.snapshots_read = dict.fromkeys(plan.sources, now)
                 out.data_timestamp = snapshot_time(self.lake, now)
                 decided = None if prev == now else self.decide(d, query, plan, prev, now, temps)
                 if decided is None:
-                    out.status, out.mode, out.reason = NO_DATA, None, "no net change in the sources since the last refresh"
+                    out.status, out.mode, out.reason = (
+                        NO_DATA,
+                        None,
+                        "no net change in the sources since the last refresh",
+                    )
                 else:
                     work, statements = decided
                     out.commit_snapshot = self.apply(d, work, statements, now, trigger)
@@ -433,7 +506,7 @@ class Refresher:
             out.status = FAILED
         finally:
             self._drop_temps(temps)
-            out.finished_at = datetime.now(timezone.utc)
+            out.finished_at = datetime.now(UTC)
             out.duration_ms = round((time.perf_counter() - t0) * 1000, 1)
         return self.meta.record(out)
 

@@ -15,7 +15,7 @@ import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import duckdb
 import psycopg
@@ -48,9 +48,16 @@ class RunResult:
     stopped_by: str = ""  # once | time | signal
 
 
-def run(lake: Lake, meta: Metadata, *, once: bool = False, seconds: float | None = None, tick_s: float = TICK_S,
-        on_refresh: Callable[[Refresh], None] = lambda r: None,
-        on_error: Callable[[str], None] = lambda e: None) -> RunResult:
+def run(
+    lake: Lake,
+    meta: Metadata,
+    *,
+    once: bool = False,
+    seconds: float | None = None,
+    tick_s: float = TICK_S,
+    on_refresh: Callable[[Refresh], None] = lambda r: None,
+    on_error: Callable[[str], None] = lambda e: None,
+) -> RunResult:
     """Refresh stale tables every `tick_s` seconds: one round (`once`), for `seconds`, or until a signal."""
     out = RunResult()
     stop = {"asked": False}
@@ -68,10 +75,15 @@ def run(lake: Lake, meta: Metadata, *, once: bool = False, seconds: float | None
             out.ticks += 1
             try:
                 current = lake.current_snapshot()
-                now = datetime.now(timezone.utc)
+                now = datetime.now(UTC)
                 due = [d.name for d in meta.all() if stale(lake, d, current, now)]
-                batch = manage.refresh_many(lake, meta, due, trigger="schedule", refresher=refresher,
-                                            include_suspended=False) if due else manage.Batch()
+                batch = (
+                    manage.refresh_many(
+                        lake, meta, due, trigger="schedule", refresher=refresher, include_suspended=False
+                    )
+                    if due
+                    else manage.Batch()
+                )
             except (KitError, duckdb.Error, psycopg.Error) as exc:  # the catalog went away a moment: try next round
                 on_error(exc.line() if isinstance(exc, KitError) else first_line(exc))
                 out.errors += 1

@@ -20,7 +20,18 @@ from ducklake_kit.lake.connection import (
 )
 
 __all__ = [
-    "DUCKLAKE_GAVE_UP", "EXTENSIONS", "LAKE", "RETRY_SETTINGS", "SMALL_WRITER_SETTINGS", "Lake", "StatementFailed",
-    "StatementResult", "attach_statement", "execute_retrying", "extension_path", "load_statements", "secret_statements",
+    "DUCKLAKE_GAVE_UP",
+    "EXTENSIONS",
+    "LAKE",
+    "RETRY_SETTINGS",
+    "SMALL_WRITER_SETTINGS",
+    "Lake",
+    "StatementFailed",
+    "StatementResult",
+    "attach_statement",
+    "execute_retrying",
+    "extension_path",
+    "load_statements",
+    "secret_statements",
     "setup_statements",
 ]

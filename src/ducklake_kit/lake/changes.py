@@ -13,12 +13,15 @@ def changes_sql(lake: Lake, table: str, start: int, end: int) -> str:
     """A relation (for FROM) of the rows of `table` ('schema.table' or 'table' in main) changed in snapshots
     start..end (both included), with `snapshot_id`, `rowid`, `change_type` and the table's columns."""
     schema_name, name = split_name(table)
-    return (f"ducklake_table_changes({quote_literal(lake.alias)}, {quote_literal(schema_name)}, {quote_literal(name)}, "
-            f"{int(start)}, {int(end)})")
+    return (
+        f"ducklake_table_changes({quote_literal(lake.alias)}, {quote_literal(schema_name)}, {quote_literal(name)}, "
+        f"{int(start)}, {int(end)})"
+    )
 
 
 def change_counts(lake: Lake, table: str, start: int, end: int) -> dict[str, int]:
     """Rows changed per change type in snapshots start..end (both included), e.g. {'delete': 3, 'insert': 10}."""
-    rows = lake.con.execute(f"SELECT change_type, count(*) FROM {changes_sql(lake, table, start, end)} "
-                            "GROUP BY ALL ORDER BY ALL").fetchall()
+    rows = lake.con.execute(
+        f"SELECT change_type, count(*) FROM {changes_sql(lake, table, start, end)} GROUP BY ALL ORDER BY ALL"
+    ).fetchall()
     return {str(k): int(v) for k, v in rows}

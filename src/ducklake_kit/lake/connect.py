@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ducklake_kit.platforms import postgres
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import setup_statements
+from ducklake_kit.platforms import postgres
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.platforms.state import State, write_private
 
@@ -46,8 +46,11 @@ def write_files(state: State, ep: Endpoints) -> dict[str, Path]:
     write_private(pgpass, f"{pg.host}:{pg.port}:*:{pg.user}:{pg.password}\n")
     init_sql = state.home / "duckdb-init.sql"
     # `.output /dev/null` ... `.output`: the CLI would print a "Success" table for every CREATE SECRET and LOAD
-    write_private(init_sql, "-- written by `connect`/`shell`: loads the extensions from the pinned wheels and attaches the lake\n"
-                  ".output /dev/null\n" + "\n".join(s + ";" for s in setup_statements(ep)) + "\n.output\n")
+    write_private(
+        init_sql,
+        "-- written by `connect`/`shell`: loads the extensions from the pinned wheels and attaches the lake\n"
+        ".output /dev/null\n" + "\n".join(s + ";" for s in setup_statements(ep)) + "\n.output\n",
+    )
     return {"pgpass": pgpass, "init_sql": init_sql}
 
 
@@ -61,12 +64,26 @@ def describe(state: State, ep: Endpoints) -> dict[str, Any]:
         "duckdb_cli": f"{shlex.quote(_duckdb_cli())} -init {shlex.quote(str(files['init_sql']))}",
         "duckdb_init_sql": str(files["init_sql"]),
         "dbeaver": {
-            "postgresql": {"host": pg.host, "port": pg.port, "database": pg.dbname, "user": pg.user,
-                           "password": f"from the pgpass file {files['pgpass']}"},
-            "duckdb": {"path": ":memory:", "bootstrap_queries": f"the SQL statements in {files['init_sql']} (not the .output lines, which are DuckDB CLI commands)"},
+            "postgresql": {
+                "host": pg.host,
+                "port": pg.port,
+                "database": pg.dbname,
+                "user": pg.user,
+                "password": f"from the pgpass file {files['pgpass']}",
+            },
+            "duckdb": {
+                "path": ":memory:",
+                "bootstrap_queries": f"the SQL statements in {files['init_sql']} (not the .output lines, which are DuckDB CLI commands)",
+            },
         },
-        "s3": {"endpoint": ep.s3.url, "key_id": ep.s3.key_id, "secret": "in the platform's credentials.json (.ducklake/ for local, .ducklake/k3d/ for k3d) or your external settings",
-               "url_style": ep.s3.url_style, "region": ep.s3.region, "buckets": ["lake", "raw"]},
+        "s3": {
+            "endpoint": ep.s3.url,
+            "key_id": ep.s3.key_id,
+            "secret": "in the platform's credentials.json (.ducklake/ for local, .ducklake/k3d/ for k3d) or your external settings",
+            "url_style": ep.s3.url_style,
+            "region": ep.s3.region,
+            "buckets": ["lake", "raw"],
+        },
     }
 
 

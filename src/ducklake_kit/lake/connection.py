@@ -19,7 +19,8 @@ import duckdb
 
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake.gate import ADVISORY, CommitGate, gate_mode
-from ducklake_kit.lake.sql import quote_ident, quote_literal as _sql_str
+from ducklake_kit.lake.sql import quote_ident
+from ducklake_kit.lake.sql import quote_literal as _sql_str
 from ducklake_kit.platforms.base import Endpoints
 
 LAKE = "lake"  # the ATTACH alias: tables are lake.main.<table>
@@ -54,7 +55,12 @@ def extension_path(name: str) -> Path | None:
     spec = importlib.util.find_spec(EXTENSIONS[name])
     if not spec or not spec.submodule_search_locations:
         return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "extensions" / f"v{duckdb.__version__}" / f"{name}.duckdb_extension"
+    path = (
+        Path(next(iter(spec.submodule_search_locations)))
+        / "extensions"
+        / f"v{duckdb.__version__}"
+        / f"{name}.duckdb_extension"
+    )
     return path if path.exists() else None
 
 
@@ -92,8 +98,13 @@ def attach_statement(ep: Endpoints, alias: str = LAKE, catalog_settings: dict[st
     path = "ducklake:postgres:dbname=" + ep.pg.dbname
     if catalog_settings:
         for name, value in catalog_settings.items():
-            if not name.replace("_", "").replace(".", "").isalnum() or not str(value).replace("_", "").replace(".", "").isalnum():
-                raise KitError(f"catalog setting {name}={value} is not a plain name=value", "use e.g. synchronous_commit=off")
+            if (
+                not name.replace("_", "").replace(".", "").isalnum()
+                or not str(value).replace("_", "").replace(".", "").isalnum()
+            ):
+                raise KitError(
+                    f"catalog setting {name}={value} is not a plain name=value", "use e.g. synchronous_commit=off"
+                )
         path += " options='" + " ".join(f"-c{name}={value}" for name, value in catalog_settings.items()) + "'"
     return (
         f"ATTACH {_sql_str(path)} AS {alias} "
@@ -101,16 +112,33 @@ def attach_statement(ep: Endpoints, alias: str = LAKE, catalog_settings: dict[st
     )
 
 
-def setup_statements(ep: Endpoints, alias: str = LAKE, settings: dict[str, Any] | None = None,
-                     catalog_settings: dict[str, str] | None = None) -> list[str]:
+def setup_statements(
+    ep: Endpoints,
+    alias: str = LAKE,
+    settings: dict[str, Any] | None = None,
+    catalog_settings: dict[str, str] | None = None,
+) -> list[str]:
     """`settings`: DuckDB settings SET before the ATTACH (so the postgres extension's pg_pool_* settings apply to
     the catalog's connection pool), on top of RETRY_SETTINGS."""
     pre = [f"SET {k} = {_setting_value(v)}" for k, v in {**RETRY_SETTINGS, **(settings or {})}.items()]
-    return [*load_statements(), *secret_statements(ep), *pre, attach_statement(ep, alias, catalog_settings), f"USE {alias}"]
+    return [
+        *load_statements(),
+        *secret_statements(ep),
+        *pre,
+        attach_statement(ep, alias, catalog_settings),
+        f"USE {alias}",
+    ]
 
 
-def execute_retrying(con: "duckdb.DuckDBPyConnection | Lake", sql: str, params: list | None = None, *,
-                     patience_s: float = 600.0, first_wait_s: float = 0.05, cap_s: float = 2.0) -> int:
+def execute_retrying(
+    con: duckdb.DuckDBPyConnection | Lake,
+    sql: str,
+    params: list | None = None,
+    *,
+    patience_s: float = 600.0,
+    first_wait_s: float = 0.05,
+    cap_s: float = 2.0,
+) -> int:
     """Run one autocommit statement (a small INSERT, say); when DuckLake gave up retrying its commit (its error
     names the exhausted ducklake_max_retry_count), the transaction was rolled back whole and nothing was committed,
     so run it again: after a jittered wait that doubles from `first_wait_s` up to `cap_s`, for at most `patience_s`.
@@ -175,13 +203,20 @@ class StatementFailed(KitError):
     def __init__(self, index: int, total: int, statement: str, error: str, results: list[StatementResult]):
         self.index, self.total, self.statement, self.error = index, total, statement.strip(), error
         self.results = list(results)
-        where = "" if total == 1 else f" at statement {index + 1} of {total} (the {index} before it ran, the rest did not)"
+        where = (
+            "" if total == 1 else f" at statement {index + 1} of {total} (the {index} before it ran, the rest did not)"
+        )
         refused = storage_refused(error)
         if refused:
-            super().__init__(f"SQL failed{where}: {refused}", "check the S3 key and secret the kit uses (the platform's "
-                             "credentials.json, or DUCKLAKE_S3_KEY_ID / DUCKLAKE_S3_SECRET for external)")
+            super().__init__(
+                f"SQL failed{where}: {refused}",
+                "check the S3 key and secret the kit uses (the platform's "
+                "credentials.json, or DUCKLAKE_S3_KEY_ID / DUCKLAKE_S3_SECRET for external)",
+            )
         else:
-            super().__init__(f"SQL failed{where}: {error}", "fix the statement; `sql \"SHOW ALL TABLES\"` lists the tables")
+            super().__init__(
+                f"SQL failed{where}: {error}", 'fix the statement; `sql "SHOW ALL TABLES"` lists the tables'
+            )
 
 
 # how DuckDB's httpfs says that S3 refused a request's credentials: an HTTP error with status 403, or S3's own codes
@@ -193,18 +228,27 @@ def storage_refused(error: str) -> str | None:
     HTTP error counts (a failed cast of the text 'Forbidden' is no such thing)."""
     if not ("HTTP 403" in error or (error.startswith("HTTP") and any(c in error for c in _REFUSED_CODES))):
         return None
-    return f"the S3 server refused the lake's credentials (HTTP 403) while reading or writing a data file ({error[:160]})"
+    return (
+        f"the S3 server refused the lake's credentials (HTTP 403) while reading or writing a data file ({error[:160]})"
+    )
 
 
-def bound_params(stmt, params: dict[str, Any] | None, index: int, total: int, results: list[StatementResult]) -> dict[str, Any] | None:
+def bound_params(
+    stmt, params: dict[str, Any] | None, index: int, total: int, results: list[StatementResult]
+) -> dict[str, Any] | None:
     """The parameters statement `stmt` uses, from `params` (DuckDB's parser names them)."""
     names = stmt.named_parameters
     if not names:
         return None
     missing = sorted(names - set(params or {}))
     if missing:
-        raise StatementFailed(index, total, stmt.query, "it uses the parameter(s) " + ", ".join("$" + m for m in missing)
-                              + " but no value was given for them", results)
+        raise StatementFailed(
+            index,
+            total,
+            stmt.query,
+            "it uses the parameter(s) " + ", ".join("$" + m for m in missing) + " but no value was given for them",
+            results,
+        )
     return {name: params[name] for name in names}  # type: ignore[index]
 
 
@@ -229,8 +273,15 @@ class Lake:
     `optimistic`): an explicit COMMIT (`commit`, or a COMMIT statement run through `run`/`execute`), and each
     autocommit write statement (`write`). Reads never take it."""
 
-    def __init__(self, endpoints: Endpoints, *, alias: str = LAKE, settings: dict[str, Any] | None = None,
-                 catalog_settings: dict[str, str] | None = None, commit_gate: str | None = None):
+    def __init__(
+        self,
+        endpoints: Endpoints,
+        *,
+        alias: str = LAKE,
+        settings: dict[str, Any] | None = None,
+        catalog_settings: dict[str, str] | None = None,
+        commit_gate: str | None = None,
+    ):
         self.endpoints = endpoints
         self.alias = alias
         self.gate: CommitGate | None = CommitGate.of(endpoints.pg) if gate_mode(commit_gate) == ADVISORY else None
@@ -252,12 +303,15 @@ class Lake:
                 f"run `uv sync`: the wheels duckdb-extension-*=={duckdb.__version__} must match duckdb {duckdb.__version__}",
             )
         if "password authentication failed" in str(exc):
-            return KitError(f"PostgreSQL at {self.endpoints.pg.host}:{self.endpoints.pg.port} refused the password for user '{self.endpoints.pg.user}'", "check the catalog credentials")
+            return KitError(
+                f"PostgreSQL at {self.endpoints.pg.host}:{self.endpoints.pg.port} refused the password for user '{self.endpoints.pg.user}'",
+                "check the catalog credentials",
+            )
         if stmt.startswith("ATTACH"):
             return KitError(f"could not attach the lake ({msg})", "run `up`, then `status` to see what is down")
         return KitError(f"lake setup failed at `{stmt.split('(')[0].strip()}` ({msg})", "run `status`")
 
-    def __enter__(self) -> "Lake":
+    def __enter__(self) -> Lake:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -266,7 +320,7 @@ class Lake:
     def close(self) -> None:
         self.con.close()
 
-    def on(self, alias: str) -> "Lake":
+    def on(self, alias: str) -> Lake:
         """The same connection, aimed at another catalog attached to it (`ATTACH ... AS alias`): its `run`,
         snapshots and commit messages are that catalog's. It shares the connection: never close it."""
         other = copy.copy(self)
@@ -334,7 +388,9 @@ class Lake:
         row = self.con.execute(f"SELECT * FROM {quote_ident(self.alias)}.last_committed_snapshot()").fetchone()
         return int(row[0]) if row and row[0] is not None else None
 
-    def run(self, sql: str, *, track_snapshots: bool = False, params: dict[str, Any] | None = None) -> list[StatementResult]:
+    def run(
+        self, sql: str, *, track_snapshots: bool = False, params: dict[str, Any] | None = None
+    ) -> list[StatementResult]:
         """Run one or more statements; rows for every statement that returns rows (whatever its first keyword),
         real affected counts for DML. When one fails, `StatementFailed` says which (its index and text) and keeps
         the results of those that ran before it; the later ones are not run.

@@ -25,6 +25,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import ClassVar
 
 import psycopg
 
@@ -53,7 +54,7 @@ def gate_mode(mode: str | None = None) -> str:
 class CommitGate:
     """The gate of one catalog database, for this process (`of`)."""
 
-    _gates: dict[tuple, "CommitGate"] = {}
+    _gates: ClassVar[dict[tuple, CommitGate]] = {}
     _gates_lock = threading.Lock()
 
     def __init__(self, pg: PgEndpoint):
@@ -65,7 +66,7 @@ class CommitGate:
         self.commits = 0  # commits made through the gate by this process (tests and benchmarks read it)
 
     @classmethod
-    def of(cls, pg: PgEndpoint) -> "CommitGate":
+    def of(cls, pg: PgEndpoint) -> CommitGate:
         """This process's gate for the catalog `pg` (one connection however many Lakes the process opens); keyed by
         pid too, so a forked child never shares its parent's session."""
         key = (pg.host, pg.port, pg.dbname, pg.user, os.getpid())
@@ -79,7 +80,9 @@ class CommitGate:
         if self._conn is None or self._conn.closed:
             conn = postgres.connect(self.pg, timeout=10)
             # who holds the gate, for the one who finds it held too long (holder_of reads it)
-            conn.execute("SELECT set_config('application_name', %s, false)", [f"ducklake-kit commit gate pid {os.getpid()}"])
+            conn.execute(
+                "SELECT set_config('application_name', %s, false)", [f"ducklake-kit commit gate pid {os.getpid()}"]
+            )
             conn.execute(f"SET lock_timeout = '{GATE_WAIT_S}s'")
             self._conn = conn
         return self._conn
@@ -106,9 +109,11 @@ class CommitGate:
                         who = holder_of(probe, GATE_KEY)
                 except KitError:
                     pass
-                raise KitError(f"the lake's commit gate was held by {who or 'another session'} for {GATE_WAIT_S} s; "
-                               "this transaction was not committed", "find that writer (is it stopped?), or set "
-                               f"{GATE_ENV}={OPTIMISTIC} to commit without the gate") from None
+                raise KitError(
+                    f"the lake's commit gate was held by {who or 'another session'} for {GATE_WAIT_S} s; "
+                    "this transaction was not committed",
+                    f"find that writer (is it stopped?), or set {GATE_ENV}={OPTIMISTIC} to commit without the gate",
+                ) from None
             except psycopg.OperationalError:
                 self._drop()  # the catalog restarted since the last commit: one new session, then give up
                 if attempt == 2:

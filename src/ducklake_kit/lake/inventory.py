@@ -30,7 +30,9 @@ def fingerprint(lake: Lake, version: int | None = None) -> dict[str, list]:
     out = {}
     for schema_name, table in tables(lake):
         try:
-            n, h = lake.con.execute(f"SELECT count(*), sum(hash(t)::HUGEINT) FROM {sql.qualified(schema_name, table)} AS t{at}").fetchone()
+            n, h = lake.con.execute(
+                f"SELECT count(*), sum(hash(t)::HUGEINT) FROM {sql.qualified(schema_name, table)} AS t{at}"
+            ).fetchone()
         except duckdb.CatalogException:  # the table did not exist yet at that version
             continue
         out[f"{schema_name}.{table}"] = [int(n), str(h or 0)]
@@ -38,7 +40,10 @@ def fingerprint(lake: Lake, version: int | None = None) -> dict[str, list]:
 
 
 def snapshot_ids(lake: Lake) -> list[int]:
-    return [r[0] for r in lake.con.execute("SELECT snapshot_id FROM ducklake_snapshots(?) ORDER BY 1", [lake.alias]).fetchall()]
+    return [
+        r[0]
+        for r in lake.con.execute("SELECT snapshot_id FROM ducklake_snapshots(?) ORDER BY 1", [lake.alias]).fetchall()
+    ]
 
 
 def _bucket_prefix(ep: Endpoints) -> tuple[str, str]:
@@ -79,8 +84,10 @@ def referenced_files(lake: Lake) -> set[str]:
     """Data and delete files the current snapshot needs."""
     out: set[str] = set()
     for schema_name, table in tables(lake):
-        for data, delete in lake.con.execute("SELECT data_file, delete_file FROM ducklake_list_files(?, ?, schema => ?)",
-                                             [lake.alias, table, schema_name]).fetchall():
+        for data, delete in lake.con.execute(
+            "SELECT data_file, delete_file FROM ducklake_list_files(?, ?, schema => ?)",
+            [lake.alias, table, schema_name],
+        ).fetchall():
             out.add(data)
             if delete:
                 out.add(delete)
@@ -90,11 +97,17 @@ def referenced_files(lake: Lake) -> set[str]:
 def inlined_rows(lake: Lake) -> dict[str, int]:
     """Live rows kept in the catalog (data inlining) per table, from the catalog's inlined-data tables."""
     meta = f"__ducklake_metadata_{lake.alias}"
-    names = {tid: f"{s}.{t}" for tid, s, t in lake.con.execute(
-        f"SELECT t.table_id, s.schema_name, t.table_name FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s "
-        "USING (schema_id) WHERE t.end_snapshot IS NULL AND s.end_snapshot IS NULL").fetchall()}
+    names = {
+        tid: f"{s}.{t}"
+        for tid, s, t in lake.con.execute(
+            f"SELECT t.table_id, s.schema_name, t.table_name FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s "
+            "USING (schema_id) WHERE t.end_snapshot IS NULL AND s.end_snapshot IS NULL"
+        ).fetchall()
+    }
     out: dict[str, int] = {}
-    for tid, inlined in lake.con.execute(f"SELECT table_id, table_name FROM {meta}.ducklake_inlined_data_tables").fetchall():
+    for tid, inlined in lake.con.execute(
+        f"SELECT table_id, table_name FROM {meta}.ducklake_inlined_data_tables"
+    ).fetchall():
         if tid in names:
             n = int(lake.scalar(f"SELECT count(*) FROM {meta}.{inlined} WHERE end_snapshot IS NULL"))
             if n:
@@ -104,16 +117,22 @@ def inlined_rows(lake: Lake) -> dict[str, int]:
 
 def inventory(lake: Lake, ep: Endpoints) -> dict[str, Any]:
     """File counts and bytes: what the current snapshot references (catalog) and what is on S3."""
-    info = lake.con.execute("SELECT sum(file_count), sum(file_size_bytes), sum(delete_file_count), sum(delete_file_size_bytes) "
-                            "FROM ducklake_table_info(?)", [lake.alias]).fetchone()
+    info = lake.con.execute(
+        "SELECT sum(file_count), sum(file_size_bytes), sum(delete_file_count), sum(delete_file_size_bytes) "
+        "FROM ducklake_table_info(?)",
+        [lake.alias],
+    ).fetchone()
     objects = s3_objects(ep)
     snaps = snapshot_ids(lake)
     return {
         "snapshots": len(snaps),
         "oldest_snapshot": snaps[0] if snaps else None,
         "current_snapshot": snaps[-1] if snaps else None,
-        "catalog_data_files": int(info[0] or 0), "catalog_data_bytes": int(info[1] or 0),
-        "catalog_delete_files": int(info[2] or 0), "catalog_delete_bytes": int(info[3] or 0),
+        "catalog_data_files": int(info[0] or 0),
+        "catalog_data_bytes": int(info[1] or 0),
+        "catalog_delete_files": int(info[2] or 0),
+        "catalog_delete_bytes": int(info[3] or 0),
         "inlined_rows": sum(inlined_rows(lake).values()),
-        "s3_files": len(objects), "s3_bytes": sum(objects.values()),
+        "s3_files": len(objects),
+        "s3_bytes": sum(objects.values()),
     }

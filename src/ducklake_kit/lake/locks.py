@@ -91,7 +91,9 @@ def holder_of(conn: psycopg.Connection, key: int) -> str | None:
     row = conn.execute(
         "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
         "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 AND l.classid::bigint = %s "
-        "AND l.objid::bigint = %s", [key >> 32, key & 0xFFFFFFFF]).fetchone()
+        "AND l.objid::bigint = %s",
+        [key >> 32, key & 0xFFFFFFFF],
+    ).fetchone()
     return row[0] if row and row[0] else None
 
 

@@ -32,20 +32,25 @@ def split_name(name: str, default_schema: str = "main") -> tuple[str, str]:
     the lake is named `table` or `schema.table` (no catalog prefix, no quotes)."""
     parts = name.split(".")
     if len(parts) > 2 or not all(parts) or any('"' in p for p in parts):
-        raise KitError(f"'{name}' is not a table name of the lake", "name it as table or schema.table, e.g. timetravel.trips")
+        raise KitError(
+            f"'{name}' is not a table name of the lake", "name it as table or schema.table, e.g. timetravel.trips"
+        )
     return (parts[0], parts[1]) if len(parts) == 2 else (default_schema, parts[0])
 
 
 def table_exists(con: duckdb.DuckDBPyConnection, database: str, schema_name: str, table: str) -> bool:
     """Whether `database.schema.table` exists now (in the current snapshot, or the open transaction)."""
-    row = con.execute("SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? AND table_name = ?",
-                      [database, schema_name, table]).fetchone()
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE database_name = ? AND schema_name = ? AND table_name = ?",
+        [database, schema_name, table],
+    ).fetchone()
     return bool(row and row[0])
 
 
 def schema_exists(con: duckdb.DuckDBPyConnection, database: str, schema_name: str) -> bool:
-    row = con.execute("SELECT count(*) FROM duckdb_schemas() WHERE database_name = ? AND schema_name = ?",
-                      [database, schema_name]).fetchone()
+    row = con.execute(
+        "SELECT count(*) FROM duckdb_schemas() WHERE database_name = ? AND schema_name = ?", [database, schema_name]
+    ).fetchone()
     return bool(row and row[0])
 
 

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 from sqlglot import exp
 
-SESSION = {exp.Transaction: "BEGIN", exp.Commit: "COMMIT", exp.Rollback: "ROLLBACK", exp.Use: "USE", exp.Set: "SET",
-           exp.Attach: "ATTACH", exp.Detach: "DETACH"}
+SESSION = {
+    exp.Transaction: "BEGIN",
+    exp.Commit: "COMMIT",
+    exp.Rollback: "ROLLBACK",
+    exp.Use: "USE",
+    exp.Set: "SET",
+    exp.Attach: "ATTACH",
+    exp.Detach: "DETACH",
+}
 
 
 def session_statement(stmt: exp.Expression | None) -> str | None:

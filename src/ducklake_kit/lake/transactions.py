@@ -49,8 +49,9 @@ def snapshot_with_token(lake: Lake, token: str, hint: int | None = None, extra: 
     extra = extra if extra is not None else json.dumps({"commit": token})
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
     if hint is not None:
-        row = lake.con.execute(f"SELECT commit_extra_info FROM {meta}.ducklake_snapshot_changes WHERE snapshot_id = ?",
-                               [hint]).fetchone()
+        row = lake.con.execute(
+            f"SELECT commit_extra_info FROM {meta}.ducklake_snapshot_changes WHERE snapshot_id = ?", [hint]
+        ).fetchone()
         if row and row[0] == extra:
             return hint
     return snapshot_of_token(lake, token)
@@ -60,8 +61,11 @@ def snapshot_of_token(lake: Lake, token: str) -> int | None:
     """The snapshot whose commit carried `token` (as `commit` in its commit_extra_info, whatever else it holds), or
     None: the way to find out whether a commit whose fate is unknown landed."""
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
-    row = lake.con.execute(f"SELECT max(snapshot_id) FROM {meta}.ducklake_snapshot_changes "
-                           "WHERE json_extract_string(commit_extra_info, '$.commit') = ?", [token]).fetchone()
+    row = lake.con.execute(
+        f"SELECT max(snapshot_id) FROM {meta}.ducklake_snapshot_changes "
+        "WHERE json_extract_string(commit_extra_info, '$.commit') = ?",
+        [token],
+    ).fetchone()
     return int(row[0]) if row and row[0] is not None else None
 
 
@@ -74,9 +78,16 @@ def rollback_quietly(con: duckdb.DuckDBPyConnection) -> None:
         pass
 
 
-def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTHOR,
-           before_commit: Callable[[], None] | None = None, token: str | None = None,
-           extra: dict[str, Any] | None = None) -> Commit:
+def commit(
+    lake: Lake,
+    sql: str | list[str],
+    message: str,
+    *,
+    author: str = AUTHOR,
+    before_commit: Callable[[], None] | None = None,
+    token: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Commit:
     """Run `sql` (one text of one or more statements, or a list of texts) in ONE transaction with `message`
     as its commit message: one snapshot, or nothing when anything fails. `before_commit`: called once the
     statements ran, before the COMMIT. `token`, `extra`: see `commit_with`."""
@@ -89,20 +100,32 @@ def commit(lake: Lake, sql: str | list[str], message: str, *, author: str = AUTH
                 results.extend(lake.run(text))
             except StatementFailed as exc:  # index, total and results over all the texts, not just the failing one
                 try:
-                    later = sum(len(lake.con.extract_statements(t)) for t in texts[i + 1:])
+                    later = sum(len(lake.con.extract_statements(t)) for t in texts[i + 1 :])
                 except duckdb.Error:  # a later text that does not parse: the first failure is the one to report
                     later = 0
-                raise StatementFailed(len(results) + exc.index, len(results) + exc.total + later, exc.statement,
-                                      exc.error, results + exc.results) from None
+                raise StatementFailed(
+                    len(results) + exc.index,
+                    len(results) + exc.total + later,
+                    exc.statement,
+                    exc.error,
+                    results + exc.results,
+                ) from None
 
     made = commit_with(lake, run_texts, message, author=author, before_commit=before_commit, token=token, extra=extra)
     made.results = results
     return made
 
 
-def commit_with(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], message: str, *,
-                author: str = AUTHOR, before_commit: Callable[[], None] | None = None,
-                extra: dict[str, Any] | None = None, token: str | None = None) -> Commit:
+def commit_with(
+    lake: Lake,
+    work: Callable[[duckdb.DuckDBPyConnection], None],
+    message: str,
+    *,
+    author: str = AUTHOR,
+    before_commit: Callable[[], None] | None = None,
+    extra: dict[str, Any] | None = None,
+    token: str | None = None,
+) -> Commit:
     """`work(con)` in ONE transaction with `message` as its commit message (for statements with parameters,
     `executemany`): one snapshot, or nothing when it raises. `extra`: more to keep in the snapshot's
     commit_extra_info (JSON), beside the commit's token. `token`: the caller's (see `commit_once`)."""
@@ -114,8 +137,9 @@ def commit_with(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], m
         work(con)
         if before_commit is not None:
             before_commit()
-        con.execute("CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)",
-                    [lake.alias, author, message, extra_info])
+        con.execute(
+            "CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)", [lake.alias, author, message, extra_info]
+        )
         # through the lake's commit gate (lake/gate.py), held for the COMMIT only: `work` may be long (a pipeline
         # node's CREATE TABLE AS), and other writers must not wait for it
         lake.commit()
@@ -125,8 +149,15 @@ def commit_with(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], m
     return Commit(snapshot_with_token(lake, token, last_committed_snapshot(lake), extra_info), message)
 
 
-def commit_once(lake: Lake, work: Callable[[duckdb.DuckDBPyConnection], None], message: str, *,
-                extra: dict[str, Any] | None = None, attempts: int = 5, backoff_s: float = 0.2) -> Commit:
+def commit_once(
+    lake: Lake,
+    work: Callable[[duckdb.DuckDBPyConnection], None],
+    message: str,
+    *,
+    extra: dict[str, Any] | None = None,
+    attempts: int = 5,
+    backoff_s: float = 0.2,
+) -> Commit:
     """`commit_with`, tried again when the commit failed and did not land: every attempt carries the same token,
     and after a failure the lake is asked for it. Found: an attempt landed (its snapshot is returned, never written
     twice). Not found: nothing landed, so another attempt is safe (e.g. after losing a commit race to a concurrent

@@ -36,8 +36,16 @@ def examples(folder: Path = FOLDER) -> list[ddl.CreateDynamicTable]:
     return out
 
 
-def run_dynamic(platform: Platform, state: State, checks: CheckRun, *, source: str, rows_per_month: int,
-                folder: Path = FOLDER, on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run_dynamic(
+    platform: Platform,
+    state: State,
+    checks: CheckRun,
+    *,
+    source: str,
+    rows_per_month: int,
+    folder: Path = FOLDER,
+    on_step: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     ep = platform.endpoints()
     tables = examples(folder)
     names = [t.name for t in tables]
@@ -47,23 +55,43 @@ def run_dynamic(platform: Platform, state: State, checks: CheckRun, *, source: s
             manage.drop(lake, meta, name, if_exists=True)
         for stmt in tables:
             first = manage.create(lake, meta, stmt)
-            checks.true(f"dynamic: {stmt.name} created and filled", first is not None and first.rows_inserted > 0,
-                        expected="> 0 rows", actual=first.rows_inserted if first else None)
-            checks.equal(f"dynamic: {stmt.name} equals its query run in full after create",
-                         manage.check(lake, meta, stmt.name), (0, 0))
+            checks.true(
+                f"dynamic: {stmt.name} created and filled",
+                first is not None and first.rows_inserted > 0,
+                expected="> 0 rows",
+                actual=first.rows_inserted if first else None,
+            )
+            checks.equal(
+                f"dynamic: {stmt.name} equals its query run in full after create",
+                manage.check(lake, meta, stmt.name),
+                (0, 0),
+            )
         before = lake.current_snapshot()
     on_step(f"dynamic: load {EXTRA_MONTH} through PySpark (mode replace)")
-    taxi_flow.load_and_verify(platform, state, source=source, months=EXTRA_MONTH, rows_per_month=rows_per_month,
-                              mode="replace", on_step=on_step, checks=checks)
+    taxi_flow.load_and_verify(
+        platform,
+        state,
+        source=source,
+        months=EXTRA_MONTH,
+        rows_per_month=rows_per_month,
+        mode="replace",
+        on_step=on_step,
+        checks=checks,
+    )
     with Lake(ep) as lake, Metadata(ep) as meta:
         # what the refreshes must do, decided independently of them: the month's trips before and after the load,
         # compared whole (but for the load's own bookkeeping columns) both ways
-        month = (f"SELECT * EXCLUDE (load_id, source_file) FROM trips {{at}} "
-                 f"WHERE strftime(pickup_date, '%Y-%m') = '{EXTRA_MONTH}'")
-        changed = lake.scalar(f"SELECT count(*) FROM (({month.format(at=f'AT (VERSION => {before})')}) EXCEPT ALL "
-                              f"({month.format(at='')}))") + \
-            lake.scalar(f"SELECT count(*) FROM (({month.format(at='')}) EXCEPT ALL "
-                        f"({month.format(at=f'AT (VERSION => {before})')}))")
+        month = (
+            f"SELECT * EXCLUDE (load_id, source_file) FROM trips {{at}} "
+            f"WHERE strftime(pickup_date, '%Y-%m') = '{EXTRA_MONTH}'"
+        )
+        changed = lake.scalar(
+            f"SELECT count(*) FROM (({month.format(at=f'AT (VERSION => {before})')}) EXCEPT ALL "
+            f"({month.format(at='')}))"
+        ) + lake.scalar(
+            f"SELECT count(*) FROM (({month.format(at='')}) EXCEPT ALL "
+            f"({month.format(at=f'AT (VERSION => {before})')}))"
+        )
         on_step(f"dynamic: {EXTRA_MONTH}'s trips differ in {changed} rows from before the load")
         on_step("dynamic: refresh (upstream first), then compare each table with its full recompute")
         batch = manage.refresh_many(lake, meta, names)
@@ -77,21 +105,36 @@ def run_dynamic(platform: Platform, state: State, checks: CheckRun, *, source: s
                 label = "refreshed incrementally" + (" (or had no net change to apply)" if upstream else "")
             else:
                 allowed, label = [("NO_DATA", None, None)], "found no net change (the same trips loaded again)"
-            checks.true(f"dynamic: {r.name} {label}", (r.status, r.mode, r.error) in allowed,
-                        expected=" or ".join(map(str, allowed)), actual=(r.status, r.mode, r.error))
-            checks.equal(f"dynamic: {r.name} equals its query run in full at snapshot {r.read_snapshot}",
-                         manage.check(lake, meta, r.name), (0, 0))
+            checks.true(
+                f"dynamic: {r.name} {label}",
+                (r.status, r.mode, r.error) in allowed,
+                expected=" or ".join(map(str, allowed)),
+                actual=(r.status, r.mode, r.error),
+            )
+            checks.equal(
+                f"dynamic: {r.name} equals its query run in full at snapshot {r.read_snapshot}",
+                manage.check(lake, meta, r.name),
+                (0, 0),
+            )
         daily = next((n for n in names if n.endswith("daily_revenue_by_borough")), None)
         if daily is not None:
             month = lake.con.execute(
-                f"SELECT sum(trips) FROM lake.{daily} WHERE strftime(pickup_date, '%Y-%m') = ?", [EXTRA_MONTH]).fetchone()
+                f"SELECT sum(trips) FROM lake.{daily} WHERE strftime(pickup_date, '%Y-%m') = ?", [EXTRA_MONTH]
+            ).fetchone()
             direct = lake.con.execute(
                 "SELECT count(*) FROM trips t JOIN zones z ON t.pu_location_id = z.location_id "
-                "WHERE strftime(t.pickup_date, '%Y-%m') = ?", [EXTRA_MONTH]).fetchone()
-            checks.equal(f"dynamic: {EXTRA_MONTH}'s trips in {daily} = the month's trips counted from trips",
-                         int(month[0] or 0), int(direct[0]))
-        history = {n: [(h.trigger, h.status, h.mode, h.rows_inserted, h.rows_deleted) for h in meta.history(n, 3)]
-                   for n in names}
+                "WHERE strftime(t.pickup_date, '%Y-%m') = ?",
+                [EXTRA_MONTH],
+            ).fetchone()
+            checks.equal(
+                f"dynamic: {EXTRA_MONTH}'s trips in {daily} = the month's trips counted from trips",
+                int(month[0] or 0),
+                int(direct[0]),
+            )
+        history = {
+            n: [(h.trigger, h.status, h.mode, h.rows_inserted, h.rows_deleted) for h in meta.history(n, 3)]
+            for n in names
+        }
     for name, rows in history.items():
         on_step(f"dynamic: history of {name} (newest first): {rows}")
     return {"tables": names, "refreshes": [r.as_dict() for r in batch.refreshes], "history": history}

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ducklake_kit.bench import concurrency as bench_concurrency
-from ducklake_kit.lessons import dynamic, foundation, maintain, pipeline, queries, steps, timetravel, workers
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
+from ducklake_kit.lessons import dynamic, foundation, maintain, pipeline, queries, steps, timetravel, workers
 from ducklake_kit.platforms.base import Platform
 from ducklake_kit.platforms.state import State
 from ducklake_kit.taxi import flow as taxi_flow
@@ -42,31 +42,60 @@ def all_rows_per_month() -> int:
     return int(os.environ.get("DUCKLAKE_ALL_ROWS_PER_MONTH") or ALL_ROWS_PER_MONTH)
 
 
-def run_all(platform: Platform, state: State, checks: CheckRun, *, source: str = "synthetic", mode: str = "skip",
-            bench: bool = True, scheduler: str | None = None,
-            on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run_all(
+    platform: Platform,
+    state: State,
+    checks: CheckRun,
+    *,
+    source: str = "synthetic",
+    mode: str = "skip",
+    bench: bool = True,
+    scheduler: str | None = None,
+    on_step: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     with checks.stage("foundation"):
         on_step("foundation: services, buckets, a table, two inserts, time travel")
         result = foundation.run(platform, checks)
 
     with checks.stage("load"):
-        first, _ = taxi_flow.load_and_verify(platform, state, source=source, months=ALL_MONTHS,
-                                             rows_per_month=all_rows_per_month(), mode=mode, on_step=on_step, checks=checks)
+        first, _ = taxi_flow.load_and_verify(
+            platform,
+            state,
+            source=source,
+            months=ALL_MONTHS,
+            rows_per_month=all_rows_per_month(),
+            mode=mode,
+            on_step=on_step,
+            checks=checks,
+        )
         on_step("the same load again: every file must be skipped")
-        again, _ = taxi_flow.load_and_verify(platform, state, source=source, months=ALL_MONTHS,
-                                             rows_per_month=all_rows_per_month(), on_step=on_step, checks=checks,
-                                             verify_skipped=False)  # the figures were just checked
-        checks.equal("re-running the load skips every file", [f.status for f in again.files], ["skipped"] * len(first.files))
+        again, _ = taxi_flow.load_and_verify(
+            platform,
+            state,
+            source=source,
+            months=ALL_MONTHS,
+            rows_per_month=all_rows_per_month(),
+            on_step=on_step,
+            checks=checks,
+            verify_skipped=False,
+        )  # the figures were just checked
+        checks.equal(
+            "re-running the load skips every file", [f.status for f in again.files], ["skipped"] * len(first.files)
+        )
     result["load"] = first.as_dict()
 
     with checks.stage("queries"):
         on_step("aggregations: every query in queries/, checked against the raw files")
         with Lake(platform.endpoints()) as lake:
             answers = queries.check_queries(lake, checks)
-        result["queries"] = {name: {"rows": len(rows), "seconds": round(sec, 4)} for name, (_c, rows, sec) in answers.items()}
+        result["queries"] = {
+            name: {"rows": len(rows), "seconds": round(sec, 4)} for name, (_c, rows, sec) in answers.items()
+        }
 
     with checks.stage("timetravel"):
-        lesson = timetravel.run_timetravel(platform, state, checks, rows_per_month=timetravel.ROWS_PER_MONTH, on_step=on_step)
+        lesson = timetravel.run_timetravel(
+            platform, state, checks, rows_per_month=timetravel.ROWS_PER_MONTH, on_step=on_step
+        )
         result["timetravel"] = {"snapshots": [r["snapshot_id"] for r in lesson["counts_at_version"]]}
 
     with checks.stage("maintain"):
@@ -74,7 +103,11 @@ def run_all(platform: Platform, state: State, checks: CheckRun, *, source: str =
         # while everything current answers as before; the learner's own history is left alone
         first_snapshot = lesson["counts_at_version"][0]["snapshot_id"]
         done = maintain.run_maintain(platform, checks, versions=[first_snapshot], on_step=on_step)
-        result["maintain"] = {"expired": done.get("done", {}).get("expired"), "before": done["before"], "after": done["after"]}
+        result["maintain"] = {
+            "expired": done.get("done", {}).get("expired"),
+            "before": done["before"],
+            "after": done["after"],
+        }
 
     with checks.stage("workers"):
         result["workers"] = workers.run_workers(platform, state, checks, scheduler=scheduler, on_step=on_step)
@@ -86,14 +119,18 @@ def run_all(platform: Platform, state: State, checks: CheckRun, *, source: str =
         result["steps"] = steps.run_steps(platform, state, checks, scheduler=scheduler, on_step=on_step)
 
     with checks.stage("dynamic"):
-        result["dynamic"] = dynamic.run_dynamic(platform, state, checks, source=source,
-                                                rows_per_month=all_rows_per_month(), on_step=on_step)
+        result["dynamic"] = dynamic.run_dynamic(
+            platform, state, checks, source=source, rows_per_month=all_rows_per_month(), on_step=on_step
+        )
 
     if bench:
         with checks.stage("bench"):
-            on_step("a short benchmark: 3 writers x 100 inserts into DuckLake (processes, worker plane tasks) and into one DuckDB file")
-            figures = bench_concurrency.bench_concurrency(platform, state, workers=3, ops=100, on_step=on_step,
-                                                          scheduler=scheduler)
+            on_step(
+                "a short benchmark: 3 writers x 100 inserts into DuckLake (processes, worker plane tasks) and into one DuckDB file"
+            )
+            figures = bench_concurrency.bench_concurrency(
+                platform, state, workers=3, ops=100, on_step=on_step, scheduler=scheduler
+            )
             for mode, label in (("ducklake", "DuckLake"), ("workers", "DuckLake from the worker plane")):
                 lake_side = figures.results[mode]
                 checks.equal(f"bench: {label} lost no rows (3 x 100 inserts)", lake_side.rows_lost, 0)

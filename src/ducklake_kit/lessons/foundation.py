@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ducklake_kit.platforms import postgres, s3
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
+from ducklake_kit.platforms import postgres, s3
 from ducklake_kit.platforms.base import BUCKETS, Platform
 
 TABLE = "foundation"  # lake.main.foundation: rebuilt by every run
@@ -25,8 +25,11 @@ def run(platform: Platform, checks: CheckRun) -> dict[str, Any]:
     with checks.step("up"):
         platform.up()
     statuses = platform.status()  # measured after `up`, by a fresh round trip to each service
-    checks.true("services answer (PostgreSQL query, S3 ListBuckets)", all(s.healthy for s in statuses),
-                actual=", ".join(f"{s.name}: {s.detail}" for s in statuses))
+    checks.true(
+        "services answer (PostgreSQL query, S3 ListBuckets)",
+        all(s.healthy for s in statuses),
+        actual=", ".join(f"{s.name}: {s.detail}" for s in statuses),
+    )
     ep = platform.endpoints()
     with checks.step("buckets"):
         buckets = s3.list_buckets(ep.s3)
@@ -35,7 +38,9 @@ def run(platform: Platform, checks: CheckRun) -> dict[str, Any]:
     snapshots: list[int] = []
     with checks.step("create + 2 inserts"), Lake(ep) as lake:
         # kit_smoke: this table's name before 2026-11 (one name for the foundation everywhere); dropped so it is not left over
-        lake.run(f"DROP TABLE IF EXISTS kit_smoke; DROP TABLE IF EXISTS {TABLE}; CREATE TABLE {TABLE} (id BIGINT, amount BIGINT)")
+        lake.run(
+            f"DROP TABLE IF EXISTS kit_smoke; DROP TABLE IF EXISTS {TABLE}; CREATE TABLE {TABLE} (id BIGINT, amount BIGINT)"
+        )
         created_at = lake.current_snapshot()
         for lo, hi in BATCHES:
             (res,) = lake.run(f"INSERT INTO {TABLE} SELECT i, (i * 7) % 1000 FROM range({lo}, {hi}) r(i)")
@@ -45,29 +50,45 @@ def run(platform: Platform, checks: CheckRun) -> dict[str, Any]:
     with checks.step("checks"), Lake(ep) as lake:
         expected_rows, expected_sum = 0, 0
         checks.equal("each insert made one new snapshot", snapshots, [created_at + 1, created_at + 2])
-        changes = dict(lake.con.execute(
-            "SELECT snapshot_id, changes FROM ducklake_snapshots('lake') WHERE snapshot_id IN (?, ?)", snapshots).fetchall())
-        checks.true("both snapshots record an insert into the table",
-                    all("tables_inserted_into" in changes.get(s, {}) for s in snapshots), actual=changes)
-        checks.equal("AT (VERSION => create snapshot) is empty",
-                     lake.scalar(f"SELECT count(*) FROM {TABLE} AT (VERSION => {created_at})"), 0)
+        changes = dict(
+            lake.con.execute(
+                "SELECT snapshot_id, changes FROM ducklake_snapshots('lake') WHERE snapshot_id IN (?, ?)", snapshots
+            ).fetchall()
+        )
+        checks.true(
+            "both snapshots record an insert into the table",
+            all("tables_inserted_into" in changes.get(s, {}) for s in snapshots),
+            actual=changes,
+        )
+        checks.equal(
+            "AT (VERSION => create snapshot) is empty",
+            lake.scalar(f"SELECT count(*) FROM {TABLE} AT (VERSION => {created_at})"),
+            0,
+        )
         for (lo, hi), version in zip(BATCHES, snapshots, strict=False):
             expected_rows += hi - lo
             expected_sum += sum(_amount(i) for i in range(lo, hi))
             got = lake.con.execute(f"SELECT count(*), sum(amount) FROM {TABLE} AT (VERSION => {version})").fetchone()
-            checks.equal(f"AT (VERSION => {version}): rows, sum(amount)", [got[0], int(got[1])], [expected_rows, expected_sum])
+            checks.equal(
+                f"AT (VERSION => {version}): rows, sum(amount)", [got[0], int(got[1])], [expected_rows, expected_sum]
+            )
         now = lake.con.execute(f"SELECT count(*), sum(amount) FROM {TABLE}").fetchone()
         checks.equal("current rows, sum(amount)", [now[0], int(now[1])], [expected_rows, expected_sum])
 
-        files = lake.con.execute(f"SELECT data_file, data_file_size_bytes FROM ducklake_list_files('lake', '{TABLE}')").fetchall()
+        files = lake.con.execute(
+            f"SELECT data_file, data_file_size_bytes FROM ducklake_list_files('lake', '{TABLE}')"
+        ).fetchall()
         client = s3.client(ep.s3)
         on_s3 = {}
         for path, size in files:
             bucket, _, key = path.removeprefix("s3://").partition("/")
             on_s3[path] = client.head_object(Bucket=bucket, Key=key)["ContentLength"] == size
-        checks.true("every data file is a Parquet object of the listed size in the lake bucket",
-                    len(files) == len(BATCHES) and all(on_s3.values()) and all(p.startswith(ep.data_path) for p in on_s3),
-                    expected=f"{len(BATCHES)} files under {ep.data_path}", actual=on_s3)
+        checks.true(
+            "every data file is a Parquet object of the listed size in the lake bucket",
+            len(files) == len(BATCHES) and all(on_s3.values()) and all(p.startswith(ep.data_path) for p in on_s3),
+            expected=f"{len(BATCHES)} files under {ep.data_path}",
+            actual=on_s3,
+        )
 
         duck_snapshots = lake.scalar("SELECT count(*) FROM ducklake_snapshots('lake')")
         with postgres.connect(ep.pg) as pg:

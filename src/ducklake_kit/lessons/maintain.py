@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import duckdb
@@ -39,11 +39,18 @@ import duckdb
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
-from ducklake_kit.lake.inventory import (delete_s3_objects, fingerprint, inlined_rows, inventory, referenced_files,
-                                          s3_objects, snapshot_ids)
+from ducklake_kit.lake.inventory import (
+    delete_s3_objects,
+    fingerprint,
+    inlined_rows,
+    inventory,
+    referenced_files,
+    s3_objects,
+    snapshot_ids,
+)
 from ducklake_kit.lake.locks import held_now, load_life_key
-from ducklake_kit.taxi.load import commit_lock, load_id_of
 from ducklake_kit.platforms.base import Endpoints, Platform
+from ducklake_kit.taxi.load import commit_lock, load_id_of
 
 DEFAULT_OLDER_THAN = "7 days"
 # duckdb/ducklake#1462: DuckLake keeps its PostgreSQL catalog transaction open while it does the Parquet work of an
@@ -61,7 +68,7 @@ def resolve_cutoff(lake: Lake, older_than: str | timedelta | datetime) -> dateti
     """The age as an absolute time: an interval string ('7 days', '1 hour'), a timedelta, or a timestamp
     (a datetime or an ISO string). Resolved once, at the start, so every step uses the same cutoff."""
     if isinstance(older_than, datetime):
-        return older_than if older_than.tzinfo else older_than.replace(tzinfo=timezone.utc)
+        return older_than if older_than.tzinfo else older_than.replace(tzinfo=UTC)
     now = lake.scalar("SELECT now()")
     if isinstance(older_than, timedelta):
         return now - older_than
@@ -71,8 +78,10 @@ def resolve_cutoff(lake: Lake, older_than: str | timedelta | datetime) -> dateti
             return lake.scalar("SELECT CAST(? AS TIMESTAMPTZ)", [text])
         return lake.scalar("SELECT now() - CAST(? AS INTERVAL)", [text])
     except duckdb.Error:
-        raise KitError(f"cannot read the age '{older_than}'",
-                       "give an interval such as '7 days' or '2 hours', or a timestamp such as '2026-01-31 12:00:00'") from None
+        raise KitError(
+            f"cannot read the age '{older_than}'",
+            "give an interval such as '7 days' or '2 hours', or a timestamp such as '2026-01-31 12:00:00'",
+        ) from None
 
 
 # -- the run -----------------------------------------------------------------------------------------------
@@ -92,8 +101,9 @@ def unreferenced_files(lake: Lake, ep: Endpoints) -> dict[str, list[str]]:
     is alive wrote them and may still commit them), `dead` (a load whose life lock is free: finished, failed or
     killed, it can never commit them), `other` (not named for a load: another writer's, an older kit's, or one DuckLake
     itself wrote in a transaction that never committed, such as a killed load's zones)."""
-    paths = _paths(lake, "SELECT path FROM ducklake_delete_orphaned_files(?, dry_run => true, older_than => now())",
-                   [lake.alias])
+    paths = _paths(
+        lake, "SELECT path FROM ducklake_delete_orphaned_files(?, dry_run => true, older_than => now())", [lake.alias]
+    )
     by_load: dict[str, list[str]] = {}
     out: dict[str, list[str]] = {"running": [], "dead": [], "other": []}
     for path in paths:
@@ -108,9 +118,16 @@ def unreferenced_files(lake: Lake, ep: Endpoints) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in out.items()}
 
 
-def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | timedelta | datetime = DEFAULT_OLDER_THAN,
-                 versions: list[int] | None = None, dry_run: bool = False, dead_loads: bool = False,
-                 on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run_maintain(
+    platform: Platform,
+    checks: CheckRun,
+    *,
+    older_than: str | timedelta | datetime = DEFAULT_OLDER_THAN,
+    versions: list[int] | None = None,
+    dry_run: bool = False,
+    dead_loads: bool = False,
+    on_step: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     """`older_than`: snapshots committed before it expire, and orphaned files last written before it are deleted.
     `versions`: expire exactly these snapshots instead (orphans still use `older_than`). `dead_loads`: also delete
     now, whatever their age, the files of loads known dead (their life lock is free: see `unreferenced_files`)."""
@@ -118,7 +135,9 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
     with Lake(ep, catalog_settings=CATALOG_SETTINGS) as lake:
         a = lake.alias
         cutoff = resolve_cutoff(lake, older_than)
-        expire_args = ("versions => ?", [a, [int(v) for v in versions]]) if versions else ("older_than => ?", [a, cutoff])
+        expire_args = (
+            ("versions => ?", [a, [int(v) for v in versions]]) if versions else ("older_than => ?", [a, cutoff])
+        )
         before = inventory(lake, ep)
         snaps_before = snapshot_ids(lake)
         objects_before = s3_objects(ep)
@@ -128,22 +147,36 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
             survivors = [s for s in snaps_before[:-1] if s not in _expire(lake, expire_args, dry_run=True)]
             kept = survivors[0] if survivors else None
             fp_kept = fingerprint(lake, kept) if kept is not None else {}
-        result: dict[str, Any] = {"dry_run": dry_run, "cutoff": cutoff.isoformat(), "versions": versions, "before": before}
+        result: dict[str, Any] = {
+            "dry_run": dry_run,
+            "cutoff": cutoff.isoformat(),
+            "versions": versions,
+            "before": before,
+        }
 
         if dry_run:
             on_step("dry run: listing what would go, changing nothing")
             result["would"] = {
                 "flush_inlined_rows": inlined_rows(lake),
                 # schema.table: `trips` lives in several schemas (main, timetravel, ...)
-                "merge_candidates": {t: n for t, n in lake.con.execute(
-                    f"SELECT s.schema_name || '.' || i.table_name, i.file_count FROM ducklake_table_info(?) i "
-                    f"JOIN __ducklake_metadata_{a}.ducklake_schema s ON s.schema_id = i.schema_id AND s.end_snapshot IS NULL "
-                    "WHERE i.file_count > 1 ORDER BY 1", [a]).fetchall()},
+                "merge_candidates": dict(
+                    lake.con.execute(
+                        f"SELECT s.schema_name || '.' || i.table_name, i.file_count FROM ducklake_table_info(?) i "
+                        f"JOIN __ducklake_metadata_{a}.ducklake_schema s ON s.schema_id = i.schema_id AND s.end_snapshot IS NULL "
+                        "WHERE i.file_count > 1 ORDER BY 1",
+                        [a],
+                    ).fetchall()
+                ),
                 "expire_snapshots": _expire(lake, expire_args, dry_run=True),
                 # files already scheduled; those the expiry would free are scheduled only when it runs
-                "cleanup_files": _paths(lake, "SELECT path FROM ducklake_cleanup_old_files(?, dry_run => true, cleanup_all => true)", [a]),
-                "orphaned_files": _paths(lake, "SELECT path FROM ducklake_delete_orphaned_files(?, dry_run => true, older_than => ?)",
-                                         [a, cutoff]),
+                "cleanup_files": _paths(
+                    lake, "SELECT path FROM ducklake_cleanup_old_files(?, dry_run => true, cleanup_all => true)", [a]
+                ),
+                "orphaned_files": _paths(
+                    lake,
+                    "SELECT path FROM ducklake_delete_orphaned_files(?, dry_run => true, older_than => ?)",
+                    [a, cutoff],
+                ),
             }
             left = unreferenced_files(lake, ep)
             result["unreferenced_left"] = {k: len(v) for k, v in left.items()}
@@ -167,20 +200,36 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
             made = lake.last_committed_snapshot()
             if made is not None and made != before_op:
                 own.append(made)
-                checks.equal(f"{what} (snapshot {made}) changed no answer: every table's rows and row-hash sum",
-                             fingerprint(lake, made), fingerprint(lake, made - 1))
+                checks.equal(
+                    f"{what} (snapshot {made}) changed no answer: every table's rows and row-hash sum",
+                    fingerprint(lake, made),
+                    fingerprint(lake, made - 1),
+                )
             return out
 
         with checks.step("maintain: flush inlined data"):
             on_step("flushing inlined data into Parquet files")
-            done["flushed"] = {f"{s}.{t}": int(n) for s, t, n in answer_preserving("flushing inlined data", lambda: lake.con.execute(
-                "SELECT schema_name, table_name, rows_flushed FROM ducklake_flush_inlined_data(?)", [a]).fetchall())}
+            done["flushed"] = {
+                f"{s}.{t}": int(n)
+                for s, t, n in answer_preserving(
+                    "flushing inlined data",
+                    lambda: lake.con.execute(
+                        "SELECT schema_name, table_name, rows_flushed FROM ducklake_flush_inlined_data(?)", [a]
+                    ).fetchall(),
+                )
+            }
         with checks.step("maintain: merge adjacent files"):
             on_step("merging adjacent small files")
-            done["merged"] = {f"{s}.{t}": {"files_processed": int(p), "files_created": int(c)} for s, t, p, c in answer_preserving(
-                "merging adjacent files", lambda: lake.con.execute(
-                    "SELECT schema_name, table_name, files_processed, files_created FROM ducklake_merge_adjacent_files(?)",
-                    [a]).fetchall())}
+            done["merged"] = {
+                f"{s}.{t}": {"files_processed": int(p), "files_created": int(c)}
+                for s, t, p, c in answer_preserving(
+                    "merging adjacent files",
+                    lambda: lake.con.execute(
+                        "SELECT schema_name, table_name, files_processed, files_created FROM ducklake_merge_adjacent_files(?)",
+                        [a],
+                    ).fetchall(),
+                )
+            }
         with checks.step("maintain: expire snapshots"):
             on_step(f"expiring snapshots {'in ' + str(versions) if versions else 'older than ' + cutoff.isoformat()}")
             done["expired"] = _expire(lake, expire_args, dry_run=False)
@@ -189,7 +238,9 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
             done["cleaned"] = _paths(lake, "SELECT path FROM ducklake_cleanup_old_files(?, cleanup_all => true)", [a])
         with checks.step("maintain: delete orphaned files"):
             on_step("deleting orphaned files (written but never committed, e.g. by a killed load)")
-            done["orphans_deleted"] = _paths(lake, "SELECT path FROM ducklake_delete_orphaned_files(?, older_than => ?)", [a, cutoff])
+            done["orphans_deleted"] = _paths(
+                lake, "SELECT path FROM ducklake_delete_orphaned_files(?, older_than => ?)", [a, cutoff]
+            )
         with checks.step("maintain: files of dead loads"):
             if dead_loads:
                 # under the loads' commit lock: no load commits between the listing and the deletion, and a load
@@ -201,14 +252,17 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
                         delete_s3_objects(ep, left["dead"])
                 done["dead_load_files_deleted"] = left["dead"]
                 if left["dead"]:
-                    checks.equal("the dead loads' files are gone from S3",
-                                 sorted(set(left["dead"]) & set(s3_objects(ep))), [])
+                    checks.equal(
+                        "the dead loads' files are gone from S3", sorted(set(left["dead"]) & set(s3_objects(ep))), []
+                    )
             left = unreferenced_files(lake, ep)
             result["unreferenced_left"] = {k: len(v) for k, v in left.items()}
-            reasons = {"running": "written by a load that is still running (it may commit them)",
-                       "dead": f"of loads known dead, kept until they are older than {cutoff.isoformat()} "
-                               "(`maintain --dead-loads` removes them now)",
-                       "other": f"not named for a load, kept until they are older than {cutoff.isoformat()}"}
+            reasons = {
+                "running": "written by a load that is still running (it may commit them)",
+                "dead": f"of loads known dead, kept until they are older than {cutoff.isoformat()} "
+                "(`maintain --dead-loads` removes them now)",
+                "other": f"not named for a load, kept until they are older than {cutoff.isoformat()}",
+            }
             for kind, files in left.items():
                 if files:
                     on_step(f"{len(files)} unreferenced file(s) left: {reasons[kind]}")
@@ -228,17 +282,26 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
         if not others:  # nobody else wrote: the whole lake's answers are as before, too
             checks.equal("current answers unchanged: every table's rows and row-hash sum", fp_after, fp_before)
         else:
-            on_step(f"{len(others)} snapshot(s) of other writers landed meanwhile: each of maintain's own commits was "
-                    "checked against the snapshot it was built on instead")
+            on_step(
+                f"{len(others)} snapshot(s) of other writers landed meanwhile: each of maintain's own commits was "
+                "checked against the snapshot it was built on instead"
+            )
         checks.equal("expired snapshots are no longer listed", sorted(set(done["expired"]) & set(snaps_after)), [])
         if versions:
-            checks.equal("exactly the requested versions expired", done["expired"], sorted(set(int(v) for v in versions) & set(snaps_before)))
+            checks.equal(
+                "exactly the requested versions expired",
+                done["expired"],
+                sorted({int(v) for v in versions} & set(snaps_before)),
+            )
         else:
             gone = [s for s in snaps_before if s not in snaps_after]
             checks.equal("every snapshot that is gone was reported expired", gone, done["expired"])
         if kept is not None:
-            checks.equal(f"a kept older snapshot ({kept}) answers as before (time travel survives the merge)",
-                         fingerprint(lake, kept), fp_kept)
+            checks.equal(
+                f"a kept older snapshot ({kept}) answers as before (time travel survives the merge)",
+                fingerprint(lake, kept),
+                fp_kept,
+            )
         probe = next(iter(fp_after), None)
         reach: dict[str, Any] = {}
         if done["expired"] and probe:
@@ -248,8 +311,12 @@ def run_maintain(platform: Platform, checks: CheckRun, *, older_than: str | time
                 error = ""
             except duckdb.Error as exc:
                 error = first_line(exc)
-            checks.true(f"AT (VERSION => {expired}) (expired) now fails", "No snapshot found" in error,
-                        expected="an error: No snapshot found", actual=error or "it still answers")
+            checks.true(
+                f"AT (VERSION => {expired}) (expired) now fails",
+                "No snapshot found" in error,
+                expected="an error: No snapshot found",
+                actual=error or "it still answers",
+            )
             current = snaps_after[-1]
             n = lake.scalar(f"SELECT count(*) FROM {probe} AT (VERSION => {current})")
             checks.equal(f"AT (VERSION => {current}) (current) answers: {probe} rows", n, fp_after[probe][0])

@@ -14,18 +14,21 @@ from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
+from ducklake_kit.lessons.workers import PLANE_OFF, plane_for
 from ducklake_kit.pipelines import dag, flow
 from ducklake_kit.platforms.base import Platform
 from ducklake_kit.platforms.state import State, project_root
-from ducklake_kit.lessons.workers import PLANE_OFF, plane_for
 
 PIPELINE_FILE = (project_root() or Path.cwd()) / "pipelines" / "taxi_marts.sql"
+
 
 def direct_queries(trips: str, zones: str) -> dict[str, str]:
     """Each mart, and the same figure computed directly from `trips` and `zones` (table expressions that take an
     alias, e.g. `(SELECT * FROM trips AT (VERSION => 7))`)."""
-    airport = (f"EXISTS (SELECT 1 FROM {zones} z WHERE z.location_id IN (t.pu_location_id, t.do_location_id) "
-               "AND z.service_zone IN ('Airports', 'EWR'))")
+    airport = (
+        f"EXISTS (SELECT 1 FROM {zones} z WHERE z.location_id IN (t.pu_location_id, t.do_location_id) "
+        "AND z.service_zone IN ('Airports', 'EWR'))"
+    )
     borough = f"(SELECT z.borough FROM {zones} z WHERE z.location_id = t.pu_location_id)"
 
     def name(col: str) -> str:
@@ -37,19 +40,19 @@ def direct_queries(trips: str, zones: str) -> dict[str, str]:
     return {
         "marts.daily_revenue": f"""
             SELECT t.pickup_date, {borough} AS borough, count(*), sum(t.total_amount::DECIMAL(18, 2))
-            FROM {trips} t WHERE {known('pu_location_id')} GROUP BY 1, 2""",
+            FROM {trips} t WHERE {known("pu_location_id")} GROUP BY 1, 2""",
         "marts.hourly_demand": f"""
             SELECT pickup_weekday, pickup_hour, count(*), sum(trip_duration_s) FROM {trips} GROUP BY 1, 2""",
         "marts.airport_trips": f"""
             SELECT t.pu_borough, t.pickup_date, count(*), sum(t.fare_amount::DECIMAL(18, 2))
             FROM {trips} t WHERE {airport} GROUP BY 1, 2""",
         "marts.zone_flows": f"""
-            SELECT {name('pu_location_id')}, {name('do_location_id')}, count(*) FROM {trips} t
-            WHERE {known('pu_location_id')} AND {known('do_location_id')} GROUP BY 1, 2""",
+            SELECT {name("pu_location_id")}, {name("do_location_id")}, count(*) FROM {trips} t
+            WHERE {known("pu_location_id")} AND {known("do_location_id")} GROUP BY 1, 2""",
         "marts.borough_summary": f"""
             WITH per AS (
                 SELECT {borough} AS borough, count(*) AS trips, sum(t.total_amount::DECIMAL(18, 2)) AS revenue
-                FROM {trips} t WHERE {known('pu_location_id')} GROUP BY 1),
+                FROM {trips} t WHERE {known("pu_location_id")} GROUP BY 1),
             air AS (SELECT t.pu_borough AS borough, count(*) AS n FROM {trips} t WHERE {airport} GROUP BY 1)
             SELECT per.borough, per.trips, per.revenue, coalesce(air.n, 0), round(coalesce(air.n, 0) / per.trips, 4)
             FROM per LEFT JOIN air ON air.borough IS NOT DISTINCT FROM per.borough""",
@@ -65,37 +68,69 @@ def differences(lake: Lake, mart: str, direct_at: str, snapshot: int) -> tuple[i
     return rows, only_mart, only_direct
 
 
-def run_pipeline(platform: Platform, state: State, checks: CheckRun, *, scheduler: str | None = None,
-                 path: Path = PIPELINE_FILE, on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run_pipeline(
+    platform: Platform,
+    state: State,
+    checks: CheckRun,
+    *,
+    scheduler: str | None = None,
+    path: Path = PIPELINE_FILE,
+    on_step: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     ep = platform.endpoints()
     status = plane_for(platform, state, "pipeline", scheduler, on_step)
     if status is None:
         return {"skipped": PLANE_OFF}
     on_step(f"pipeline: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
-    outcome = flow.run(path, status.address, ep, platform_name=platform.name,
-                       on_event=lambda kind, n: on_step(f"pipeline: node {n.id} {'started' if kind == 'start' else n.status}"))
+    outcome = flow.run(
+        path,
+        status.address,
+        ep,
+        platform_name=platform.name,
+        on_event=lambda kind, n: on_step(f"pipeline: node {n.id} {'started' if kind == 'start' else n.status}"),
+    )
     run = outcome.run
-    checks.equal("pipeline: every node ran and succeeded", {n.id: n.error or n.status for n in run.nodes},
-                 {n: "ok" for n in dag.load(path).nodes})
+    checks.equal(
+        "pipeline: every node ran and succeeded",
+        {n.id: n.error or n.status for n in run.nodes},
+        dict.fromkeys(dag.load(path).nodes, "ok"),
+    )
     nodes = {n.id: n for n in run.nodes}
-    checks.equal("pipeline: the worker-local steps and the node that reads their table ran on w1",
-                 [nodes[n].worker if n in nodes else None for n in ("zone_names", "zone_flows", "drop_zone_names")],
-                 ["w1", "w1", "w1"])
+    checks.equal(
+        "pipeline: the worker-local steps and the node that reads their table ran on w1",
+        [nodes[n].worker if n in nodes else None for n in ("zone_names", "zone_flows", "drop_zone_names")],
+        ["w1", "w1", "w1"],
+    )
     figures: dict[str, Any] = {}
     with Lake(ep) as lake:
         snapshot = lake.current_snapshot()
         # a table read AT a version takes no alias: pinned through a subquery
-        direct = direct_queries(f"(SELECT * FROM trips AT (VERSION => {snapshot}))",
-                                f"(SELECT * FROM zones AT (VERSION => {snapshot}))")
+        direct = direct_queries(
+            f"(SELECT * FROM trips AT (VERSION => {snapshot}))", f"(SELECT * FROM zones AT (VERSION => {snapshot}))"
+        )
         for mart, query in direct.items():
             rows, only_mart, only_direct = differences(lake, mart, query, snapshot)
-            checks.equal(f"pipeline: {mart} equals the same figure computed from trips ({rows} rows, both ways)",
-                         (rows > 0, only_mart, only_direct), (True, 0, 0))
+            checks.equal(
+                f"pipeline: {mart} equals the same figure computed from trips ({rows} rows, both ways)",
+                (rows > 0, only_mart, only_direct),
+                (True, 0, 0),
+            )
             figures[mart] = rows
-        parents = {r[0] for r in lake.con.execute(
-            "SELECT parent FROM lineage_tables WHERE pipeline = ? AND child = 'marts.borough_summary'",
-            [run.pipeline]).fetchall()}
-        checks.equal("pipeline: lineage of marts.borough_summary names the two marts it joins", parents,
-                     {"marts.daily_revenue", "marts.airport_trips"})
-    return {"run_id": run.run_id, "nodes": {n.id: n.status for n in run.nodes}, "rows": figures,
-            "history_snapshot": outcome.history_snapshot}
+        parents = {
+            r[0]
+            for r in lake.con.execute(
+                "SELECT parent FROM lineage_tables WHERE pipeline = ? AND child = 'marts.borough_summary'",
+                [run.pipeline],
+            ).fetchall()
+        }
+        checks.equal(
+            "pipeline: lineage of marts.borough_summary names the two marts it joins",
+            parents,
+            {"marts.daily_revenue", "marts.airport_trips"},
+        )
+    return {
+        "run_id": run.run_id,
+        "nodes": {n.id: n.status for n in run.nodes},
+        "rows": figures,
+        "history_snapshot": outcome.history_snapshot,
+    }

@@ -167,15 +167,20 @@ def build_reference(lake: Lake) -> duckdb.DuckDBPyConnection:
     reject_reason) and `zones` (copied from the lake's lookup)."""
     if not table_exists(lake.con, lake.alias, "main", "load_log"):
         raise KitError("the lake holds no loads yet, so there is nothing to query", "run `load` first")
-    loads = lake.con.execute(f"SELECT raw_uri, period FROM {lake.alias}.main.load_log ORDER BY load_id, raw_uri").fetchall()
+    loads = lake.con.execute(
+        f"SELECT raw_uri, period FROM {lake.alias}.main.load_log ORDER BY load_id, raw_uri"
+    ).fetchall()
     zones = lake.con.execute(f"SELECT location_id, borough, zone FROM {lake.alias}.main.zones").to_arrow_table()
     con = reference_connection(lake.endpoints)
     try:
         con.register("zones_in", zones)
         con.execute("CREATE TABLE zones AS SELECT * FROM zones_in")
         con.unregister("zones_in")
-        empty = "SELECT " + ", ".join(f"CAST(NULL AS {t}) AS {n}" for n, t in NEEDED_COLUMNS.items()) + \
-                ", CAST(NULL AS VARCHAR) AS reject_reason WHERE false"
+        empty = (
+            "SELECT "
+            + ", ".join(f"CAST(NULL AS {t}) AS {n}" for n, t in NEEDED_COLUMNS.items())
+            + ", CAST(NULL AS VARCHAR) AS reject_reason WHERE false"
+        )
         parts = [source_select(con, uri, period) for uri, period in loads] or [empty]
         con.execute("CREATE TABLE source_trips AS " + "\nUNION ALL ".join(parts))
     except BaseException:
@@ -184,7 +189,9 @@ def build_reference(lake: Lake) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def check_queries(lake: Lake, checks: CheckRun, names: list[str] | None = None) -> dict[str, tuple[list[str], list[tuple], float]]:
+def check_queries(
+    lake: Lake, checks: CheckRun, names: list[str] | None = None
+) -> dict[str, tuple[list[str], list[tuple], float]]:
     """Run each query (all by default) and check its answer equals the reference computed from the source files.
 
     Returns the lake's answers by name, (columns, rows, seconds), for rendering. With all queries, also checks
@@ -195,15 +202,18 @@ def check_queries(lake: Lake, checks: CheckRun, names: list[str] | None = None) 
     wanted = [get_query(n).name for n in names] if names else [n for n in known if n in REFERENCE_SQL]
     missing = [n for n in wanted if n not in REFERENCE_SQL]
     if missing:
-        raise KitError(f"query '{missing[0]}' has no reference computation to check it against",
-                       f"checked queries: {', '.join(n for n in known if n in REFERENCE_SQL)}")
+        raise KitError(
+            f"query '{missing[0]}' has no reference computation to check it against",
+            f"checked queries: {', '.join(n for n in known if n in REFERENCE_SQL)}",
+        )
     answers: dict[str, tuple[list[str], list[tuple], float]] = {}
     try:
         with checks.step("queries: reference from the source files"):
             ref = build_reference(lake)
     except UnreadableSource as exc:  # one failed check naming the file and the fix, and the lessons still run
-        checks.true("queries: the reference reads every loaded raw object", False, expected="readable",
-                    actual=exc.line())
+        checks.true(
+            "queries: the reference reads every loaded raw object", False, expected="readable", actual=exc.line()
+        )
         return {name: run_query(lake, name) for name in wanted}
     try:
         for name in wanted:
@@ -213,17 +223,20 @@ def check_queries(lake: Lake, checks: CheckRun, names: list[str] | None = None) 
             checks.equal(f"query {name} matches the source", rows, expected)
         if names is None:
             lake_reasons = lake.con.execute(
-                f"SELECT reject_reason, count(*) FROM {lake.alias}.main.quarantine GROUP BY 1 ORDER BY 1").fetchall()
+                f"SELECT reject_reason, count(*) FROM {lake.alias}.main.quarantine GROUP BY 1 ORDER BY 1"
+            ).fetchall()
             ref_reasons = ref.execute(
-                "SELECT reject_reason, count(*) FROM source_trips WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 1").fetchall()
+                "SELECT reject_reason, count(*) FROM source_trips WHERE reject_reason IS NOT NULL GROUP BY 1 ORDER BY 1"
+            ).fetchall()
             checks.equal(_QUARANTINE_CHECK, lake_reasons, ref_reasons)
     finally:
         ref.close()
     return answers
 
 
-def run_queries(endpoints: Endpoints, platform_name: str, names: list[str] | None = None, *, check: bool = True
-                ) -> tuple[dict[str, tuple[list[str], list[tuple], float]], CheckRun, dict[str, Any]]:
+def run_queries(
+    endpoints: Endpoints, platform_name: str, names: list[str] | None = None, *, check: bool = True
+) -> tuple[dict[str, tuple[list[str], list[tuple], float]], CheckRun, dict[str, Any]]:
     """`query`: run the named queries (all by default), each checked against the source files unless `check` is
     off: (answers by name, the checks, the lake's catalog_info afterwards)."""
     run = CheckRun()

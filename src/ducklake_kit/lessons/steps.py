@@ -11,17 +11,24 @@ from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
+from ducklake_kit.lessons.workers import PLANE_OFF, plane_for
 from ducklake_kit.platforms.base import Platform
 from ducklake_kit.platforms.state import State, project_root
 from ducklake_kit.steps import runner
-from ducklake_kit.lessons.workers import PLANE_OFF, plane_for
 
 PLAYBOOK = (project_root() or Path.cwd()) / "steps" / "distributed_loop.yaml"
 BATCH_IDS = list(range(1, 9))
 
 
-def run_steps(platform: Platform, state: State, checks: CheckRun, *, scheduler: str | None = None,
-              path: Path = PLAYBOOK, on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run_steps(
+    platform: Platform,
+    state: State,
+    checks: CheckRun,
+    *,
+    scheduler: str | None = None,
+    path: Path = PLAYBOOK,
+    on_step: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     ep = platform.endpoints()
     status = plane_for(platform, state, "steps", scheduler, on_step)
     if status is None:
@@ -29,31 +36,63 @@ def run_steps(platform: Platform, state: State, checks: CheckRun, *, scheduler: 
     on_step(f"steps: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
     overrides = {"batch_ids": BATCH_IDS}
     playbook = runner.load(path, overrides)
-    run = runner.run_file(playbook, status.address, ep, state.home, overrides=overrides,
-                          on_event=lambda kind, d: on_step(f"steps: step {d['step']}") if kind == "step" else None)
-    checks.equal("steps: every step of the playbook ran and succeeded",
-                 {s.step: (s.error.line() if s.error else s.status) for s in run.steps},
-                 {name: "ok" for name in playbook.steps})
+    run = runner.run_file(
+        playbook,
+        status.address,
+        ep,
+        state.home,
+        overrides=overrides,
+        on_event=lambda kind, d: on_step(f"steps: step {d['step']}") if kind == "step" else None,
+    )
+    checks.equal(
+        "steps: every step of the playbook ran and succeeded",
+        {s.step: (s.error.line() if s.error else s.status) for s in run.steps},
+        dict.fromkeys(playbook.steps, "ok"),
+    )
     loop = next((s for s in run.steps if s.iterations is not None), None)
     ran_on = {it.element: it.worker for it in (loop.iterations if loop else [])}
     with Lake(ep) as lake:
         rows = lake.con.execute("SELECT batch_id, worker_id FROM processed_batches ORDER BY batch_id").fetchall()
-        checks.equal("steps: every batch id inserted exactly once (read back from the lake)",
-                     [r[0] for r in rows], BATCH_IDS)
-        checks.equal("steps: each row was written by the worker the runner reports for its iteration",
-                     {r[0]: r[1] for r in rows}, ran_on)
+        checks.equal(
+            "steps: every batch id inserted exactly once (read back from the lake)", [r[0] for r in rows], BATCH_IDS
+        )
+        checks.equal(
+            "steps: each row was written by the worker the runner reports for its iteration",
+            {r[0]: r[1] for r in rows},
+            ran_on,
+        )
         if len(status.workers) > 1:
-            checks.true("steps: the async loop's iterations ran on more than one worker", len(set(ran_on.values())) > 1,
-                        expected="> 1 worker", actual=sorted(set(ran_on.values())))
+            checks.true(
+                "steps: the async loop's iterations ran on more than one worker",
+                len(set(ran_on.values())) > 1,
+                expected="> 1 worker",
+                actual=sorted(set(ran_on.values())),
+            )
         info = run.steps[-1].catalog_info or {}
         latest = info.get("latest_snapshot") or {}
-        row = lake.con.execute("SELECT snapshot_id, commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?",
-                               [latest.get("snapshot_id")]).fetchone()
-        checks.equal("steps: the reported catalog_info is the catalog's own record of that snapshot",
-                     (latest.get("snapshot_id"), latest.get("commit_message")), tuple(row) if row else None)
-        checks.true("steps: catalog_info counts every snapshot (not capped at 5)",
-                    info.get("snapshot_count") == lake.scalar(
-                        "SELECT count(*) FROM ducklake_snapshots('lake') WHERE snapshot_id <= ?", [latest.get("snapshot_id")]),
-                    expected="the catalog's count", actual=info.get("snapshot_count"))
-    return {"playbook": str(path), "execution_id": run.execution_id, "steps": [s.status for s in run.steps],
-            "iterations": len(ran_on), "workers": sorted(set(ran_on.values())), "seconds": run.seconds}
+        row = lake.con.execute(
+            "SELECT snapshot_id, commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?",
+            [latest.get("snapshot_id")],
+        ).fetchone()
+        checks.equal(
+            "steps: the reported catalog_info is the catalog's own record of that snapshot",
+            (latest.get("snapshot_id"), latest.get("commit_message")),
+            tuple(row) if row else None,
+        )
+        checks.true(
+            "steps: catalog_info counts every snapshot (not capped at 5)",
+            info.get("snapshot_count")
+            == lake.scalar(
+                "SELECT count(*) FROM ducklake_snapshots('lake') WHERE snapshot_id <= ?", [latest.get("snapshot_id")]
+            ),
+            expected="the catalog's count",
+            actual=info.get("snapshot_count"),
+        )
+    return {
+        "playbook": str(path),
+        "execution_id": run.execution_id,
+        "steps": [s.status for s in run.steps],
+        "iterations": len(ran_on),
+        "workers": sorted(set(ran_on.values())),
+        "seconds": run.seconds,
+    }

@@ -38,10 +38,10 @@ import duckdb
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
-from ducklake_kit.lessons import LESSON_ROWS_PER_MONTH
 from ducklake_kit.lake.changes import change_counts, changes_sql
 from ducklake_kit.lake.sql import schema_exists
 from ducklake_kit.lake.transactions import commit
+from ducklake_kit.lessons import LESSON_ROWS_PER_MONTH
 from ducklake_kit.platforms.base import Platform
 from ducklake_kit.platforms.state import State
 from ducklake_kit.taxi import sources
@@ -101,14 +101,24 @@ def _zero_distance_from_raw(lake: Lake, loads: list[LoadResult]) -> int:
     for load in loads:
         for fr in load.files:
             raw = lake.scalar(f"SELECT count(*) FROM read_parquet(?) WHERE {RULE}", [fr.raw_uri])
-            quarantined = lake.scalar(f"SELECT count(*) FROM {SCHEMA}.{QUARANTINE} WHERE load_id = ? AND source_file = ? AND {RULE}",
-                                      [load.load_id, fr.source.path.name])
+            quarantined = lake.scalar(
+                f"SELECT count(*) FROM {SCHEMA}.{QUARANTINE} WHERE load_id = ? AND source_file = ? AND {RULE}",
+                [load.load_id, fr.source.path.name],
+            )
             total += int(raw) - int(quarantined)
     return total
 
 
-def build_story(platform: Platform, state: State, checks: CheckRun, *, rows_per_month: int = ROWS_PER_MONTH, seed: int = SEED,
-                spark_master: str | None = None, on_step: Callable[[str], None] = lambda _m: None) -> Story:
+def build_story(
+    platform: Platform,
+    state: State,
+    checks: CheckRun,
+    *,
+    rows_per_month: int = ROWS_PER_MONTH,
+    seed: int = SEED,
+    spark_master: str | None = None,
+    on_step: Callable[[str], None] = lambda _m: None,
+) -> Story:
     """Steps 1-4: reset the schema, two loads, the correction, the restore. Checks each load against its raw file."""
     ep = platform.endpoints()
     cache = state.cache_dir
@@ -123,9 +133,20 @@ def build_story(platform: Platform, state: State, checks: CheckRun, *, rows_per_
     for f in files:
         on_step(f"loading {f.period} into {TABLE} (one snapshot)")
         with checks.step(f"timetravel: load {f.period}"):
-            loads.append(run_load(ep, [f], zones_path=zones_path, zones_note=zones_note, source_note=f"timetravel lesson {f.period}",
-                                  mode="replace", spark_master=spark_master, schema_name=SCHEMA, on_step=on_step,
-                                  spark_log=state.log_dir / SPARK_LOG))
+            loads.append(
+                run_load(
+                    ep,
+                    [f],
+                    zones_path=zones_path,
+                    zones_note=zones_note,
+                    source_note=f"timetravel lesson {f.period}",
+                    mode="replace",
+                    spark_master=spark_master,
+                    schema_name=SCHEMA,
+                    on_step=on_step,
+                    spark_log=state.log_dir / SPARK_LOG,
+                )
+            )
     with Lake(ep) as lake:
         lake.con.execute(f"USE {lake.alias}.{SCHEMA}")  # verify_file reads `trips`/`quarantine` unqualified
         try:
@@ -144,12 +165,22 @@ def build_story(platform: Platform, state: State, checks: CheckRun, *, rows_per_
             f"INSERT INTO {TABLE} SELECT * EXCLUDE (snapshot_id, rowid, change_type) "
             f"FROM {changes_sql(lake, TABLE, correction, correction)} "
             "WHERE change_type = 'delete'",
-            RESTORE_MESSAGE)
+            RESTORE_MESSAGE,
+        )
     if any(load.snapshot_id is None for load in loads):
         raise KitError("a lesson load made no snapshot", "this is a bug: the schema was dropped, so every month is new")
-    return Story(before=before, month1=int(loads[0].snapshot_id), month2=int(loads[1].snapshot_id), correction=correction,
-                 restore=restore, accepted=[sum(fr.rows_accepted for fr in load.files) for load in loads], zero_distance=zero,
-                 deleted=deleted, reinserted=reinserted, load_ids=[load.load_id for load in loads])
+    return Story(
+        before=before,
+        month1=int(loads[0].snapshot_id),
+        month2=int(loads[1].snapshot_id),
+        correction=correction,
+        restore=restore,
+        accepted=[sum(fr.rows_accepted for fr in load.files) for load in loads],
+        zero_distance=zero,
+        deleted=deleted,
+        reinserted=reinserted,
+        load_ids=[load.load_id for load in loads],
+    )
 
 
 def _changes(lake: Lake, start: int, end: int) -> dict[str, int]:
@@ -169,23 +200,47 @@ def check_story(lake: Lake, story: Story, checks: CheckRun) -> dict[str, Any]:
     expected_counts = {s.month1: m1, s.month2: m1 + m2, s.correction: m1 + m2 - s.zero_distance, s.restore: m1 + m2}
 
     # -- the correction and the restore did what they said
-    checks.equal(f"the correction deleted every zero-distance trip (raw files: {s.zero_distance})", s.deleted, s.zero_distance)
-    checks.true("the lesson has something to correct (some zero-distance trips)", s.zero_distance > 0, actual=s.zero_distance)
+    checks.equal(
+        f"the correction deleted every zero-distance trip (raw files: {s.zero_distance})", s.deleted, s.zero_distance
+    )
+    checks.true(
+        "the lesson has something to correct (some zero-distance trips)", s.zero_distance > 0, actual=s.zero_distance
+    )
     checks.equal("the restore re-inserted the deleted rows", s.reinserted, s.deleted)
 
     # -- ducklake_snapshots: the lesson's snapshots, one per step, with their commit messages
     rows = lake.con.execute(
         "SELECT snapshot_id, snapshot_time, commit_message, changes FROM ducklake_snapshots(?) "
-        "WHERE snapshot_id > ? AND snapshot_id <= ? ORDER BY snapshot_id", [lake.alias, s.before, s.restore]).fetchall()
-    snapshots = [{"step": next((k for k, v in steps.items() if v == r[0]), "?"), "snapshot_id": r[0],
-                  "snapshot_time": r[1].isoformat(), "commit_message": r[2], "changes": r[3]} for r in rows]
-    checks.equal("ducklake_snapshots: one snapshot per step, nothing in between", [r[0] for r in rows],
-                 list(range(s.before + 1, s.before + 5)))
+        "WHERE snapshot_id > ? AND snapshot_id <= ? ORDER BY snapshot_id",
+        [lake.alias, s.before, s.restore],
+    ).fetchall()
+    snapshots = [
+        {
+            "step": next((k for k, v in steps.items() if v == r[0]), "?"),
+            "snapshot_id": r[0],
+            "snapshot_time": r[1].isoformat(),
+            "commit_message": r[2],
+            "changes": r[3],
+        }
+        for r in rows
+    ]
+    checks.equal(
+        "ducklake_snapshots: one snapshot per step, nothing in between",
+        [r[0] for r in rows],
+        list(range(s.before + 1, s.before + 5)),
+    )
     checks.equal("ducklake_snapshots: the steps in order", [r[0] for r in rows], list(steps.values()))
     messages = {r[0]: r[2] or "" for r in rows}
-    checks.equal("commit messages name each step",
-                 [messages.get(s.month1, "").startswith(f"load {s.load_ids[0]}"), messages.get(s.month2, "").startswith(f"load {s.load_ids[1]}"),
-                  messages.get(s.correction), messages.get(s.restore)], [True, True, CORRECTION_MESSAGE, RESTORE_MESSAGE])
+    checks.equal(
+        "commit messages name each step",
+        [
+            messages.get(s.month1, "").startswith(f"load {s.load_ids[0]}"),
+            messages.get(s.month2, "").startswith(f"load {s.load_ids[1]}"),
+            messages.get(s.correction),
+            messages.get(s.restore),
+        ],
+        [True, True, CORRECTION_MESSAGE, RESTORE_MESSAGE],
+    )
     times = {r[0]: r[1] for r in rows}
 
     # -- AT (VERSION => n) for each snapshot
@@ -198,32 +253,49 @@ def check_story(lake: Lake, story: Story, checks: CheckRun) -> dict[str, Any]:
         before_error = ""
     except duckdb.Error as exc:
         before_error = first_line(exc)
-    checks.true(f"AT (VERSION => {s.before}) [before month 1]: the table does not exist yet", "does not exist" in before_error,
-                expected="an error saying the table does not exist", actual=before_error or "no error")
+    checks.true(
+        f"AT (VERSION => {s.before}) [before month 1]: the table does not exist yet",
+        "does not exist" in before_error,
+        expected="an error saying the table does not exist",
+        actual=before_error or "no error",
+    )
 
     # -- AT (TIMESTAMP => ...) halfway between month 1's and month 2's commits reads month 1's snapshot
     t1, t2 = times.get(s.month1), times.get(s.month2)
     at_time: dict[str, Any] = {}
     if t1 is not None and t2 is not None:
         midway: datetime = t1 + (t2 - t1) / 2
-        checks.true("the timestamp lies strictly between the two loads' commits", t1 < midway < t2, actual=midway.isoformat())
+        checks.true(
+            "the timestamp lies strictly between the two loads' commits", t1 < midway < t2, actual=midway.isoformat()
+        )
         n = int(lake.scalar(f"SELECT count(*) FROM {TABLE} AT (TIMESTAMP => ?::TIMESTAMPTZ)", [midway]))
         checks.equal(f"AT (TIMESTAMP => {midway.isoformat()}): trips as of month 1", n, m1)
         at_time = {"timestamp": midway.isoformat(), "trips": n, "reads_snapshot": s.month1}
 
     # -- the change feed: its range includes its start snapshot
     only_correction = _changes(lake, s.correction, s.correction)
-    checks.equal(f"ducklake_table_changes({s.correction}, {s.correction}): the correction's own changes", only_correction,
-                 {"delete": s.zero_distance})
+    checks.equal(
+        f"ducklake_table_changes({s.correction}, {s.correction}): the correction's own changes",
+        only_correction,
+        {"delete": s.zero_distance},
+    )
     month2_to_correction = _changes(lake, s.month2, s.correction)
-    checks.equal(f"ducklake_table_changes({s.month2}, {s.correction}): includes its start, month 2's inserts",
-                 month2_to_correction, {"delete": s.zero_distance, "insert": m2})
-    not_zero = lake.scalar(f"SELECT count(*) FROM {changes_sql(lake, TABLE, s.correction, s.correction)} "
-                           f"WHERE change_type = 'delete' AND NOT ({RULE})")
+    checks.equal(
+        f"ducklake_table_changes({s.month2}, {s.correction}): includes its start, month 2's inserts",
+        month2_to_correction,
+        {"delete": s.zero_distance, "insert": m2},
+    )
+    not_zero = lake.scalar(
+        f"SELECT count(*) FROM {changes_sql(lake, TABLE, s.correction, s.correction)} "
+        f"WHERE change_type = 'delete' AND NOT ({RULE})"
+    )
     checks.equal("every deleted row breaks the rule", not_zero, 0)
     restore_changes = _changes(lake, s.restore, s.restore)
-    checks.equal(f"ducklake_table_changes({s.restore}, {s.restore}): the restore inserted the deleted rows", restore_changes,
-                 {"insert": s.zero_distance})
+    checks.equal(
+        f"ducklake_table_changes({s.restore}, {s.restore}): the restore inserted the deleted rows",
+        restore_changes,
+        {"insert": s.zero_distance},
+    )
 
     # -- the restored table equals the version before the correction, row for row (multiset, both ways)
     extra = lake.scalar(f"SELECT count(*) FROM (FROM {TABLE} EXCEPT ALL FROM {TABLE} AT (VERSION => {s.month2}))")
@@ -245,15 +317,30 @@ def check_story(lake: Lake, story: Story, checks: CheckRun) -> dict[str, Any]:
             {"from": s.month2, "to": s.correction, **month2_to_correction},
             {"from": s.restore, "to": s.restore, **restore_changes},
         ],
-        "restore": {"method": "re-insert the deleted rows from the change feed", "to_version": s.month2,
-                    "rows_reinserted": s.reinserted, "extra_rows": extra, "missing_rows": missing, "trips_now": current},
+        "restore": {
+            "method": "re-insert the deleted rows from the change feed",
+            "to_version": s.month2,
+            "rows_reinserted": s.reinserted,
+            "extra_rows": extra,
+            "missing_rows": missing,
+            "trips_now": current,
+        },
         "story": s.as_dict(),
     }
 
 
-def run_timetravel(platform: Platform, state: State, checks: CheckRun, *, rows_per_month: int = ROWS_PER_MONTH, seed: int = SEED,
-                   spark_master: str | None = None, on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    story = build_story(platform, state, checks, rows_per_month=rows_per_month, seed=seed, spark_master=spark_master,
-                        on_step=on_step)
+def run_timetravel(
+    platform: Platform,
+    state: State,
+    checks: CheckRun,
+    *,
+    rows_per_month: int = ROWS_PER_MONTH,
+    seed: int = SEED,
+    spark_master: str | None = None,
+    on_step: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
+    story = build_story(
+        platform, state, checks, rows_per_month=rows_per_month, seed=seed, spark_master=spark_master, on_step=on_step
+    )
     with checks.step("timetravel: checks"), Lake(platform.endpoints()) as lake:
         return check_story(lake, story, checks)

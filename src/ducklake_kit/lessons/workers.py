@@ -25,8 +25,9 @@ LOCAL_TABLE = "local.kit_check"
 PLANE_OFF = "the worker plane is off (`up --workers 0`)"  # a stage's result when its checks were skipped for that
 
 
-def plane_for(platform: Platform, state: State, stage: str, scheduler: str | None,
-              on_step: Callable[[str], None]) -> PlaneStatus | None:
+def plane_for(
+    platform: Platform, state: State, stage: str, scheduler: str | None, on_step: Callable[[str], None]
+) -> PlaneStatus | None:
     """The worker plane for a stage of `all` (`up`: the kit's own, or --scheduler); None, said on `on_step`, when the
     user turned it off (`up --workers 0`): the stage's checks are skipped, which is not a failure."""
     status = plane_mod.up(state, platform.endpoints(), None, scheduler)
@@ -36,27 +37,42 @@ def plane_for(platform: Platform, state: State, stage: str, scheduler: str | Non
     return status
 
 
-def run_workers(platform: Platform, state: State, checks: CheckRun, *, scheduler: str | None = None,
-                on_step: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
+def run_workers(
+    platform: Platform,
+    state: State,
+    checks: CheckRun,
+    *,
+    scheduler: str | None = None,
+    on_step: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any]:
     ep = platform.endpoints()
     on_step("worker plane: the scheduler and the workers, each with the lake attached")
     status = plane_for(platform, state, "worker plane", scheduler, on_step)
     if status is None:
         return {"workers": [], "skipped": PLANE_OFF}
     names = sorted((w.name for w in status.workers), key=name_order)
-    checks.true("workers: at least two workers, each with the lake attached", status.healthy and len(names) >= 2,
-                expected="healthy, >= 2 workers", actual=status.detail)
+    checks.true(
+        "workers: at least two workers, each with the lake attached",
+        status.healthy and len(names) >= 2,
+        expected="healthy, >= 2 workers",
+        actual=status.detail,
+    )
     if len(names) < 2:
         return {"workers": names}
     with Lake(ep) as lake:
         snapshot = lake.current_snapshot()
-        months = [m for (m,) in lake.con.execute(
-            f"SELECT DISTINCT pickup_month FROM trips AT (VERSION => {snapshot}) ORDER BY 1").fetchall()]
+        months = [
+            m
+            for (m,) in lake.con.execute(
+                f"SELECT DISTINCT pickup_month FROM trips AT (VERSION => {snapshot}) ORDER BY 1"
+            ).fetchall()
+        ]
         total = lake.scalar(f"SELECT count(*) FROM trips AT (VERSION => {snapshot})")
     with WorkerPlane(status.address, ep) as wp:
         on_step(f"worker plane: the trips counted per month, {len(months)} tasks on {len(names)} workers")
-        futures = [wp.submit(f"SELECT count(*) FROM trips AT (VERSION => {snapshot}) WHERE pickup_month = {m}")
-                   for m in months]
+        futures = [
+            wp.submit(f"SELECT count(*) FROM trips AT (VERSION => {snapshot}) WHERE pickup_month = {m}") for m in months
+        ]
         results = [wp.result(f) for f in futures]
         failed = [r.error.line() for r in results if not r.ok]
         checks.equal("workers: every per-month task succeeded", failed, [])
@@ -64,16 +80,27 @@ def run_workers(platform: Platform, state: State, checks: CheckRun, *, scheduler
         checks.equal("workers: the per-month counts sum to the lake's count", counted, total)
         ran_on = sorted({r.worker for r in results}, key=name_order)
         on_step(f"worker plane: a worker-local table on {names[0]}, looked for on every worker")
-        made = wp.run([f"CREATE OR REPLACE TABLE {LOCAL_TABLE} AS SELECT {total} AS trips",
-                       f"SELECT trips FROM {LOCAL_TABLE}"], worker=names[0])
-        checks.equal(f"workers: {LOCAL_TABLE} made on {names[0]} is there for its next task",
-                     wp.run(f"SELECT trips FROM {LOCAL_TABLE}", worker=names[0]).rows if made.ok else made.error.line(),
-                     [(total,)])
+        made = wp.run(
+            [f"CREATE OR REPLACE TABLE {LOCAL_TABLE} AS SELECT {total} AS trips", f"SELECT trips FROM {LOCAL_TABLE}"],
+            worker=names[0],
+        )
+        checks.equal(
+            f"workers: {LOCAL_TABLE} made on {names[0]} is there for its next task",
+            wp.run(f"SELECT trips FROM {LOCAL_TABLE}", worker=names[0]).rows if made.ok else made.error.line(),
+            [(total,)],
+        )
         # on every other worker the same query must fail because the table does not exist there (not for any reason)
         elsewhere = {n: wp.run(f"SELECT 1 FROM {LOCAL_TABLE}", worker=n) for n in names[1:]}
-        answers = {n: "does not exist" if not r.ok and "does not exist" in r.error.error else (r.error.line() if r.error else r.rows)
-                   for n, r in elsewhere.items()}
-        checks.equal(f"workers: {LOCAL_TABLE} does not exist on the other workers", answers,
-                     {n: "does not exist" for n in names[1:]})
+        answers = {
+            n: "does not exist"
+            if not r.ok and "does not exist" in r.error.error
+            else (r.error.line() if r.error else r.rows)
+            for n, r in elsewhere.items()
+        }
+        checks.equal(
+            f"workers: {LOCAL_TABLE} does not exist on the other workers",
+            answers,
+            dict.fromkeys(names[1:], "does not exist"),
+        )
         wp.run(f"DROP TABLE {LOCAL_TABLE}", worker=names[0])
     return {"workers": names, "tasks": len(results), "ran_on": ran_on}

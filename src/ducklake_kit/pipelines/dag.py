@@ -113,8 +113,12 @@ class Pipeline:
             up, down = term.startswith("+"), term.endswith("+") and len(term) > 1
             name = term.strip("+")
             if name not in self.nodes:
-                raise PipelineError(self.file, None, f"--select names '{name}', which is no node of the pipeline",
-                                    f"use one of {', '.join(self.nodes)} (`pipeline plan` lists them)")
+                raise PipelineError(
+                    self.file,
+                    None,
+                    f"--select names '{name}', which is no node of the pipeline",
+                    f"use one of {', '.join(self.nodes)} (`pipeline plan` lists them)",
+                )
             chosen.add(name)
             if up:
                 chosen |= self.ancestors(name)
@@ -129,9 +133,13 @@ class Pipeline:
         for node in self.nodes.values():
             if node.pin and node.pin not in running:
                 where = node.pin_line if node.pin_reason == "-- node" else node.line
-                raise PipelineError(self.file, where, f"node {node.id} must run on worker '{node.pin}', which is not "
-                                    f"running (running: {', '.join(running) or 'none'})",
-                                    "run `up --workers N` to start enough workers, or change its `-- node:`")
+                raise PipelineError(
+                    self.file,
+                    where,
+                    f"node {node.id} must run on worker '{node.pin}', which is not "
+                    f"running (running: {', '.join(running) or 'none'})",
+                    "run `up --workers N` to start enough workers, or change its `-- node:`",
+                )
 
 
 def _id_of(stmt: Statement, file: str) -> str:
@@ -139,8 +147,12 @@ def _id_of(stmt: Statement, file: str) -> str:
     if value is None:
         return str(stmt.position)
     if not (value.isdigit() or value.isidentifier()):
-        raise PipelineError(file, stmt.headers["id"].line, f"id '{value}' is neither a number nor a name",
-                            "use letters, digits and _ (e.g. daily_revenue, or 3)")
+        raise PipelineError(
+            file,
+            stmt.headers["id"].line,
+            f"id '{value}' is neither a number nor a name",
+            "use letters, digits and _ (e.g. daily_revenue, or 3)",
+        )
     return value
 
 
@@ -151,17 +163,33 @@ def _nodes(statements: list[Statement], file: str) -> dict[str, Node]:
         if node_id in nodes:
             first = nodes[node_id]
             line = stmt.headers["id"].line if "id" in stmt.headers else stmt.line
-            raise PipelineError(file, line, f"id '{node_id}' is used twice (first on line {first.line})",
-                                "give every statement its own id (a statement without `-- id:` gets its position)")
+            raise PipelineError(
+                file,
+                line,
+                f"id '{node_id}' is used twice (first on line {first.line})",
+                "give every statement its own id (a statement without `-- id:` gets its position)",
+            )
         use = table_use(stmt.sql)
         if use.refused:
-            raise PipelineError(file, stmt.line, f"statement {node_id} cannot be a pipeline node: {use.refused}",
-                                "remove it, or do its work inside the statements that need it")
+            raise PipelineError(
+                file,
+                stmt.line,
+                f"statement {node_id} cannot be a pipeline node: {use.refused}",
+                "remove it, or do its work inside the statements that need it",
+            )
         pin = stmt.header("node")
-        nodes[node_id] = Node(node_id, stmt.sql, stmt.line, stmt.position, use,
-                              stmt.header("description"), pin or None, "-- node" if pin else None,
-                              stmt.headers["node"].line if pin else None,
-                              stmt.headers["depends_on"].line if "depends_on" in stmt.headers else None)
+        nodes[node_id] = Node(
+            node_id,
+            stmt.sql,
+            stmt.line,
+            stmt.position,
+            use,
+            stmt.header("description"),
+            pin or None,
+            "-- node" if pin else None,
+            stmt.headers["node"].line if pin else None,
+            stmt.headers["depends_on"].line if "depends_on" in stmt.headers else None,
+        )
     return nodes
 
 
@@ -175,8 +203,12 @@ def _declared(statements: list[Statement], nodes: dict[str, Node], file: str) ->
             if not dep:
                 continue
             if dep not in nodes:
-                raise PipelineError(file, header.line, f"node {node.id} depends on '{dep}', which is no id of this file",
-                                    f"use one of {', '.join(nodes)}")
+                raise PipelineError(
+                    file,
+                    header.line,
+                    f"node {node.id} depends on '{dep}', which is no id of this file",
+                    f"use one of {', '.join(nodes)}",
+                )
             if dep == node.id:
                 raise PipelineError(file, header.line, f"node {node.id} depends on itself", "remove it from depends_on")
             edges[(dep, node.id)] = ""
@@ -231,7 +263,7 @@ def _inferred(nodes: dict[str, Node]) -> dict[tuple[str, str], set[str]]:
         for k, (_i, node, roles) in enumerate(uses):
             write = _write_role(roles)
             if last is None and write not in (MAKE, DROP):  # (DROP ... IF EXISTS first acts on the lake's own)
-                maker = next((n for _j, n, r in uses[k + 1:] if MAKE in r), None)
+                maker = next((n for _j, n, r in uses[k + 1 :] if MAKE in r), None)
                 if maker is not None:  # the table does not exist before that statement makes it
                     add(maker, node, f"{t} (made by {maker}, later in the file)")
                     continue
@@ -253,27 +285,43 @@ def _place_local(nodes: dict[str, Node], order: list[str], file: str) -> None:
     for node in (nodes[n] for n in order):
         local_writes = sorted(t for t in node.use.writes if t.local)
         if local_writes and node.writes_lake:
-            raise PipelineError(file, node.line, f"node {node.id} writes both the lake and the worker-local "
-                                f"{local_writes[0]}; one transaction can write only one database",
-                                "split it into two statements")
+            raise PipelineError(
+                file,
+                node.line,
+                f"node {node.id} writes both the lake and the worker-local "
+                f"{local_writes[0]}; one transaction can write only one database",
+                "split it into two statements",
+            )
         for t in sorted(t for t in node.use.reads if t.local and t not in node.use.writes):
             if t not in made_on:
                 if not node.pin:
-                    raise PipelineError(file, node.line, f"node {node.id} reads the worker-local table {t}, which no "
-                                        "earlier node of this file makes", "pin it to the worker that holds the table "
-                                        "with `-- node: wN`")
+                    raise PipelineError(
+                        file,
+                        node.line,
+                        f"node {node.id} reads the worker-local table {t}, which no earlier node of this file makes",
+                        "pin it to the worker that holds the table with `-- node: wN`",
+                    )
                 continue
             worker, maker = made_on[t]
             if node.pin and node.pin != worker:
-                raise PipelineError(file, node.line, f"node {node.id} runs on {node.pin} but reads the worker-local "
-                                    f"table {t}, which node {maker} makes on {worker}",
-                                    f"pin both to one worker (`-- node: {worker}`)")
+                raise PipelineError(
+                    file,
+                    node.line,
+                    f"node {node.id} runs on {node.pin} but reads the worker-local "
+                    f"table {t}, which node {maker} makes on {worker}",
+                    f"pin both to one worker (`-- node: {worker}`)",
+                )
             if not node.pin:
                 node.pin, node.pin_reason = worker, f"reads {t}, made on {worker} by node {maker}"
         for t in local_writes:
             if not node.pin:
-                raise PipelineError(file, node.line, f"node {node.id} writes the worker-local table {t} but names no "
-                                    "worker, so later nodes could not find it", "add `-- node: w1` above it")
+                raise PipelineError(
+                    file,
+                    node.line,
+                    f"node {node.id} writes the worker-local table {t} but names no "
+                    "worker, so later nodes could not find it",
+                    "add `-- node: w1` above it",
+                )
             made_on[t] = (node.pin, node.id)
 
 
@@ -285,21 +333,31 @@ def build(source: str, file: str = "<sql>", *, name: str | None = None, strict: 
     declared = _declared(statements, nodes, file)
     inferred = _inferred(nodes)
     edges, warnings = [], []
-    for parent, child in sorted(set(declared) | set(inferred), key=lambda e: (nodes[e[1]].position, nodes[e[0]].position)):
+    for parent, child in sorted(
+        set(declared) | set(inferred), key=lambda e: (nodes[e[1]].position, nodes[e[0]].position)
+    ):
         why = "; ".join(sorted(inferred.get((parent, child), ())))
         edge = Edge(parent, child, (parent, child) in declared, (parent, child) in inferred, why)
         edges.append(edge)
         if not edge.declared and parent not in _declared_ancestors(child, declared):  # not implied by the headers
-            msg = (f"{file}:{nodes[child].line}: node {child} uses {why}, but does not declare "
-                   f"depends_on: {parent}; the edge was added")
+            msg = (
+                f"{file}:{nodes[child].line}: node {child} uses {why}, but does not declare "
+                f"depends_on: {parent}; the edge was added"
+            )
             if strict:
-                raise PipelineError(file, nodes[child].line, f"node {child} depends on {parent} ({why}) without "
-                                    "declaring it (--strict)", f"add `-- depends_on: {parent}`")
+                raise PipelineError(
+                    file,
+                    nodes[child].line,
+                    f"node {child} depends on {parent} ({why}) without declaring it (--strict)",
+                    f"add `-- depends_on: {parent}`",
+                )
             warnings.append(msg)
     for node in nodes.values():
         if node.use.opaque:
-            warnings.append(f"{file}:{node.line}: node {node.id}: {node.use.opaque}, so its tables are not inferred; "
-                            "declare its dependencies with -- depends_on")
+            warnings.append(
+                f"{file}:{node.line}: node {node.id}: {node.use.opaque}, so its tables are not inferred; "
+                "declare its dependencies with -- depends_on"
+            )
     pipeline = Pipeline(name or Path(file).stem, file, nodes, edges, warnings)
     try:
         TopologicalSorter(pipeline.graph()).prepare()
@@ -307,8 +365,12 @@ def build(source: str, file: str = "<sql>", *, name: str | None = None, strict: 
         cycle = list(exc.args[1])  # [a, b, ..., a]: graphlib lists each as a dependency (predecessor) of the next
         path = " -> ".join(cycle)
         first = nodes[cycle[0]]
-        raise PipelineError(file, first.depends_line or first.line, f"the dependencies form a cycle: {path}",
-                            "remove one of these depends_on (or the use of a table an inferred one comes from)") from None
+        raise PipelineError(
+            file,
+            first.depends_line or first.line,
+            f"the dependencies form a cycle: {path}",
+            "remove one of these depends_on (or the use of a table an inferred one comes from)",
+        ) from None
     _place_local(nodes, [n for wave in pipeline.waves() for n in wave], file)
     return pipeline
 

@@ -37,8 +37,15 @@ def layers(nodes: list[str], arrows: list[Arrow]) -> list[list[str]]:
         return [[n for n in nodes if depth[n] == d] for d in range(max(depth.values()) + 1)]
 
 
-def draw(nodes: list[str], arrows: list[Arrow], path: Path, *, title: str, labels: dict[str, str] | None = None,
-         colors: dict[str, str] | None = None) -> Path:
+def draw(
+    nodes: list[str],
+    arrows: list[Arrow],
+    path: Path,
+    *,
+    title: str,
+    labels: dict[str, str] | None = None,
+    colors: dict[str, str] | None = None,
+) -> Path:
     from matplotlib.figure import Figure  # no pyplot: the process's backend (a notebook's inline one) is left alone
 
     cols = layers(nodes, arrows)
@@ -48,11 +55,22 @@ def draw(nodes: list[str], arrows: list[Arrow], path: Path, *, title: str, label
     ax = fig.subplots()
     for a in arrows:
         (x0, y0), (x1, y1) = pos[a.parent], pos[a.child]
-        ax.annotate("", xy=(x1 - 0.28, y1), xytext=(x0 + 0.28, y0),
-                    arrowprops={"arrowstyle": "->", "color": "#555", "linestyle": "--" if a.dashed else "-"})
+        ax.annotate(
+            "",
+            xy=(x1 - 0.28, y1),
+            xytext=(x0 + 0.28, y0),
+            arrowprops={"arrowstyle": "->", "color": "#555", "linestyle": "--" if a.dashed else "-"},
+        )
     for n, (x, y) in pos.items():
-        ax.text(x, y, (labels or {}).get(n, n), ha="center", va="center", fontsize=8,
-                bbox={"boxstyle": "round,pad=0.4", "facecolor": (colors or {}).get(n, "#dbe9f6"), "edgecolor": "#336"})
+        ax.text(
+            x,
+            y,
+            (labels or {}).get(n, n),
+            ha="center",
+            va="center",
+            fontsize=8,
+            bbox={"boxstyle": "round,pad=0.4", "facecolor": (colors or {}).get(n, "#dbe9f6"), "edgecolor": "#336"},
+        )
     ax.set_xlim(-0.6, len(cols) - 0.4)
     ax.set_ylim(-height / 2 - 0.2, height / 2 + 0.2)
     ax.axis("off")

@@ -13,10 +13,10 @@ from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.locks import held_exclusively, named_key
 from ducklake_kit.lake.transactions import snapshot_of_token
-from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.pipelines import dag, history, runner
 from ducklake_kit.pipelines.dag import Node, Pipeline
 from ducklake_kit.pipelines.runner import FAILED, SKIPPED, NodeRun, PipelineRun
+from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.workers.client import SchedulerUnreachable, WorkerPlane, name_order
 
 
@@ -31,14 +31,28 @@ class Plan:
     def as_dict(self) -> dict[str, Any]:
         p = self.pipeline
         return {
-            "pipeline": p.name, "file": p.file, "waves": self.waves,
-            "nodes": [{"id": n.id, "line": n.line, "description": n.description, "runs_on": n.pin or "any worker",
-                       "pin_reason": n.pin_reason, "parents": sorted(p.parents(n.id), key=list(p.nodes).index),
-                       "writes": sorted(map(str, n.use.writes)), "reads": sorted(map(str, n.use.reads)),
-                       "commits_snapshot": n.commits, "selected": n.id in self.selected, "sql": n.sql}
-                      for n in p.nodes.values()],
+            "pipeline": p.name,
+            "file": p.file,
+            "waves": self.waves,
+            "nodes": [
+                {
+                    "id": n.id,
+                    "line": n.line,
+                    "description": n.description,
+                    "runs_on": n.pin or "any worker",
+                    "pin_reason": n.pin_reason,
+                    "parents": sorted(p.parents(n.id), key=list(p.nodes).index),
+                    "writes": sorted(map(str, n.use.writes)),
+                    "reads": sorted(map(str, n.use.reads)),
+                    "commits_snapshot": n.commits,
+                    "selected": n.id in self.selected,
+                    "sql": n.sql,
+                }
+                for n in p.nodes.values()
+            ],
             "edges": [{"parent": e.parent, "child": e.child, "kind": e.kind, "why": e.why} for e in p.edges],
-            "workers": self.workers, "warnings": self.warnings,
+            "workers": self.workers,
+            "warnings": self.warnings,
         }
 
 
@@ -50,8 +64,9 @@ def _pipeline(source: Path | Pipeline, strict: bool) -> Pipeline:
     return source if isinstance(source, Pipeline) else dag.load(source, strict=strict)
 
 
-def plan(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, strict: bool = False,
-         select: str | None = None) -> Plan:
+def plan(
+    source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, strict: bool = False, select: str | None = None
+) -> Plan:
     """The DAG and where each node runs; runs nothing. The pins are checked when the worker plane answers.
     `source`: the file, or the pipeline already read from it (`dag.load`)."""
     pipeline = _pipeline(source, strict)
@@ -80,26 +95,42 @@ class RunOutcome:
 def _from_failed(lake: Lake, pipeline: Pipeline) -> tuple[set[str], str]:
     last = history.last_run(lake, pipeline.name)
     if last is None:
-        raise KitError(f"pipeline {pipeline.name} has never run, so there is nothing to re-run",
-                       f"run it first: `pipeline run {pipeline.file}`")
+        raise KitError(
+            f"pipeline {pipeline.name} has never run, so there is nothing to re-run",
+            f"run it first: `pipeline run {pipeline.file}`",
+        )
     run_id, statuses = last
     again = {n for n, s in statuses.items() if s in (FAILED, SKIPPED)}
     gone = sorted(again - set(pipeline.nodes))
     if gone:
-        raise KitError(f"the last run ({run_id}) failed at nodes the file no longer has: {', '.join(gone)}",
-                       "run the whole pipeline again without --from-failed")
+        raise KitError(
+            f"the last run ({run_id}) failed at nodes the file no longer has: {', '.join(gone)}",
+            "run the whole pipeline again without --from-failed",
+        )
     return again, run_id
 
 
-def run(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, select: str | None = None, from_failed: bool = False,
-        strict: bool = False, timeout_s: float | None = None, platform_name: str = "local",
-        on_event: Callable[[str, NodeRun | Node], None] = lambda _k, _n: None) -> RunOutcome | None:
+def run(
+    source: Path | Pipeline,
+    scheduler: str,
+    endpoints: Endpoints,
+    *,
+    select: str | None = None,
+    from_failed: bool = False,
+    strict: bool = False,
+    timeout_s: float | None = None,
+    platform_name: str = "local",
+    on_event: Callable[[str, NodeRun | Node], None] = lambda _k, _n: None,
+) -> RunOutcome | None:
     """Run the pipeline (or the chosen nodes) and record it. None when --from-failed finds nothing to re-run.
     `source`: the file, or the pipeline already read from it (`dag.load`)."""
     pipeline = _pipeline(source, strict)
     run_id = runner.new_run_id()
-    with (_one_run_at_a_time(endpoints, pipeline.name, run_id), Lake(endpoints) as lake,
-          WorkerPlane(scheduler, endpoints) as plane):
+    with (
+        _one_run_at_a_time(endpoints, pipeline.name, run_id),
+        Lake(endpoints) as lake,
+        WorkerPlane(scheduler, endpoints) as plane,
+    ):
         workers = _running_workers(plane)
         pipeline.check_pins(workers)
         selector = select
@@ -110,17 +141,28 @@ def run(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, select
             selector = f"from-failed {last_id}"
         else:
             only = pipeline.select(select) if select else set(pipeline.nodes)
-        done = runner.run(pipeline, plane, only=only, run_id=run_id, timeout_s=timeout_s, selector=selector,
-                          on_event=on_event, landed=lambda token: snapshot_of_token(lake, token))
+        done = runner.run(
+            pipeline,
+            plane,
+            only=only,
+            run_id=run_id,
+            timeout_s=timeout_s,
+            selector=selector,
+            on_event=on_event,
+            landed=lambda token: snapshot_of_token(lake, token),
+        )
         warnings = list(pipeline.warnings)
         local: dict[str, list] = {}
         try:  # the worker-local tables' columns, for column lineage through them
             if not plane.scheduler_lost():
-                local = {w: plane.run(history.LOCAL_COLUMNS_SQL, worker=w).rows
-                         for w in sorted({n.worker for n in done.nodes if n.worker and n.status != SKIPPED})}
+                local = {
+                    w: plane.run(history.LOCAL_COLUMNS_SQL, worker=w).rows
+                    for w in sorted({n.worker for n in done.nodes if n.worker and n.status != SKIPPED})
+                }
         except Exception as exc:  # noqa: BLE001 - a worker gone since: the run is still recorded
-            warnings.append(f"the workers' local tables could not be read ({first_line(exc)}): no column lineage "
-                            "through them")
+            warnings.append(
+                f"the workers' local tables could not be read ({first_line(exc)}): no column lineage through them"
+            )
         schema = history.current_schema(lake, local)
         lineage = history.run_lineage(pipeline, done, schema, history.local_tables_on(lake))
         snapshot = history.record(lake, pipeline, done, lineage)
@@ -134,11 +176,14 @@ RUN_HOLDER = "ducklake-kit pipeline run "  # how a run names itself to PostgreSQ
 def _one_run_at_a_time(endpoints: Endpoints, name: str, run_id: str):
     """Hold the pipeline's lock in the catalog (a PostgreSQL advisory lock, released when the run's session ends, a
     killed run included) for the run; a second run of the same pipeline is refused, naming the run that holds it."""
+
     def busy(holder: str | None) -> KitError:
         other = f"run {holder.removeprefix(RUN_HOLDER)}" if holder and holder.startswith(RUN_HOLDER) else "another run"
-        return KitError(f"pipeline {name} is already running ({other}); one run of a pipeline at a time, or the two "
-                        "would replace each other's tables and race to record their history",
-                        "wait for that run to end, then run it again")
+        return KitError(
+            f"pipeline {name} is already running ({other}); one run of a pipeline at a time, or the two "
+            "would replace each other's tables and race to record their history",
+            "wait for that run to end, then run it again",
+        )
 
     return held_exclusively(endpoints, named_key(b"P\x00", name), RUN_HOLDER + run_id, busy)
 
@@ -150,11 +195,23 @@ class LineageView:
     columns: list[history.ColumnLink]  # every column lineage edge above `table`
 
     def as_dict(self) -> dict[str, Any]:
-        return {"table": self.table,
-                "edges": [{"child": e.child, "parent": e.parent, "pipeline": e.pipeline, "node": e.node_id,
-                           "location": e.location, "parent_location": e.parent_location} for e in self.edges],
-                "columns": [{"child": c, "child_column": cc, "parent": p, "parent_column": pc}
-                            for c, cc, p, pc in self.columns]}
+        return {
+            "table": self.table,
+            "edges": [
+                {
+                    "child": e.child,
+                    "parent": e.parent,
+                    "pipeline": e.pipeline,
+                    "node": e.node_id,
+                    "location": e.location,
+                    "parent_location": e.parent_location,
+                }
+                for e in self.edges
+            ],
+            "columns": [
+                {"child": c, "child_column": cc, "parent": p, "parent_column": pc} for c, cc, p, pc in self.columns
+            ],
+        }
 
 
 def lineage(endpoints: Endpoints, table: str, *, columns: bool = False) -> LineageView:
@@ -170,7 +227,9 @@ def lineage(endpoints: Endpoints, table: str, *, columns: bool = False) -> Linea
         edges = history.upstream(lake, name)
         cols = history.upstream_columns(lake, name) if columns else []
     if not edges:
-        raise KitError(f"no pipeline has recorded lineage for {name}",
-                       "run a pipeline that builds it (`pipeline run FILE`), or check the name with `sql \"SELECT DISTINCT "
-                       "child FROM lineage_tables\"`")
+        raise KitError(
+            f"no pipeline has recorded lineage for {name}",
+            'run a pipeline that builds it (`pipeline run FILE`), or check the name with `sql "SELECT DISTINCT '
+            'child FROM lineage_tables"`',
+        )
     return LineageView(name, edges, cols)

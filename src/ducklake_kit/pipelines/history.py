@@ -22,17 +22,17 @@ from ducklake_kit.workers.config import LOCAL_DB
 
 TABLES = {
     "pipeline_runs": "run_id VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, file VARCHAR, status VARCHAR, "
-                     "started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, nodes_ok INTEGER, nodes_failed INTEGER, "
-                     "nodes_skipped INTEGER, selector VARCHAR",
+    "started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, nodes_ok INTEGER, nodes_failed INTEGER, "
+    "nodes_skipped INTEGER, selector VARCHAR",
     "pipeline_nodes": "run_id VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, node_id VARCHAR NOT NULL, status VARCHAR, "
-                      "worker VARCHAR, started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, duration_ms DOUBLE, "
-                      "error VARCHAR, reason VARCHAR, snapshot_id BIGINT, sql VARCHAR",
+    "worker VARCHAR, started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, duration_ms DOUBLE, "
+    "error VARCHAR, reason VARCHAR, snapshot_id BIGINT, sql VARCHAR",
     "lineage_tables": "child VARCHAR NOT NULL, parent VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, "
-                      "node_id VARCHAR NOT NULL, run_id VARCHAR, snapshot_id BIGINT, location VARCHAR, "
-                      "parent_location VARCHAR",
+    "node_id VARCHAR NOT NULL, run_id VARCHAR, snapshot_id BIGINT, location VARCHAR, "
+    "parent_location VARCHAR",
     "lineage_columns": "child VARCHAR NOT NULL, child_column VARCHAR NOT NULL, parent VARCHAR NOT NULL, "
-                       "parent_column VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, node_id VARCHAR NOT NULL, "
-                       "run_id VARCHAR",
+    "parent_column VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, node_id VARCHAR NOT NULL, "
+    "run_id VARCHAR",
 }
 
 
@@ -88,8 +88,14 @@ def run_lineage(pipeline: Pipeline, run: PipelineRun, schema: Schema, workers_of
                 where[t] = node_run.worker or "?"
         edges = table_edges(node.use)
         for edge in edges:
-            out.tables.append(NodeTableEdge(node.id, edge, _location(edge.child, where.get(edge.child, node_run.worker)),
-                                            _location(edge.parent, where.get(edge.parent, node_run.worker))))
+            out.tables.append(
+                NodeTableEdge(
+                    node.id,
+                    edge,
+                    _location(edge.child, where.get(edge.child, node_run.worker)),
+                    _location(edge.parent, where.get(edge.parent, node_run.worker)),
+                )
+            )
         if not edges:
             continue
         child = edges[0].child
@@ -105,18 +111,24 @@ def current_schema(lake: Lake, local: dict[str, list[tuple]] | None = None) -> S
     """The lake's tables and columns now, plus worker-local ones: `local` maps a worker to rows of (schema, table,
     column, type) that its `information_schema` gave."""
     schema: Schema = {}
-    rows = lake.con.execute("SELECT table_catalog, table_schema, table_name, column_name, data_type "
-                            "FROM information_schema.columns WHERE table_catalog = ?", [lake.alias]).fetchall()
+    rows = lake.con.execute(
+        "SELECT table_catalog, table_schema, table_name, column_name, data_type "
+        "FROM information_schema.columns WHERE table_catalog = ?",
+        [lake.alias],
+    ).fetchall()
     for worker_rows in (local or {}).values():
         rows += [(LOCAL_DB, *r) for r in worker_rows]
     for catalog, schema_name, table, column, dtype in rows:
-        schema.setdefault(catalog.lower(), {}).setdefault(schema_name.lower(), {}).setdefault(
-            table.lower(), {})[column.lower()] = dtype
+        schema.setdefault(catalog.lower(), {}).setdefault(schema_name.lower(), {}).setdefault(table.lower(), {})[
+            column.lower()
+        ] = dtype
     return schema
 
 
-LOCAL_COLUMNS_SQL = (f"SELECT table_schema, table_name, column_name, data_type FROM information_schema.columns "
-                     f"WHERE table_catalog = '{LOCAL_DB}' ORDER BY table_name, ordinal_position")
+LOCAL_COLUMNS_SQL = (
+    f"SELECT table_schema, table_name, column_name, data_type FROM information_schema.columns "
+    f"WHERE table_catalog = '{LOCAL_DB}' ORDER BY table_name, ordinal_position"
+)
 
 
 def _iso(t) -> Any:
@@ -125,15 +137,61 @@ def _iso(t) -> Any:
 
 def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -> int | None:
     """Write the run, its nodes and its lineage in one transaction; the snapshot it made."""
-    run_row = [run.run_id, run.pipeline, run.file, run.status, _iso(run.started_at), _iso(run.finished_at),
-               run.count(OK), run.count(FAILED), run.count(SKIPPED), run.selector]
-    node_rows = [[run.run_id, run.pipeline, n.id, n.status, n.worker, _iso(n.started_at), _iso(n.finished_at),
-                  n.duration_ms, n.error, n.reason, n.snapshot_id, n.sql] for n in run.nodes]
+    run_row = [
+        run.run_id,
+        run.pipeline,
+        run.file,
+        run.status,
+        _iso(run.started_at),
+        _iso(run.finished_at),
+        run.count(OK),
+        run.count(FAILED),
+        run.count(SKIPPED),
+        run.selector,
+    ]
+    node_rows = [
+        [
+            run.run_id,
+            run.pipeline,
+            n.id,
+            n.status,
+            n.worker,
+            _iso(n.started_at),
+            _iso(n.finished_at),
+            n.duration_ms,
+            n.error,
+            n.reason,
+            n.snapshot_id,
+            n.sql,
+        ]
+        for n in run.nodes
+    ]
     snapshots = {n.id: n.snapshot_id for n in run.nodes}
-    table_rows = [[str(t.edge.child), str(t.edge.parent), run.pipeline, t.node, run.run_id, snapshots.get(t.node),
-                   t.location, t.parent_location] for t in lineage.tables]
-    column_rows = [[str(c.edge.child), c.edge.child_column, str(c.edge.parent), c.edge.parent_column, run.pipeline,
-                    c.node, run.run_id] for c in lineage.columns]
+    table_rows = [
+        [
+            str(t.edge.child),
+            str(t.edge.parent),
+            run.pipeline,
+            t.node,
+            run.run_id,
+            snapshots.get(t.node),
+            t.location,
+            t.parent_location,
+        ]
+        for t in lineage.tables
+    ]
+    column_rows = [
+        [
+            str(c.edge.child),
+            c.edge.child_column,
+            str(c.edge.parent),
+            c.edge.parent_column,
+            run.pipeline,
+            c.node,
+            run.run_id,
+        ]
+        for c in lineage.columns
+    ]
     rebuilt = sorted({n.id for n in run.nodes if n.status == OK})
 
     def write(con) -> None:
@@ -145,16 +203,20 @@ def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -
             # a node's lineage as of this run replaces what an earlier run recorded; nodes the file no longer has
             # leave none behind
             for node in rebuilt:
-                con.execute(f"DELETE FROM {lake.alias}.main.{name} WHERE pipeline = ? AND node_id = ?",
-                            [run.pipeline, node])
-            con.execute(f"DELETE FROM {lake.alias}.main.{name} WHERE pipeline = ? AND NOT list_contains(?, node_id)",
-                        [run.pipeline, sorted(pipeline.nodes)])
+                con.execute(
+                    f"DELETE FROM {lake.alias}.main.{name} WHERE pipeline = ? AND node_id = ?", [run.pipeline, node]
+                )
+            con.execute(
+                f"DELETE FROM {lake.alias}.main.{name} WHERE pipeline = ? AND NOT list_contains(?, node_id)",
+                [run.pipeline, sorted(pipeline.nodes)],
+            )
         _insert(con, f"{lake.alias}.main.lineage_tables", table_rows)
         _insert(con, f"{lake.alias}.main.lineage_columns", column_rows)
 
     # tried again when it did not land (a concurrent writer won the commit race), never written twice
-    return commit_once(lake, write, f"pipeline {run.pipeline}: history of run {run.run_id}",
-                       extra={"pipeline_history": run.run_id}).snapshot_id
+    return commit_once(
+        lake, write, f"pipeline {run.pipeline}: history of run {run.run_id}", extra={"pipeline_history": run.run_id}
+    ).snapshot_id
 
 
 def _insert(con, table: str, rows: list[list[Any]]) -> None:
@@ -166,12 +228,16 @@ def last_run(lake: Lake, pipeline: str) -> tuple[str, dict[str, str]] | None:
     """(run id, node -> status) of the pipeline's latest run, or None when it never ran."""
     if not table_exists(lake.con, lake.alias, "main", "pipeline_runs"):
         return None
-    row = lake.con.execute(f"SELECT run_id FROM {lake.alias}.main.pipeline_runs WHERE pipeline = ? "
-                           "ORDER BY started_at DESC, run_id DESC LIMIT 1", [pipeline]).fetchone()
+    row = lake.con.execute(
+        f"SELECT run_id FROM {lake.alias}.main.pipeline_runs WHERE pipeline = ? "
+        "ORDER BY started_at DESC, run_id DESC LIMIT 1",
+        [pipeline],
+    ).fetchone()
     if row is None:
         return None
-    nodes = lake.con.execute(f"SELECT node_id, status FROM {lake.alias}.main.pipeline_nodes WHERE run_id = ?",
-                             [row[0]]).fetchall()
+    nodes = lake.con.execute(
+        f"SELECT node_id, status FROM {lake.alias}.main.pipeline_nodes WHERE run_id = ?", [row[0]]
+    ).fetchall()
     return row[0], dict(nodes)
 
 
@@ -179,8 +245,10 @@ def local_tables_on(lake: Lake) -> dict[TableRef, str]:
     """Where earlier runs left worker-local tables (their latest lineage rows say which worker)."""
     if not table_exists(lake.con, lake.alias, "main", "lineage_tables"):
         return {}
-    rows = lake.con.execute(f"SELECT child, location FROM {lake.alias}.main.lineage_tables "
-                            f"WHERE child LIKE '{LOCAL_DB}.%' AND location <> 'lake'").fetchall()
+    rows = lake.con.execute(
+        f"SELECT child, location FROM {lake.alias}.main.lineage_tables "
+        f"WHERE child LIKE '{LOCAL_DB}.%' AND location <> 'lake'"
+    ).fetchall()
     return {parse_table_name(child): loc for child, loc in rows}
 
 
@@ -198,14 +266,17 @@ def upstream(lake: Lake, table: str) -> list[UpstreamEdge]:
     """Every lineage edge above `table` (its parents, theirs, ...), each once."""
     if not table_exists(lake.con, lake.alias, "main", "lineage_tables"):
         return []
-    rows = lake.con.execute(f"""
+    rows = lake.con.execute(
+        f"""
         WITH RECURSIVE up(child, parent, pipeline, node_id, location, parent_location) AS (
             SELECT child, parent, pipeline, node_id, location, parent_location
             FROM {lake.alias}.main.lineage_tables WHERE child = ?
             UNION
             SELECT l.child, l.parent, l.pipeline, l.node_id, l.location, l.parent_location
             FROM {lake.alias}.main.lineage_tables l JOIN up ON l.child = up.parent)
-        SELECT DISTINCT * FROM up ORDER BY child, parent""", [table]).fetchall()
+        SELECT DISTINCT * FROM up ORDER BY child, parent""",
+        [table],
+    ).fetchall()
     return [UpstreamEdge(*r) for r in rows]
 
 
@@ -213,10 +284,16 @@ def upstream_columns(lake: Lake, table: str) -> list[ColumnLink]:
     """(child, child column, parent, parent column) for every column lineage edge above `table`."""
     if not table_exists(lake.con, lake.alias, "main", "lineage_columns"):
         return []
-    return [ColumnLink(*r) for r in lake.con.execute(f"""
+    return [
+        ColumnLink(*r)
+        for r in lake.con.execute(
+            f"""
         WITH RECURSIVE up(child, child_column, parent, parent_column) AS (
             SELECT child, child_column, parent, parent_column FROM {lake.alias}.main.lineage_columns WHERE child = ?
             UNION
             SELECT l.child, l.child_column, l.parent, l.parent_column
             FROM {lake.alias}.main.lineage_columns l JOIN up ON l.child = up.parent AND l.child_column = up.parent_column)
-        SELECT DISTINCT * FROM up ORDER BY 1, 2, 3, 4""", [table]).fetchall()]
+        SELECT DISTINCT * FROM up ORDER BY 1, 2, 3, 4""",
+            [table],
+        ).fetchall()
+    ]

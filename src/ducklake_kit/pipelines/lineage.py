@@ -93,7 +93,7 @@ def column_edges(use: TableUse, schema: Schema, child_columns: list[str] | None 
             if isinstance(stmt.this, exp.Schema):
                 names = [c.name for c in stmt.this.expressions]
             elif child_columns:
-                names = child_columns[:len(outputs)]
+                names = child_columns[: len(outputs)]
         edges = set()
         for out, name in zip(outputs, names):
             for node in sqlglot_lineage(out, query, schema=schema, dialect=DIALECT).walk():
@@ -101,7 +101,9 @@ def column_edges(use: TableUse, schema: Schema, child_columns: list[str] | None 
                     continue
                 if not isinstance(node.source.this, exp.Identifier):  # range(...), read_parquet(...): no table
                     continue
-                edges.add(ColumnEdge(child, name.lower(), resolve(node.source), node.name.split(".")[-1].strip('"').lower()))
+                edges.add(
+                    ColumnEdge(child, name.lower(), resolve(node.source), node.name.split(".")[-1].strip('"').lower())
+                )
     except (SqlglotError, KeyError) as exc:
         raise ValueError(first_line(exc)) from None
     return sorted(edges)

@@ -14,7 +14,7 @@ import functools
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from graphlib import TopologicalSorter
 from typing import Any
 
@@ -30,11 +30,11 @@ RELEASE_BATCH = 32  # results read, released together (see _release)
 
 def new_run_id() -> str:
     """Sortable by time, unique: 20261123T231500-1a2b3c."""
-    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:6]}"
 
 
 def _when(epoch: float | None) -> datetime | None:
-    return datetime.fromtimestamp(epoch, timezone.utc) if epoch is not None else None
+    return datetime.fromtimestamp(epoch, UTC) if epoch is not None else None
 
 
 def commit_message(pipeline: str, node: str, run_id: str) -> str:
@@ -63,10 +63,18 @@ class NodeRun:
 
     def as_dict(self) -> dict[str, Any]:
         iso = lambda t: t.isoformat(timespec="microseconds") if t else None  # noqa: E731
-        return {"id": self.id, "status": self.status, "worker": self.worker, "started_at": iso(self.started_at),
-                "finished_at": iso(self.finished_at), "duration_ms": self.duration_ms, "error": self.error,
-                "reason": self.reason, "snapshot_id": self.snapshot_id,
-                "statements": [_statement_dict(st) for st in self.statements]}
+        return {
+            "id": self.id,
+            "status": self.status,
+            "worker": self.worker,
+            "started_at": iso(self.started_at),
+            "finished_at": iso(self.finished_at),
+            "duration_ms": self.duration_ms,
+            "error": self.error,
+            "reason": self.reason,
+            "snapshot_id": self.snapshot_id,
+            "statements": [_statement_dict(st) for st in self.statements],
+        }
 
 
 @dataclass
@@ -95,23 +103,47 @@ class PipelineRun:
         return next(n for n in self.nodes if n.id == node_id)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"run_id": self.run_id, "pipeline": self.pipeline, "file": self.file, "status": self.status,
-                "started_at": self.started_at.isoformat(timespec="microseconds"),
-                "finished_at": self.finished_at.isoformat(timespec="microseconds") if self.finished_at else None,
-                "ok": self.count(OK), "failed": self.count(FAILED), "skipped": self.count(SKIPPED),
-                "selector": self.selector, "aborted": self.aborted, "nodes": [n.as_dict() for n in self.nodes]}
+        return {
+            "run_id": self.run_id,
+            "pipeline": self.pipeline,
+            "file": self.file,
+            "status": self.status,
+            "started_at": self.started_at.isoformat(timespec="microseconds"),
+            "finished_at": self.finished_at.isoformat(timespec="microseconds") if self.finished_at else None,
+            "ok": self.count(OK),
+            "failed": self.count(FAILED),
+            "skipped": self.count(SKIPPED),
+            "selector": self.selector,
+            "aborted": self.aborted,
+            "nodes": [n.as_dict() for n in self.nodes],
+        }
 
 
 def _statement_dict(s: StatementOutcome) -> dict[str, Any]:
-    return {"statement": s.statement, "statement_type": s.statement_type, "columns": s.columns,
-            "rows": [list(r) for r in s.rows[:ROWS_SHOWN]], "row_count": len(s.rows), "affected_rows": s.affected_rows,
-            "seconds": s.seconds, "snapshot_id": s.snapshot_id}
+    return {
+        "statement": s.statement,
+        "statement_type": s.statement_type,
+        "columns": s.columns,
+        "rows": [list(r) for r in s.rows[:ROWS_SHOWN]],
+        "row_count": len(s.rows),
+        "affected_rows": s.affected_rows,
+        "seconds": s.seconds,
+        "snapshot_id": s.snapshot_id,
+    }
 
 
 def _node_run(node: Node, result: TaskResult) -> NodeRun:
-    run = NodeRun(node.id, OK if result.ok else FAILED, result.worker, _when(result.started_at),
-                  _when(result.finished_at), statements=list(result.statements),
-                  snapshot_id=result.snapshot_id, sql=node.sql, unknown=result.lost)
+    run = NodeRun(
+        node.id,
+        OK if result.ok else FAILED,
+        result.worker,
+        _when(result.started_at),
+        _when(result.finished_at),
+        statements=list(result.statements),
+        snapshot_id=result.snapshot_id,
+        sql=node.sql,
+        unknown=result.lost,
+    )
     if result.error is not None:
         run.error = result.error.error + (" (rolled back)" if result.rolled_back else "")
     return run
@@ -141,10 +173,18 @@ def critical_rank(graph: dict[str, set[str]]) -> dict[str, int]:
     return rank
 
 
-def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None, run_id: str | None = None,
-        timeout_s: float | None = None, selector: str | None = None, among: list[str] | None = None,
-        on_event: Callable[[str, NodeRun | Node], None] = lambda _kind, _node: None,
-        landed: Callable[[str], int | None] | None = None) -> PipelineRun:
+def run(
+    pipeline: Pipeline,
+    plane: WorkerPlane,
+    *,
+    only: set[str] | None = None,
+    run_id: str | None = None,
+    timeout_s: float | None = None,
+    selector: str | None = None,
+    among: list[str] | None = None,
+    on_event: Callable[[str, NodeRun | Node], None] = lambda _kind, _node: None,
+    landed: Callable[[str], int | None] | None = None,
+) -> PipelineRun:
     """Run the nodes of `only` (default: all) in dependency order. `timeout_s`: per node, enforced on its worker.
     `among`: the workers unpinned nodes may run on (default: any). `on_event("start", Node)` when a node is
     submitted, `on_event("end", NodeRun)` when it is done. Never raises for a node: a run the worker plane could not
@@ -156,7 +196,7 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
     from distributed import as_completed
 
     run_id = run_id or new_run_id()
-    record = PipelineRun(run_id, pipeline.name, pipeline.file, datetime.now(timezone.utc), selector=selector)
+    record = PipelineRun(run_id, pipeline.name, pipeline.file, datetime.now(UTC), selector=selector)
     graph = pipeline.graph(only)
     sorter = TopologicalSorter(graph)
     sorter.prepare()
@@ -180,9 +220,16 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
                     continue
                 message = commit_message(pipeline.name, node_id, run_id) if node.commits else None
                 tokens[node_id] = uuid.uuid4().hex if node.commits else None
-                future = plane.submit([node.sql], worker=node.pin, message=message, timeout_s=timeout_s,
-                                      priority=rank[node_id], among=among, commit_token=tokens[node_id],
-                                      extra={"pipeline": pipeline.name, "run": run_id, "node": node_id})
+                future = plane.submit(
+                    [node.sql],
+                    worker=node.pin,
+                    message=message,
+                    timeout_s=timeout_s,
+                    priority=rank[node_id],
+                    among=among,
+                    commit_token=tokens[node_id],
+                    extra={"pipeline": pipeline.name, "run": run_id, "node": node_id},
+                )
                 running[future.key] = node_id
                 pending.add(future)
                 on_event("start", node)
@@ -199,17 +246,26 @@ def run(pipeline: Pipeline, plane: WorkerPlane, *, only: set[str] | None = None,
             on_event("end", done[node_id])
             sorter.done(node_id)
     except Exception as exc:  # noqa: BLE001 - the plane itself failed (the scheduler went away): say what is known
-        record.aborted = (exc.args[0] if isinstance(exc, PlaneLost)
-                          else f"the run stopped: {type(exc).__name__}: {first_line(exc)}")
+        record.aborted = (
+            exc.args[0] if isinstance(exc, PlaneLost) else f"the run stopped: {type(exc).__name__}: {first_line(exc)}"
+        )
         for node_id in running.values():
-            done[node_id] = settle(NodeRun(node_id, FAILED, sql=pipeline.nodes[node_id].sql, unknown=True, error=(
-                f"{record.aborted}, while this node ran; it may or may not have committed: check the lake")),
-                tokens.get(node_id))
+            done[node_id] = settle(
+                NodeRun(
+                    node_id,
+                    FAILED,
+                    sql=pipeline.nodes[node_id].sql,
+                    unknown=True,
+                    error=(f"{record.aborted}, while this node ran; it may or may not have committed: check the lake"),
+                ),
+                tokens.get(node_id),
+            )
         for node_id in graph:
-            done.setdefault(node_id, NodeRun(node_id, SKIPPED, sql=pipeline.nodes[node_id].sql,
-                                             reason=f"not run: {record.aborted}"))
+            done.setdefault(
+                node_id, NodeRun(node_id, SKIPPED, sql=pipeline.nodes[node_id].sql, reason=f"not run: {record.aborted}")
+            )
     _release(finished)
-    record.finished_at = datetime.now(timezone.utc)
+    record.finished_at = datetime.now(UTC)
     record.nodes = [done[n] for n in pipeline.nodes if n in done]
     return record
 
@@ -229,12 +285,16 @@ def _settle(run: NodeRun, token: str | None, *, landed: Callable[[str], int | No
         run.error = f"{run.error} (the lake could not be asked: {first_line(exc)})"
         return run
     if snapshot is None:
-        run.error = (f"{run.error.split(';')[0]}; it did not commit (its token is not in the lake), so "
-                     "`--from-failed` may run it again")
+        run.error = (
+            f"{run.error.split(';')[0]}; it did not commit (its token is not in the lake), so "
+            "`--from-failed` may run it again"
+        )
         return run
     run.status, run.snapshot_id, run.unknown = OK, snapshot, False
-    run.reason = (f"{run.error.split(';')[0]}, after its commit landed: found in the lake by its token "
-                  f"(snapshot {snapshot}), never run again")
+    run.reason = (
+        f"{run.error.split(';')[0]}, after its commit landed: found in the lake by its token "
+        f"(snapshot {snapshot}), never run again"
+    )
     run.error = None
     return run
 
@@ -258,7 +318,14 @@ def _finished(node: Node, plane: WorkerPlane, future) -> NodeRun:
         return _node_run(node, plane.result(future, release=False))
     except Exception as exc:  # noqa: BLE001 - e.g. cancelled by a scheduler restart: still one node's outcome
         if plane.scheduler_lost():
-            raise PlaneLost(f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})") from None
-        return NodeRun(node.id, FAILED, sql=node.sql, unknown=True,
-                       error=f"the task failed on the worker plane ({type(exc).__name__}: {first_line(exc)}); it may "
-                             "or may not have committed: check the lake")
+            raise PlaneLost(
+                f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})"
+            ) from None
+        return NodeRun(
+            node.id,
+            FAILED,
+            sql=node.sql,
+            unknown=True,
+            error=f"the task failed on the worker plane ({type(exc).__name__}: {first_line(exc)}); it may "
+            "or may not have committed: check the lake",
+        )

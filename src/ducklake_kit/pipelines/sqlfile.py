@@ -15,6 +15,7 @@ Every error names the file and line: `PipelineError`.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def _comments(text: str, offset: int, source: str, file: str) -> list[tuple[int,
         elif text.startswith("--", i):
             end = text.find("\n", i)
             end = len(text) if end < 0 else end
-            out.append((offset + i, text[i + 2:end], True))
+            out.append((offset + i, text[i + 2 : end], True))
             i = end
         elif text.startswith("/*", i):
             depth, j = 1, i + 2
@@ -78,11 +79,12 @@ def _comments(text: str, offset: int, source: str, file: str) -> list[tuple[int,
                     depth, j = depth - 1, j + 2
                 else:
                     j += 1
-            out.append((offset + i, text[i + 2:j - 2], False))
+            out.append((offset + i, text[i + 2 : j - 2], False))
             i = j
         else:  # cannot happen: the tokenizer found no token here
-            raise PipelineError(file, _line(source, offset + i), "unexpected text between statements",
-                                "check the file's syntax")
+            raise PipelineError(
+                file, _line(source, offset + i), "unexpected text between statements", "check the file's syntax"
+            )
     return out
 
 
@@ -92,7 +94,7 @@ def _line(source: str, offset: int) -> int:
 
 def _starts_line(source: str, offset: int) -> bool:
     """Nothing but whitespace before `offset` on its line."""
-    return source[source.rfind("\n", 0, offset) + 1:offset].strip() == ""
+    return source[source.rfind("\n", 0, offset) + 1 : offset].strip() == ""
 
 
 def _header(body: str) -> tuple[str, str] | None:
@@ -117,14 +119,26 @@ def _headers(found: list[tuple[int, str, str, bool]], file: str) -> dict[str, He
     headers: dict[str, Header] = {}
     for line, key, value, own_line in found:
         if not own_line:
-            raise PipelineError(file, line, f"header '{key}' after the end of a statement",
-                                "put each header on its own line above its statement")
+            raise PipelineError(
+                file,
+                line,
+                f"header '{key}' after the end of a statement",
+                "put each header on its own line above its statement",
+            )
         if key not in HEADERS:
-            raise PipelineError(file, line, f"unknown header '{key}'",
-                                f"use one of {', '.join(HEADERS)}; for a plain comment, leave out the colon")
+            raise PipelineError(
+                file,
+                line,
+                f"unknown header '{key}'",
+                f"use one of {', '.join(HEADERS)}; for a plain comment, leave out the colon",
+            )
         if key in headers:
-            raise PipelineError(file, line, f"header '{key}' given twice for one statement (first on line "
-                                f"{headers[key].line})", "keep one")
+            raise PipelineError(
+                file,
+                line,
+                f"header '{key}' given twice for one statement (first on line {headers[key].line})",
+                "keep one",
+            )
         headers[key] = Header(key, value, line)
     return headers
 
@@ -150,25 +164,40 @@ def split_statements(source: str, file: str = "<sql>") -> list[Statement]:
         found = _header_lines(source, gap_start, words[0].start if words else end, file)
         if not words:  # an empty statement (`;;`), or the end of the file
             if found:
-                raise PipelineError(file, found[0][0], "headers with no statement after them",
-                                    "put the statement under its headers, or remove them")
+                raise PipelineError(
+                    file,
+                    found[0][0],
+                    "headers with no statement after them",
+                    "put the statement under its headers, or remove them",
+                )
             gap_start = chunk[-1].end + 1 if chunk else gap_start
             continue
-        for before, after in zip(words, words[1:]):  # a header-shaped line inside a statement: a `;` is missing
+        for before, after in itertools.pairwise(words):  # a header-shaped line inside a statement: a `;` is missing
             inside = [h for h in _header_lines(source, before.end + 1, after.start, file) if h[3]]
             if inside:
-                raise PipelineError(file, inside[0][0], f"header '{inside[0][1]}' inside a statement",
-                                    "end the statement above it with `;`")
+                raise PipelineError(
+                    file,
+                    inside[0][0],
+                    f"header '{inside[0][1]}' inside a statement",
+                    "end the statement above it with `;`",
+                )
         headers = _headers(found, file)
         first, last = words[0], words[-1]
-        statements.append(Statement(source[first.start:last.end + 1].strip(), _line(source, first.start),
-                                    len(statements) + 1, headers))
+        statements.append(
+            Statement(
+                source[first.start : last.end + 1].strip(), _line(source, first.start), len(statements) + 1, headers
+            )
+        )
         gap_start = chunk[-1].end + 1  # after its `;` (or its last word)
     if chunks[-1]:  # the file ends without `;`: what follows its last statement
         trailing = _header_lines(source, gap_start, len(source), file)
         if trailing:
-            raise PipelineError(file, trailing[0][0], "headers with no statement after them",
-                                "put the statement under its headers, or remove them")
+            raise PipelineError(
+                file,
+                trailing[0][0],
+                "headers with no statement after them",
+                "put the statement under its headers, or remove them",
+            )
     return statements
 
 
@@ -179,7 +208,8 @@ def read_file(path: Path) -> tuple[str, str]:
     try:
         return path.read_text(encoding="utf-8-sig"), str(path)
     except FileNotFoundError:
-        raise KitError(f"no pipeline file at {path}",
-                       "give the path of a .sql file, e.g. pipelines/taxi_marts.sql") from None
+        raise KitError(
+            f"no pipeline file at {path}", "give the path of a .sql file, e.g. pipelines/taxi_marts.sql"
+        ) from None
     except (OSError, UnicodeDecodeError) as exc:
         raise KitError(f"cannot read the pipeline file {path} ({exc})", "check the file") from None

@@ -77,8 +77,19 @@ def parse_table_name(name: str) -> TableRef:
 
 MAKE, CHANGE, READ, DROP = "make", "change", "read", "drop"  # what a statement does to a table (or a schema)
 
-_KNOWN = (exp.Query, exp.Create, exp.Insert, exp.Update, exp.Delete, exp.Merge, exp.Alter, exp.Drop, exp.Copy,
-          exp.TruncateTable, exp.Describe)
+_KNOWN = (
+    exp.Query,
+    exp.Create,
+    exp.Insert,
+    exp.Update,
+    exp.Delete,
+    exp.Merge,
+    exp.Alter,
+    exp.Drop,
+    exp.Copy,
+    exp.TruncateTable,
+    exp.Describe,
+)
 
 
 @dataclass
@@ -120,8 +131,11 @@ def _target(stmt: exp.Expression) -> exp.Table | None:
 def cte_references(stmt: exp.Expression) -> set[int]:
     """The ids of the Table nodes that name a CTE (or another query) of their scope rather than a table: scoped, so
     `WITH trips AS (SELECT * FROM trips) ...` still reads the table trips inside the CTE."""
-    roots = [stmt] if isinstance(stmt, exp.Query) else [
-        q for q in stmt.find_all(exp.Query) if q.find_ancestor(exp.Query) is None]
+    roots = (
+        [stmt]
+        if isinstance(stmt, exp.Query)
+        else [q for q in stmt.find_all(exp.Query) if q.find_ancestor(exp.Query) is None]
+    )
     out: set[int] = set()
     for root in roots:
         for scope in traverse_scope(root):
@@ -162,15 +176,21 @@ def table_use(sql: str) -> TableUse:
         return TableUse(opaque=f"sqlglot cannot parse it ({first_line(exc)})")
     word = session_statement(stmt)  # a node runs alone, on any worker: these cannot do what they say in a pipeline
     if word is not None:
-        return TableUse(refused=f"{word} lasts only for one connection or transaction, and each node runs on its "
-                        "own (a node that changes the lake is already one transaction)", tree=stmt)
+        return TableUse(
+            refused=f"{word} lasts only for one connection or transaction, and each node runs on its "
+            "own (a node that changes the lake is already one transaction)",
+            tree=stmt,
+        )
     if stmt is None or not isinstance(stmt, _KNOWN):
         return TableUse(opaque="sqlglot does not know this statement", tree=stmt)
     use = TableUse(tree=stmt)
-    if isinstance(stmt, exp.Create) and (stmt.find(exp.TemporaryProperty) or
-                                         str(stmt.args.get("kind") or "").upper() == "MACRO"):
-        use.refused = ("a TEMP table or a MACRO lives in one connection, so another node (maybe on another worker) "
-                       "would not see it; use a worker-local table (`local.name`) pinned with `-- node: wN`")
+    if isinstance(stmt, exp.Create) and (
+        stmt.find(exp.TemporaryProperty) or str(stmt.args.get("kind") or "").upper() == "MACRO"
+    ):
+        use.refused = (
+            "a TEMP table or a MACRO lives in one connection, so another node (maybe on another worker) "
+            "would not see it; use a worker-local table (`local.name`) pinned with `-- node: wN`"
+        )
         return use
     if isinstance(stmt, (exp.Create, exp.Drop)) and str(stmt.args.get("kind") or "").upper() == "SCHEMA":
         schema = stmt.find(exp.Table)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ducklake_kit.errors import KitError
-from ducklake_kit.platforms.state import State
 from ducklake_kit.platforms.base import Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
+from ducklake_kit.platforms.state import State
 
 PLATFORMS = ("local", "k3d", "external")
 
@@ -26,4 +26,4 @@ def get_platform(name: str, state: State | None = None, **options) -> Platform:
     raise KitError(f"unknown platform '{name}'", f"choose one of: {', '.join(PLATFORMS)}")
 
 
-__all__ = ["Endpoints", "PgEndpoint", "Platform", "S3Endpoint", "ServiceStatus", "PLATFORMS", "get_platform"]
+__all__ = ["PLATFORMS", "Endpoints", "PgEndpoint", "Platform", "S3Endpoint", "ServiceStatus", "get_platform"]

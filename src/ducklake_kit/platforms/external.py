@@ -16,10 +16,10 @@ from pathlib import Path
 
 from psycopg.conninfo import conninfo_to_dict
 
-from ducklake_kit.platforms import postgres, s3
 from ducklake_kit.errors import KitError
-from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms import postgres, s3
 from ducklake_kit.platforms.base import CATALOG_DB, Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
+from ducklake_kit.platforms.state import State
 
 KEYS = ("pg_dsn", "s3_endpoint", "s3_key_id", "s3_secret", "s3_region", "s3_url_style")
 REQUIRED = ("pg_dsn", "s3_endpoint", "s3_key_id", "s3_secret")
@@ -50,7 +50,9 @@ def parse_endpoints(settings: dict[str, str]) -> Endpoints:
     try:
         dsn = conninfo_to_dict(settings["pg_dsn"])
     except Exception as exc:  # noqa: BLE001 - psycopg raises ProgrammingError for a malformed DSN
-        raise KitError(f"DUCKLAKE_PG_DSN does not parse ({exc})", "use postgresql://user:password@host:5432/dbname") from None
+        raise KitError(
+            f"DUCKLAKE_PG_DSN does not parse ({exc})", "use postgresql://user:password@host:5432/dbname"
+        ) from None
     for k in ("host", "user", "password"):
         if not dsn.get(k):
             raise KitError(f"DUCKLAKE_PG_DSN has no {k}", "use postgresql://user:password@host:5432/dbname")
@@ -58,7 +60,13 @@ def parse_endpoints(settings: dict[str, str]) -> Endpoints:
     use_ssl = not endpoint.startswith("http://")
     endpoint = endpoint.removeprefix("https://").removeprefix("http://").rstrip("/")
     return Endpoints(
-        pg=PgEndpoint(str(dsn["host"]), int(dsn.get("port") or 5432), str(dsn["user"]), str(dsn["password"]), str(dsn.get("dbname") or CATALOG_DB)),
+        pg=PgEndpoint(
+            str(dsn["host"]),
+            int(dsn.get("port") or 5432),
+            str(dsn["user"]),
+            str(dsn["password"]),
+            str(dsn.get("dbname") or CATALOG_DB),
+        ),
         s3=S3Endpoint(
             endpoint,
             settings["s3_key_id"],
@@ -93,7 +101,9 @@ class ExternalPlatform(Platform):
         created = s3.ensure_buckets(ep.s3)
         return [
             ServiceStatus("postgres", True, f"answers at {ep.pg.host}:{ep.pg.port}{note}", None, ep.pg.port),
-            ServiceStatus("s3", True, f"answers at {ep.s3.url}" + (f"; created {', '.join(created)}" if created else "")),
+            ServiceStatus(
+                "s3", True, f"answers at {ep.s3.url}" + (f"; created {', '.join(created)}" if created else "")
+            ),
         ]
 
     def status(self) -> list[ServiceStatus]:

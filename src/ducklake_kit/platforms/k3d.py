@@ -22,11 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ducklake_kit.platforms import doctor, postgres, procs, s3
 from ducklake_kit.errors import KitError
-from ducklake_kit.platforms.state import K3D_PG_PORT, K3D_S3_PORT, Credentials, State, project_root, write_private
-from ducklake_kit.platforms import k8s
+from ducklake_kit.platforms import doctor, k8s, postgres, procs, s3
 from ducklake_kit.platforms.base import Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
+from ducklake_kit.platforms.state import K3D_PG_PORT, K3D_S3_PORT, Credentials, State, project_root, write_private
 
 DEFAULT_PG_PORT = K3D_PG_PORT  # the forwards' loopback ports (platforms.state: one place for every default port)
 DEFAULT_S3_PORT = K3D_S3_PORT
@@ -39,8 +38,15 @@ DIAGNOSTICS_TIMEOUT = 20.0
 LOG_TAIL_LINES = 40
 TOOLS = ("docker", "k3d", "kubectl")
 # kubectl errors worth retrying right after the cluster (re)starts: the API server is still coming up.
-TRANSIENT = ("connection refused", "unable to handle the request", "i/o timeout", "tls handshake timeout",
-             "serviceunavailable", "eof", "etcdserver")
+TRANSIENT = (
+    "connection refused",
+    "unable to handle the request",
+    "i/o timeout",
+    "tls handshake timeout",
+    "serviceunavailable",
+    "eof",
+    "etcdserver",
+)
 
 
 @dataclass(frozen=True)
@@ -57,10 +63,24 @@ class Forward:
 def forwards() -> tuple[Forward, Forward]:
     """The two forwards, built from `k8s` at call time (one source of truth for names and ports)."""
     return (
-        Forward("postgres", "PostgreSQL", k8s.POSTGRES_SERVICE, k8s.POSTGRES_PORT, k8s.POSTGRES_STATEFULSET,
-                k8s.POSTGRES_SELECTOR, "--pg-port or DUCKLAKE_PG_PORT"),
-        Forward("s3", "S3 (rclone)", k8s.S3_SERVICE, k8s.S3_PORT, k8s.S3_STATEFULSET,
-                k8s.S3_SELECTOR, "--s3-port or DUCKLAKE_S3_PORT"),
+        Forward(
+            "postgres",
+            "PostgreSQL",
+            k8s.POSTGRES_SERVICE,
+            k8s.POSTGRES_PORT,
+            k8s.POSTGRES_STATEFULSET,
+            k8s.POSTGRES_SELECTOR,
+            "--pg-port or DUCKLAKE_PG_PORT",
+        ),
+        Forward(
+            "s3",
+            "S3 (rclone)",
+            k8s.S3_SERVICE,
+            k8s.S3_PORT,
+            k8s.S3_STATEFULSET,
+            k8s.S3_SELECTOR,
+            "--s3-port or DUCKLAKE_S3_PORT",
+        ),
     )
 
 
@@ -80,8 +100,14 @@ class _Refused(KitError):
 class K3dPlatform(Platform):
     name = "k3d"
 
-    def __init__(self, state: State | None = None, *, pg_port: int | None = None, s3_port: int | None = None,
-                 root: Path | None = None):
+    def __init__(
+        self,
+        state: State | None = None,
+        *,
+        pg_port: int | None = None,
+        s3_port: int | None = None,
+        root: Path | None = None,
+    ):
         base = state or State()
         self.state = State(base.home / "k3d")
         self._root = root
@@ -113,7 +139,10 @@ class K3dPlatform(Platform):
     def endpoints(self) -> Endpoints:
         creds = self.state.credentials()
         if creds is None:
-            raise KitError(f"the k3d lake has not been set up in {self.state.home}", "run `python ducklake_test.py --platform k3d up` first")
+            raise KitError(
+                f"the k3d lake has not been set up in {self.state.home}",
+                "run `python ducklake_test.py --platform k3d up` first",
+            )
         return Endpoints(
             pg=PgEndpoint("127.0.0.1", self.pg_port, creds.pg_user, creds.pg_password),
             s3=S3Endpoint(f"127.0.0.1:{self.s3_port}", creds.s3_key_id, creds.s3_secret),
@@ -128,7 +157,9 @@ class K3dPlatform(Platform):
             return
         engine_down = [t for t in missing if t.name == "docker" and "client only" in t.version]
         not_found = [t.name for t in missing if t not in engine_down]
-        problems = (["no Docker engine answers (the docker client is installed, `docker info` fails)"] if engine_down else [])
+        problems = (
+            ["no Docker engine answers (the docker client is installed, `docker info` fails)"] if engine_down else []
+        )
         if not_found:
             problems.append(f"{', '.join(not_found)} not found")
         raise KitError(
@@ -153,13 +184,20 @@ class K3dPlatform(Platform):
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            raise KitError(f"`{shown}` did not finish in {timeout:.0f}s", fix or "run `python ducklake_test.py --platform k3d status`") from None
+            raise KitError(
+                f"`{shown}` did not finish in {timeout:.0f}s",
+                fix or "run `python ducklake_test.py --platform k3d status`",
+            ) from None
         except OSError as exc:
-            raise KitError(f"`{shown}` could not run ({exc.strerror})", "run `python ducklake_test.py --platform k3d doctor`") from None
+            raise KitError(
+                f"`{shown}` could not run ({exc.strerror})", "run `python ducklake_test.py --platform k3d doctor`"
+            ) from None
         if out.returncode != 0:
-            err = (out.stderr.strip() or out.stdout.strip())
+            err = out.stderr.strip() or out.stdout.strip()
             last = err.splitlines()[-1] if err else "no output"
-            raise KitError(f"`{shown}` failed with code {out.returncode}: {last}", fix or self._fix_for(err), detail=err[-3000:])
+            raise KitError(
+                f"`{shown}` failed with code {out.returncode}: {last}", fix or self._fix_for(err), detail=err[-3000:]
+            )
         return out.stdout
 
     @staticmethod
@@ -176,8 +214,11 @@ class K3dPlatform(Platform):
         try:
             clusters = json.loads(out or "[]")
         except ValueError:
-            raise KitError("`k3d cluster list -o json` did not print JSON", "use k3d v5 (the kit is written for v5.9.0)",
-                           detail=out[-2000:]) from None
+            raise KitError(
+                "`k3d cluster list -o json` did not print JSON",
+                "use k3d v5 (the kit is written for v5.9.0)",
+                detail=out[-2000:],
+            ) from None
         return next((c for c in clusters if c.get("name") == k8s.CLUSTER_NAME), None)
 
     @staticmethod
@@ -188,10 +229,15 @@ class K3dPlatform(Platform):
         cluster = self._cluster()
         limit = K3D_TIMEOUT + 60  # k3d waits for the servers itself (--wait, the config's timeout); this is a backstop
         if cluster is None:
-            self._run(self._k3d("cluster", "create", "--config", str(k8s.repo_path(self.root, k8s.K3D_CONFIG))), timeout=limit)
+            self._run(
+                self._k3d("cluster", "create", "--config", str(k8s.repo_path(self.root, k8s.K3D_CONFIG))), timeout=limit
+            )
             return "created"
         if not self._running(cluster):
-            self._run(self._k3d("cluster", "start", k8s.CLUSTER_NAME, "--wait", "--timeout", f"{K3D_TIMEOUT:.0f}s"), timeout=limit)
+            self._run(
+                self._k3d("cluster", "start", k8s.CLUSTER_NAME, "--wait", "--timeout", f"{K3D_TIMEOUT:.0f}s"),
+                timeout=limit,
+            )
             return "started (its data was kept)"
         return "already running, reused"
 
@@ -228,8 +274,11 @@ class K3dPlatform(Platform):
         for title, argv, lines in (
             ("pods", self._kubectl("get", "pods", "-o", "wide"), 20),
             ("events", self._kubectl("get", "events", "--sort-by=.lastTimestamp"), 25),
-            (f"logs of {fw.selector}", self._kubectl("logs", "-l", fw.selector, "--all-containers", "--prefix",
-                                                     f"--tail={LOG_TAIL_LINES}"), LOG_TAIL_LINES),
+            (
+                f"logs of {fw.selector}",
+                self._kubectl("logs", "-l", fw.selector, "--all-containers", "--prefix", f"--tail={LOG_TAIL_LINES}"),
+                LOG_TAIL_LINES,
+            ),
         ):
             try:
                 text = self._run(argv, timeout=DIAGNOSTICS_TIMEOUT).rstrip() or "(none)"
@@ -247,7 +296,9 @@ class K3dPlatform(Platform):
 
     # -- the forwards ----------------------------------------------------------------------------------
     def _forward_argv(self, fw: Forward) -> list[str]:
-        kubectl = self._kubectl("port-forward", "--address", "127.0.0.1", f"svc/{fw.service}", f"{self._port(fw)}:{fw.remote_port}")
+        kubectl = self._kubectl(
+            "port-forward", "--address", "127.0.0.1", f"svc/{fw.service}", f"{self._port(fw)}:{fw.remote_port}"
+        )
         return [sys.executable, "-m", "ducklake_kit.platforms.portforward", "--", *kubectl]
 
     def _probe(self, fw: Forward, ep: Endpoints) -> object:
@@ -265,8 +316,14 @@ class K3dPlatform(Platform):
                 raise
 
         log_file = self._log_file(fw)
-        result = procs.wait_until(check, what=f"{fw.label} through the port-forward 127.0.0.1:{self._port(fw)}",
-                                  timeout=timeout, proc=proc, log_file=log_file, fix=f"read {log_file} and the pods' events and logs below")
+        result = procs.wait_until(
+            check,
+            what=f"{fw.label} through the port-forward 127.0.0.1:{self._port(fw)}",
+            timeout=timeout,
+            proc=proc,
+            log_file=log_file,
+            fix=f"read {log_file} and the pods' events and logs below",
+        )
         if isinstance(result, KitError):
             raise _Refused(
                 f"{result.what} through the port-forward",
@@ -293,7 +350,9 @@ class K3dPlatform(Platform):
         busy = procs.busy_port(port, f"the {fw.label} port-forward", fw.port_option)
         if busy:
             raise busy
-        rec, proc = procs.start(f"forward-{fw.name}", self._forward_argv(fw), pid_file=pid_file, log_file=self._log_file(fw), port=port)
+        rec, proc = procs.start(
+            f"forward-{fw.name}", self._forward_argv(fw), pid_file=pid_file, log_file=self._log_file(fw), port=port
+        )
         try:
             self._wait_ready(fw, ep, timeout=READY_TIMEOUT, proc=proc)
         except _Refused:
@@ -311,10 +370,17 @@ class K3dPlatform(Platform):
     def _write_secrets_env(self, creds: Credentials) -> Path:
         """overlays/local/secrets.env (0600, gitignored), from which the overlay's secretGenerator makes the Secret."""
         path = k8s.repo_path(self.root, k8s.SECRETS_ENV)
-        write_private(path, k8s.secrets_env_text({
-            "POSTGRES_USER": creds.pg_user, "POSTGRES_PASSWORD": creds.pg_password,
-            "S3_KEY_ID": creds.s3_key_id, "S3_SECRET": creds.s3_secret,
-        }))
+        write_private(
+            path,
+            k8s.secrets_env_text(
+                {
+                    "POSTGRES_USER": creds.pg_user,
+                    "POSTGRES_PASSWORD": creds.pg_password,
+                    "S3_KEY_ID": creds.s3_key_id,
+                    "S3_SECRET": creds.s3_secret,
+                }
+            ),
+        )
         return path
 
     def up(self) -> list[ServiceStatus]:
@@ -361,8 +427,14 @@ class K3dPlatform(Platform):
         elif not self._running(cluster):
             rows = [ServiceStatus("cluster", False, f"k3d cluster {k8s.CLUSTER_NAME} is stopped (data kept): run `up`")]
         else:
-            rows = [ServiceStatus("cluster", True, f"k3d cluster {k8s.CLUSTER_NAME} running "
-                                  f"({cluster.get('serversRunning')}/{cluster.get('serversCount')} servers)")]
+            rows = [
+                ServiceStatus(
+                    "cluster",
+                    True,
+                    f"k3d cluster {k8s.CLUSTER_NAME} running "
+                    f"({cluster.get('serversRunning')}/{cluster.get('serversCount')} servers)",
+                )
+            ]
             pods = self._pods()
         creds = self.state.credentials()
         for fw in forwards():
@@ -380,7 +452,9 @@ class K3dPlatform(Platform):
                     fwd_ok, fwd_text = True, f"port-forward 127.0.0.1:{rec.port} answers"
                 except KitError as exc:
                     fwd_ok, fwd_text = False, f"port-forward 127.0.0.1:{rec.port} running but not answering: {exc.what}"
-            rows.append(ServiceStatus(fw.name, pod_ok and fwd_ok, f"{pod_text}; {fwd_text}", rec.pid if alive else None, port))
+            rows.append(
+                ServiceStatus(fw.name, pod_ok and fwd_ok, f"{pod_text}; {fwd_text}", rec.pid if alive else None, port)
+            )
         return rows
 
     def reset(self) -> list[str]:
@@ -418,8 +492,12 @@ def _pods_health(fw: Forward, pods: list[dict[str, Any]]) -> tuple[bool, str]:
         total = len(pod.get("spec", {}).get("containers", [])) or len(containers)
         ready = sum(1 for c in containers if c.get("ready"))
         restarts = sum(int(c.get("restartCount") or 0) for c in containers)
-        text = f"pod {pod['metadata'].get('name')} {status.get('phase', '?')}, ready {ready}/{total}, restarts {restarts}"
-        waiting = [c["state"]["waiting"].get("reason", "waiting") for c in containers if c.get("state", {}).get("waiting")]
+        text = (
+            f"pod {pod['metadata'].get('name')} {status.get('phase', '?')}, ready {ready}/{total}, restarts {restarts}"
+        )
+        waiting = [
+            c["state"]["waiting"].get("reason", "waiting") for c in containers if c.get("state", {}).get("waiting")
+        ]
         if waiting:
             text += f", waiting: {', '.join(waiting)}"
         elif containers and not all(c.get("started") for c in containers):

@@ -9,10 +9,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ducklake_kit.platforms import postgres, procs, s3
 from ducklake_kit.errors import KitError
-from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT, State
+from ducklake_kit.platforms import postgres, procs, s3
 from ducklake_kit.platforms.base import Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
+from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT, State
 
 READY_TIMEOUT = float(os.environ.get("DUCKLAKE_READY_TIMEOUT", "60"))
 
@@ -30,7 +30,7 @@ def private_tree(root: Path) -> None:
     """Folders 0700 and files 0600 under `root` (a state folder from before the S3 server ran with umask 077)."""
     if not root.stat().st_mode & 0o077:
         return  # already private: nothing to walk
-    for folder, dirs, files in os.walk(root):
+    for folder, _dirs, files in os.walk(root):
         os.chmod(folder, 0o700)
         for name in files:
             os.chmod(os.path.join(folder, name), 0o600)
@@ -57,8 +57,12 @@ class LocalPlatform(Platform):
 
     def _services(self, ep: Endpoints) -> list[_Service]:
         return [
-            _Service("postgres", "PostgreSQL", "--pg-port or DUCKLAKE_PG_PORT", signal.SIGINT, lambda: postgres.ping(ep.pg)),
-            _Service("s3", "S3 (rclone)", "--s3-port or DUCKLAKE_S3_PORT", signal.SIGTERM, lambda: s3.list_buckets(ep.s3)),
+            _Service(
+                "postgres", "PostgreSQL", "--pg-port or DUCKLAKE_PG_PORT", signal.SIGINT, lambda: postgres.ping(ep.pg)
+            ),
+            _Service(
+                "s3", "S3 (rclone)", "--s3-port or DUCKLAKE_S3_PORT", signal.SIGTERM, lambda: s3.list_buckets(ep.s3)
+            ),
         ]
 
     def _port(self, name: str) -> int:
@@ -88,7 +92,9 @@ class LocalPlatform(Platform):
         if rec and rec.port == port:
             try:
                 # a live process we started: healthy means reuse; still starting means wait for it
-                procs.wait_until(svc.ping, what=f"{svc.label} (pid {rec.pid})", timeout=READY_TIMEOUT, log_file=log_file)
+                procs.wait_until(
+                    svc.ping, what=f"{svc.label} (pid {rec.pid})", timeout=READY_TIMEOUT, log_file=log_file
+                )
                 return ServiceStatus(svc.name, True, "already running, reused", rec.pid, port)
             except KitError:
                 procs.stop(pid_file, sig=svc.stop_signal)  # hung: replace it
@@ -102,10 +108,20 @@ class LocalPlatform(Platform):
         argv, env, run_as = self._command(svc.name, creds)
         # the S3 server's objects are the lake's and the raw files: readable by their owner only (0600 in 0700
         # folders), so that no other local user reads them around S3's authentication
-        rec, proc = procs.start(svc.name, argv, pid_file=pid_file, log_file=log_file, port=port, env=env, run_as=run_as,
-                                umask=0o077 if svc.name == "s3" else None)
+        rec, proc = procs.start(
+            svc.name,
+            argv,
+            pid_file=pid_file,
+            log_file=log_file,
+            port=port,
+            env=env,
+            run_as=run_as,
+            umask=0o077 if svc.name == "s3" else None,
+        )
         try:
-            procs.wait_until(svc.ping, what=f"{svc.label} on port {port}", timeout=READY_TIMEOUT, proc=proc, log_file=log_file)
+            procs.wait_until(
+                svc.ping, what=f"{svc.label} on port {port}", timeout=READY_TIMEOUT, proc=proc, log_file=log_file
+            )
         except KitError:
             procs.stop(pid_file, sig=svc.stop_signal)
             raise
@@ -114,7 +130,9 @@ class LocalPlatform(Platform):
     def _command(self, name: str, creds) -> tuple[list[str], dict[str, str], str | None]:
         if name == "postgres":
             bin_dir = postgres.find_bin_dir()
-            postgres.initdb(bin_dir, self.state.pg_data, creds.pg_user, creds.pg_password, self.state.log_file("postgres"))
+            postgres.initdb(
+                bin_dir, self.state.pg_data, creds.pg_user, creds.pg_password, self.state.log_file("postgres")
+            )
             return postgres.server_argv(bin_dir, self.state.pg_data, self.pg_port), {}, postgres.run_as_user()
         self.state.s3_data.mkdir(parents=True, exist_ok=True)
         private_tree(self.state.s3_data)
@@ -152,14 +170,20 @@ class LocalPlatform(Platform):
                 out.append(ServiceStatus(name, False, "stopped", None, port, size))
                 continue
             if rec.process() is None:
-                out.append(ServiceStatus(name, False, f"not running (pid {rec.pid} is gone): run `up`", rec.pid, rec.port, size))
+                out.append(
+                    ServiceStatus(
+                        name, False, f"not running (pid {rec.pid} is gone): run `up`", rec.pid, rec.port, size
+                    )
+                )
                 continue
             ep = self.endpoints()
             try:
                 postgres.ping(ep.pg) if name == "postgres" else s3.list_buckets(ep.s3)
                 out.append(ServiceStatus(name, True, f"{label} answers", rec.pid, rec.port, size))
             except KitError as exc:
-                out.append(ServiceStatus(name, False, f"running but not answering: {exc.what}", rec.pid, rec.port, size))
+                out.append(
+                    ServiceStatus(name, False, f"running but not answering: {exc.what}", rec.pid, rec.port, size)
+                )
         return out
 
     def reset(self) -> list[str]:

@@ -82,7 +82,7 @@ def supervise(
     try:
         while True:
             started = time.monotonic()
-            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+            child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)  # noqa: PLW1509 - prctl in the child; no lock is taken there
             log(f"started pid {child.pid}: {shlex.join(argv)}")
             code = child.wait()
             ran = time.monotonic() - started
@@ -107,10 +107,14 @@ def supervise(
 
 
 def main(args: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ducklake_kit.platforms.portforward", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m ducklake_kit.platforms.portforward", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--min-backoff", type=float, default=0.5, help="first wait before a restart, seconds")
     parser.add_argument("--max-backoff", type=float, default=10.0, help="longest wait before a restart, seconds")
-    parser.add_argument("--stable-after", type=float, default=10.0, help="a child that ran this long resets the backoff")
+    parser.add_argument(
+        "--stable-after", type=float, default=10.0, help="a child that ran this long resets the backoff"
+    )
     parser.add_argument("argv", nargs=argparse.REMAINDER, help="-- then the command to keep running")
     opts = parser.parse_args(args)
     argv = opts.argv[1:] if opts.argv[:1] == ["--"] else opts.argv

@@ -16,7 +16,6 @@ from ducklake_kit.platforms.base import PgEndpoint
 from ducklake_kit.platforms.service_user import service_user
 
 
-
 def find_bin_dir() -> Path:
     """PostgreSQL binaries: $DUCKLAKE_PG_BIN, else the pinned `pgserver` wheel (PostgreSQL 16), else PATH."""
     candidates: list[Path] = []
@@ -74,12 +73,18 @@ def initdb(bin_dir: Path, data: Path, user: str, password: str, log_file: Path) 
         result = subprocess.run(
             [
                 str(bin_dir / "initdb"),
-                "-D", str(data),
-                "-U", user,
-                "--pwfile", str(pwfile),
-                "--auth", "scram-sha-256",
-                "--encoding", "UTF8",
-                "--locale", "C",
+                "-D",
+                str(data),
+                "-U",
+                user,
+                "--pwfile",
+                str(pwfile),
+                "--auth",
+                "scram-sha-256",
+                "--encoding",
+                "UTF8",
+                "--locale",
+                "C",
             ],
             capture_output=True,
             text=True,
@@ -103,12 +108,18 @@ def initdb(bin_dir: Path, data: Path, user: str, password: str, log_file: Path) 
 def server_argv(bin_dir: Path, data: Path, port: int) -> list[str]:
     return [
         str(bin_dir / "postgres"),
-        "-D", str(data),
-        "-p", str(port),
-        "-c", "listen_addresses=127.0.0.1",  # loopback only
-        "-c", "unix_socket_directories=",  # no socket files: TCP with a password only
-        "-c", "password_encryption=scram-sha-256",
-        "-c", "max_connections=200",  # concurrent writers and Spark tasks each hold a catalog connection
+        "-D",
+        str(data),
+        "-p",
+        str(port),
+        "-c",
+        "listen_addresses=127.0.0.1",  # loopback only
+        "-c",
+        "unix_socket_directories=",  # no socket files: TCP with a password only
+        "-c",
+        "password_encryption=scram-sha-256",
+        "-c",
+        "max_connections=200",  # concurrent writers and Spark tasks each hold a catalog connection
     ]
 
 

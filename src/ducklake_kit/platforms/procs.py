@@ -94,8 +94,10 @@ def port_holder(port: int) -> str:
             return f"{name} (pid {c.pid}) listens on it" if name else "a program listens on it"
     for c in conns:
         if c.raddr:
-            return (f"a connection from {c.laddr.ip}:{port} to {c.raddr.ip}:{c.raddr.port} ({c.status}) uses it as "
-                    "its source port")
+            return (
+                f"a connection from {c.laddr.ip}:{port} to {c.raddr.ip}:{c.raddr.port} ({c.status}) uses it as "
+                "its source port"
+            )
     return "it is bound"
 
 
@@ -106,9 +108,17 @@ def busy_port(port: int, what: str, option: str) -> KitError | None:
     holder = port_holder(port)
     span = ephemeral_range()
     inside = span is not None and span[0] <= port <= span[1]
-    note = (f"; {port} lies in Linux's ephemeral range {span[0]}-{span[1]}, where any outgoing connection may take it "
-            "as its source port" if inside else "")
-    fix = f"choose a port below {span[0]} with {option}" if inside else f"stop that program or choose another port with {option}"
+    note = (
+        f"; {port} lies in Linux's ephemeral range {span[0]}-{span[1]}, where any outgoing connection may take it "
+        "as its source port"
+        if inside
+        else ""
+    )
+    fix = (
+        f"choose a port below {span[0]} with {option}"
+        if inside
+        else f"stop that program or choose another port with {option}"
+    )
     return KitError(f"port {port} for {what} is already in use by another program ({holder}{note})", fix)
 
 
@@ -169,7 +179,7 @@ def start(
             stderr=subprocess.STDOUT,
             start_new_session=True,  # not killed with the terminal that ran `up`
             env={**os.environ, **(env or {})},
-            preexec_fn=_preexec(run_as, umask),
+            preexec_fn=_preexec(run_as, umask),  # noqa: PLW1509 - setgid/setuid/umask only, no lock taken
             close_fds=True,
             cwd=cwd,
         )
@@ -251,7 +261,9 @@ def wait_until(
             last_error = f"{type(exc).__name__}: {first_line(exc)}"
         exited = proc is not None and proc.poll() is not None
         if exited or time.monotonic() > deadline:
-            reason = f"exited with code {proc.returncode}" if exited else f"not ready after {timeout:.0f}s ({last_error})"
+            reason = (
+                f"exited with code {proc.returncode}" if exited else f"not ready after {timeout:.0f}s ({last_error})"
+            )
             detail = f"last lines of {log_file}:\n{log_tail(log_file)}" if log_file else ""
             raise KitError(f"{what} {reason}", fix or (f"read {log_file}" if log_file else ""), detail=detail)
         time.sleep(delay)

@@ -28,10 +28,15 @@ def rclone_bin() -> Path:
 def server_argv(rclone: Path, data: Path, port: int, config_file: Path) -> list[str]:
     # The auth key is passed as RCLONE_AUTH_KEY in the environment, so it never shows in `ps`.
     return [
-        str(rclone), "serve", "s3",
-        "--addr", f"127.0.0.1:{port}",  # loopback only
-        "--config", str(config_file),  # an empty config of our own, never the user's rclone.conf
-        "--log-level", "NOTICE",
+        str(rclone),
+        "serve",
+        "s3",
+        "--addr",
+        f"127.0.0.1:{port}",  # loopback only
+        "--config",
+        str(config_file),  # an empty config of our own, never the user's rclone.conf
+        "--log-level",
+        "NOTICE",
         str(data),
     ]
 

@@ -33,8 +33,11 @@ def service_user() -> str | None:
     try:
         pwd.getpwnam(SERVICE_USER)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SERVICE_USER],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SERVICE_USER],
+            check=True,
+            capture_output=True,
+        )
     return SERVICE_USER
 
 
@@ -75,16 +78,22 @@ def check_reachable(path: Path, user: str, who: str) -> None:
     uid = pwd.getpwnam(user).pw_uid
     for parent in reversed(path.parents):
         if not _may_pass(parent, uid):
-            raise KitError(f"{who} runs as user '{user}' (the kit runs as root) and cannot enter {parent}",
-                           f"`chmod o+x {parent}` or set DUCKLAKE_HOME to a folder whose parents others can traverse")
+            raise KitError(
+                f"{who} runs as user '{user}' (the kit runs as root) and cannot enter {parent}",
+                f"`chmod o+x {parent}` or set DUCKLAKE_HOME to a folder whose parents others can traverse",
+            )
 
 
 def make_python_reachable(user: str) -> list[str]:
     """Let `user` run this Python and import the kit: grant it passage through each folder on the way that it may not
     enter. Returns the folders granted (empty when nothing was needed)."""
     uid = pwd.getpwnam(user).pw_uid
-    targets = {Path(sys.executable).resolve(), Path(sys.base_prefix).resolve(), Path(sys.prefix).resolve(),
-               Path(__file__).resolve()}
+    targets = {
+        Path(sys.executable).resolve(),
+        Path(sys.base_prefix).resolve(),
+        Path(sys.prefix).resolve(),
+        Path(__file__).resolve(),
+    }
     folders = sorted({parent for t in targets for parent in t.parents})
     granted = []
     for folder in folders:
@@ -93,9 +102,11 @@ def make_python_reachable(user: str) -> list[str]:
         try:
             grant_traverse(folder, uid)
         except OSError as exc:
-            raise KitError(f"the service user '{user}' cannot enter {folder}, on the way to the kit's Python "
-                           f"{sys.executable}, and an ACL could not be set there ({exc.strerror})",
-                           f"let it pass (`setfacl -m u:{user}:x {folder}`, or `chmod o+x {folder}`), or install "
-                           "Python and the kit outside that folder") from None
+            raise KitError(
+                f"the service user '{user}' cannot enter {folder}, on the way to the kit's Python "
+                f"{sys.executable}, and an ACL could not be set there ({exc.strerror})",
+                f"let it pass (`setfacl -m u:{user}:x {folder}`, or `chmod o+x {folder}`), or install "
+                "Python and the kit outside that folder",
+            ) from None
         granted.append(str(folder))
     return granted

@@ -45,7 +45,11 @@ MASTER, CONNECT = "spark-master", "spark-connect"  # pid and log file names; wor
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
 CONNECT_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
-PORT_OPTIONS = {"master": "DUCKLAKE_SPARK_MASTER_PORT", "ui": "DUCKLAKE_SPARK_UI_PORT", "connect": "DUCKLAKE_SPARK_CONNECT_PORT"}
+PORT_OPTIONS = {
+    "master": "DUCKLAKE_SPARK_MASTER_PORT",
+    "ui": "DUCKLAKE_SPARK_UI_PORT",
+    "connect": "DUCKLAKE_SPARK_CONNECT_PORT",
+}
 
 
 def spark_home() -> Path:
@@ -106,15 +110,24 @@ class ClusterStatus:
         return all(p.running for p in self.started)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in asdict(self).items() if k != "processes"}, "healthy": self.healthy,
-                "processes": [asdict(p) for p in self.processes]}
+        return {
+            **{k: v for k, v in asdict(self).items() if k != "processes"},
+            "healthy": self.healthy,
+            "processes": [asdict(p) for p in self.processes],
+        }
 
 
 class SparkCluster:
     """The kit's Spark processes in one state folder."""
 
-    def __init__(self, state: State, *, master_port: int | None = None, ui_port: int | None = None,
-                 connect_port: int | None = None):
+    def __init__(
+        self,
+        state: State,
+        *,
+        master_port: int | None = None,
+        ui_port: int | None = None,
+        connect_port: int | None = None,
+    ):
         self.state = state
         saved = state.settings()
 
@@ -188,8 +201,14 @@ class SparkCluster:
         # SPARK_NO_DAEMONIZE marks the cluster's own processes (and the executors and Python workers they start,
         # which inherit it) for `leftovers`; PYSPARK_PYTHON is what the Connect server's executors run (a driver not
         # started by spark-submit reads no spark.pyspark.python: executors would start `python3`, without duckdb)
-        env = {"SPARK_HOME": str(spark_home()), "SPARK_CONF_DIR": str(self.conf_dir), "SPARK_LOCAL_IP": "127.0.0.1",
-               "SPARK_LOCAL_DIRS": str(self.root / "local"), "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1"}
+        env = {
+            "SPARK_HOME": str(spark_home()),
+            "SPARK_CONF_DIR": str(self.conf_dir),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_DIRS": str(self.root / "local"),
+            "PYSPARK_PYTHON": sys.executable,
+            "SPARK_NO_DAEMONIZE": "1",
+        }
         if service == CONNECT:
             env["SPARK_CONNECT_AUTHENTICATE_TOKEN"] = self.secrets().connect_token
         return env
@@ -197,7 +216,9 @@ class SparkCluster:
     def _bin(self, name: str) -> str:
         path = spark_home() / "bin" / name
         if not path.exists():
-            raise KitError(f"PySpark's package has no bin/{name} ({path})", "run `just setup` to reinstall the pinned pyspark")
+            raise KitError(
+                f"PySpark's package has no bin/{name} ({path})", "run `just setup` to reinstall the pinned pyspark"
+            )
         return str(path)
 
     # -- lifecycle ----------------------------------------------------------------------------------------------
@@ -206,8 +227,11 @@ class SparkCluster:
         if mode not in MODES:
             raise KitError(f"unknown Spark mode '{mode}'", f"choose one of: {', '.join(MODES)}")
         if mode == "connect" and workers is not None:
-            raise KitError("--workers is for --mode standalone (the Connect server uses the standalone cluster's "
-                           "workers when it runs)", "run `spark up --workers N` first, then `spark up --mode connect`")
+            raise KitError(
+                "--workers is for --mode standalone (the Connect server uses the standalone cluster's "
+                "workers when it runs)",
+                "run `spark up --workers N` first, then `spark up --mode connect`",
+            )
         n = int(self.state.settings().get("spark_workers", DEFAULT_WORKERS)) if workers is None else workers
         if n < 1:
             raise KitError(f"--workers must be 1 or more, not {n}", "e.g. --workers 2")
@@ -219,8 +243,9 @@ class SparkCluster:
         self.state.ensure_dirs()
         with self.state.lock():
             self._write_conf()
-            self.state.save_settings(spark_master_port=self.master_port, spark_ui_port=self.ui_port,
-                                     spark_connect_port=self.connect_port)
+            self.state.save_settings(
+                spark_master_port=self.master_port, spark_ui_port=self.ui_port, spark_connect_port=self.connect_port
+            )
             if mode == "standalone":
                 self._ensure_master()
                 self._ensure_workers(n)
@@ -251,8 +276,12 @@ class SparkCluster:
         rec = procs.live_pid(pid_file)
         if rec and rec.port == port:
             try:
-                procs.wait_until(ping, what=f"{service} (pid {rec.pid})", timeout=READY_TIMEOUT_S,
-                                 log_file=self.state.log_file(service))
+                procs.wait_until(
+                    ping,
+                    what=f"{service} (pid {rec.pid})",
+                    timeout=READY_TIMEOUT_S,
+                    log_file=self.state.log_file(service),
+                )
                 return True
             except KitError:
                 pass
@@ -264,14 +293,30 @@ class SparkCluster:
             return
         self._busy(self.master_port, "the Spark master", "master")
         self._busy(self.ui_port, "the Spark master's status page", "ui")
-        argv = [self._bin("spark-class"), MASTER_CLASS, "--host", "127.0.0.1", "--port", str(self.master_port),
-                "--webui-port", str(self.ui_port)]
+        argv = [
+            self._bin("spark-class"),
+            MASTER_CLASS,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.master_port),
+            "--webui-port",
+            str(self.ui_port),
+        ]
         self._start(MASTER, argv, self.master_port, self._master_json, "the Spark master")
 
     def _start(self, service: str, argv: list[str], port: int, ping, what: str) -> None:
         pid_file, log_file = self.state.pid_file(service), self.state.log_file(service)
-        _rec, proc = procs.start(service, argv, pid_file=pid_file, log_file=log_file, port=port, env=self._env(service),
-                                 umask=0o077, cwd=self.root)  # e.g. spark-warehouse/ lands in the state folder
+        _rec, proc = procs.start(
+            service,
+            argv,
+            pid_file=pid_file,
+            log_file=log_file,
+            port=port,
+            env=self._env(service),
+            umask=0o077,
+            cwd=self.root,
+        )  # e.g. spark-warehouse/ lands in the state folder
         try:
             procs.wait_until(ping, what=f"{what} on port {port}", timeout=READY_TIMEOUT_S, proc=proc, log_file=log_file)
         except KitError:
@@ -296,8 +341,10 @@ class SparkCluster:
 
     def kit_workers(self) -> list[str]:
         """w1.. : the workers started in this state folder (by pid file, alive or not)."""
-        names = [p.name.removeprefix(f"{_worker_service('')}").removesuffix(".pid.json")
-                 for p in self.state.run_dir.glob(f"{_worker_service('*')}.pid.json")]
+        names = [
+            p.name.removeprefix(f"{_worker_service('')}").removesuffix(".pid.json")
+            for p in self.state.run_dir.glob(f"{_worker_service('*')}.pid.json")
+        ]
         return sorted(names, key=lambda n: int(n[1:]) if n[1:].isdigit() else 0)
 
     def _ensure_workers(self, n: int) -> None:
@@ -313,10 +360,33 @@ class SparkCluster:
             procs.stop(pid_file)  # gone, or started for a master on another port
             work = self.root / "work" / name
             work.mkdir(parents=True, exist_ok=True)
-            argv = [self._bin("spark-class"), WORKER_CLASS, "--host", "127.0.0.1", "--port", "0", "--webui-port", "0",
-                    "--cores", str(WORKER_CORES), "--memory", WORKER_MEMORY, "--work-dir", str(work), self.master_url]
-            procs.start(_worker_service(name), argv, pid_file=pid_file, log_file=self.state.log_file(_worker_service(name)),
-                        port=0, env=self._env(_worker_service(name)), umask=0o077, cwd=self.root)
+            argv = [
+                self._bin("spark-class"),
+                WORKER_CLASS,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--webui-port",
+                "0",
+                "--cores",
+                str(WORKER_CORES),
+                "--memory",
+                WORKER_MEMORY,
+                "--work-dir",
+                str(work),
+                self.master_url,
+            ]
+            procs.start(
+                _worker_service(name),
+                argv,
+                pid_file=pid_file,
+                log_file=self.state.log_file(_worker_service(name)),
+                port=0,
+                env=self._env(_worker_service(name)),
+                umask=0o077,
+                cwd=self.root,
+            )
             started.append(name)
 
         def ready() -> bool | None:
@@ -325,21 +395,34 @@ class SparkCluster:
                 rec = procs.live_pid(self.state.pid_file(_worker_service(name)))
                 if rec is None:
                     log = self.state.log_file(_worker_service(name))
-                    raise procs.GiveUp(KitError(f"Spark worker {name} exited while starting", f"read {log}",
-                                                detail=f"last lines of {log}:\n{procs.log_tail(log)}"))
+                    raise procs.GiveUp(
+                        KitError(
+                            f"Spark worker {name} exited while starting",
+                            f"read {log}",
+                            detail=f"last lines of {log}:\n{procs.log_tail(log)}",
+                        )
+                    )
                 registered.append(self._registered(rec))
             # each worker started now, by its own port: a worker killed a moment ago stays ALIVE at the master until its
             # heartbeats are missed (a minute), so a count alone would be satisfied before its successor registered
             return True if all(registered) and self._alive() >= n else None
 
-        procs.wait_until(ready, what=f"{n} ALIVE Spark worker(s) at the master", timeout=READY_TIMEOUT_S,
-                         fix="read the workers' logs (spark-worker-w*.log) in the state folder's logs/")
+        procs.wait_until(
+            ready,
+            what=f"{n} ALIVE Spark worker(s) at the master",
+            timeout=READY_TIMEOUT_S,
+            fix="read the workers' logs (spark-worker-w*.log) in the state folder's logs/",
+        )
 
     def _registered(self, rec: procs.PidRecord) -> bool:
         """The master lists an ALIVE worker on a port this worker process listens on."""
         proc = rec.process()
         try:
-            ports = {c.laddr.port for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN} if proc else set()
+            ports = (
+                {c.laddr.port for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+                if proc
+                else set()
+            )
             workers = (self._master_json() or {}).get("workers", [])
         except (psutil.Error, OSError, ValueError):
             return False
@@ -353,20 +436,39 @@ class SparkCluster:
 
     def _ensure_connect(self) -> None:
         master = self._connect_master()
-        if self.state.settings().get("spark_connect_master") == master and self._reuse(CONNECT, self.connect_port, self._connect_ping):
+        if self.state.settings().get("spark_connect_master") == master and self._reuse(
+            CONNECT, self.connect_port, self._connect_ping
+        ):
             return
         procs.stop(self.state.pid_file(CONNECT))  # a server on another master than wanted now is replaced
         self._busy(self.connect_port, "the Spark Connect server", "connect")
-        argv = [self._bin("spark-submit"), "--class", CONNECT_CLASS, "--name", "Spark Connect server", "--master", master,
-                "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-                "--conf", f"spark.connect.grpc.binding.port={self.connect_port}",
-                "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=4",
-                # on the standalone cluster, a long-lived server must give its executors back when idle (also those
-                # holding shuffle files), or a load from another driver would wait for cores
-                "--conf", "spark.dynamicAllocation.enabled=true",
-                "--conf", "spark.dynamicAllocation.shuffleTracking.enabled=true",
-                "--conf", "spark.dynamicAllocation.executorIdleTimeout=15s",
-                "--conf", "spark.dynamicAllocation.shuffleTracking.timeout=30s"]
+        argv = [
+            self._bin("spark-submit"),
+            "--class",
+            CONNECT_CLASS,
+            "--name",
+            "Spark Connect server",
+            "--master",
+            master,
+            "--conf",
+            "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf",
+            f"spark.connect.grpc.binding.port={self.connect_port}",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.shuffle.partitions=4",
+            # on the standalone cluster, a long-lived server must give its executors back when idle (also those
+            # holding shuffle files), or a load from another driver would wait for cores
+            "--conf",
+            "spark.dynamicAllocation.enabled=true",
+            "--conf",
+            "spark.dynamicAllocation.shuffleTracking.enabled=true",
+            "--conf",
+            "spark.dynamicAllocation.executorIdleTimeout=15s",
+            "--conf",
+            "spark.dynamicAllocation.shuffleTracking.timeout=30s",
+        ]
         self._start(CONNECT, argv, self.connect_port, self._connect_ping, "the Spark Connect server")
         self.state.save_settings(spark_connect_master=master)
 
@@ -444,12 +546,25 @@ class SparkCluster:
                 master_detail = f"running but not answering ({first_line(exc)})"
         elif procs.read_pid(self.state.pid_file(MASTER)):
             master_detail = "gone (its pid is not running): run `spark up`"
-        procs_out.append(ProcessStatus("master", bool(master_rec and data), master_rec.pid if master_rec else None,
-                                       master_detail, self.master_port))
+        procs_out.append(
+            ProcessStatus(
+                "master",
+                bool(master_rec and data),
+                master_rec.pid if master_rec else None,
+                master_detail,
+                self.master_port,
+            )
+        )
         for name in self.kit_workers():
             rec = procs.live_pid(self.state.pid_file(_worker_service(name)))
-            procs_out.append(ProcessStatus(name, rec is not None, rec.pid if rec else None,
-                                           f"{WORKER_CORES} core, {WORKER_MEMORY}" if rec else "gone: run `spark up`"))
+            procs_out.append(
+                ProcessStatus(
+                    name,
+                    rec is not None,
+                    rec.pid if rec else None,
+                    f"{WORKER_CORES} core, {WORKER_MEMORY}" if rec else "gone: run `spark up`",
+                )
+            )
         connect_rec = procs.live_pid(self.state.pid_file(CONNECT))
         connect_ok = False
         connect_detail = "not running"
@@ -463,13 +578,22 @@ class SparkCluster:
                 connect_detail = f"running but not answering ({first_line(exc)[:120]})"
         elif procs.read_pid(self.state.pid_file(CONNECT)):
             connect_detail = "gone (its pid is not running): run `spark up --mode connect`"
-        procs_out.append(ProcessStatus("connect", connect_ok or bool(connect_rec and not connect),
-                                       connect_rec.pid if connect_rec else None, connect_detail, self.connect_port))
+        procs_out.append(
+            ProcessStatus(
+                "connect",
+                connect_ok or bool(connect_rec and not connect),
+                connect_rec.pid if connect_rec else None,
+                connect_detail,
+                self.connect_port,
+            )
+        )
         running = [p.name for p in procs_out if p.running]
         return ClusterStatus(
             master_url=self.master_url if master_rec and data else None,
             ui_url=f"http://127.0.0.1:{self.ui_port}" if master_rec and data else None,
             connect_url=self.connect_url if connect_ok else None,
             connect_master=self.state.settings().get("spark_connect_master") if connect_ok else None,
-            alive_workers=_alive_workers(data), processes=procs_out,
-            detail=("running: " + ", ".join(running)) if running else "not running (start it with `spark up`)")
+            alive_workers=_alive_workers(data),
+            processes=procs_out,
+            detail=("running: " + ", ".join(running)) if running else "not running (start it with `spark up`)",
+        )

@@ -58,7 +58,7 @@ class Credentials:
     s3_secret: str
 
     @classmethod
-    def generate(cls) -> "Credentials":
+    def generate(cls) -> Credentials:
         return cls(
             pg_user="ducklake",
             pg_password=secrets.token_urlsafe(24),

@@ -38,10 +38,13 @@ def credentials(home: Path) -> dict[str, dict[str, str]]:
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise KitError(f"{path} is not valid JSON ({exc})", "fix the file: {\"name\": {\"catalog_connection\": ...}}") from None
+        raise KitError(
+            f"{path} is not valid JSON ({exc})", 'fix the file: {"name": {"catalog_connection": ...}}'
+        ) from None
     if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
-        raise KitError(f"{path} must map each credential name to {{\"catalog_connection\": ..., \"data_path\": ...}}",
-                       "fix the file")
+        raise KitError(
+            f'{path} must map each credential name to {{"catalog_connection": ..., "data_path": ...}}', "fix the file"
+        )
     return data
 
 
@@ -50,45 +53,73 @@ def parse_dsn(dsn: str, where: str) -> PgEndpoint:
     try:
         parts = psycopg.conninfo.conninfo_to_dict(dsn)
     except psycopg.ProgrammingError as exc:
-        raise KitError(f"{where}: the catalog connection is not a PostgreSQL DSN ({str(exc).splitlines()[0]})",
-                       "write it as postgresql://user:password@host:5432/dbname") from None
+        raise KitError(
+            f"{where}: the catalog connection is not a PostgreSQL DSN ({str(exc).splitlines()[0]})",
+            "write it as postgresql://user:password@host:5432/dbname",
+        ) from None
     missing = [k for k in ("host", "user", "dbname") if not parts.get(k)]
     if missing:
-        raise KitError(f"{where}: the catalog connection names no {', '.join(missing)}",
-                       "write it as postgresql://user:password@host:5432/dbname")
+        raise KitError(
+            f"{where}: the catalog connection names no {', '.join(missing)}",
+            "write it as postgresql://user:password@host:5432/dbname",
+        )
     try:
         port = int(parts.get("port") or 5432)
     except ValueError:
         raise KitError(f"{where}: the catalog connection's port is not a number", "e.g. host:5432") from None
-    return PgEndpoint(str(parts["host"]), port, str(parts["user"]), str(parts.get("password") or ""), str(parts["dbname"]))
+    return PgEndpoint(
+        str(parts["host"]), port, str(parts["user"]), str(parts.get("password") or ""), str(parts["dbname"])
+    )
 
 
-def resolve(where: str, *, auth: str | None, connection: str | None, name: str, data_path: str | None, create: bool,
-            use: bool, endpoints: Endpoints, home: Path) -> Target:
+def resolve(
+    where: str,
+    *,
+    auth: str | None,
+    connection: str | None,
+    name: str,
+    data_path: str | None,
+    create: bool,
+    use: bool,
+    endpoints: Endpoints,
+    home: Path,
+) -> Target:
     """The step's catalog as a Target; KitError (one line naming `where`) when it cannot be."""
     if not name.replace("_", "").isalnum() or name[0].isdigit():
-        raise KitError(f"{where}: catalog_name '{name}' is not a plain name", "use letters, digits and _ (e.g. analytics)")
+        raise KitError(
+            f"{where}: catalog_name '{name}' is not a plain name", "use letters, digits and _ (e.g. analytics)"
+        )
     if name in RESERVED:
         raise KitError(f"{where}: catalog_name '{name}' is taken on the workers", "choose another name, e.g. analytics")
     if connection is None and (auth is None or auth == KIT_AUTH):
         if data_path is not None and data_path.rstrip("/") != endpoints.data_path.rstrip("/"):
-            raise KitError(f"{where}: the kit's catalog keeps its data at {endpoints.data_path}, not {data_path}",
-                           "drop data_path (or give the kit's), or use another catalog with `auth`/`catalog_connection`")
+            raise KitError(
+                f"{where}: the kit's catalog keeps its data at {endpoints.data_path}, not {data_path}",
+                "drop data_path (or give the kit's), or use another catalog with `auth`/`catalog_connection`",
+            )
         return Target(name, None, endpoints.data_path, create, use)
     if name == LAKE:
-        raise KitError(f"{where}: catalog_name '{LAKE}' is the kit's own catalog on every worker",
-                       "give this catalog another catalog_name")
+        raise KitError(
+            f"{where}: catalog_name '{LAKE}' is the kit's own catalog on every worker",
+            "give this catalog another catalog_name",
+        )
     if connection is None:
         known = credentials(home)
         if auth not in known:
             names = ", ".join(sorted([KIT_AUTH, *known]))
-            raise KitError(f"{where}: no credential named '{auth}' (known: {names})",
-                           f"add it to {home / CREDENTIALS_FILE}, or use auth: {KIT_AUTH} for the kit's own catalog")
+            raise KitError(
+                f"{where}: no credential named '{auth}' (known: {names})",
+                f"add it to {home / CREDENTIALS_FILE}, or use auth: {KIT_AUTH} for the kit's own catalog",
+            )
         entry = known[auth]
         connection = entry.get("catalog_connection")
         data_path = data_path or entry.get("data_path")
         if not connection:
-            raise KitError(f"{where}: credential '{auth}' has no catalog_connection", f"add it in {home / CREDENTIALS_FILE}")
+            raise KitError(
+                f"{where}: credential '{auth}' has no catalog_connection", f"add it in {home / CREDENTIALS_FILE}"
+            )
     if not data_path:
-        raise KitError(f"{where}: a catalog other than the kit's needs a data_path", "e.g. data_path: s3://lake/analytics/")
+        raise KitError(
+            f"{where}: a catalog other than the kit's needs a data_path", "e.g. data_path: s3://lake/analytics/"
+        )
     return Target(name, parse_dsn(connection, where), data_path, create, use)

@@ -18,23 +18,42 @@ from ducklake_kit.workers.config import LOCAL_DB
 def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
     """Every name a template reads exists somewhere: a workload key (or --set), a step, a var, a loop variable or a
     built-in. PlaybookError at the line of the first that does not (a typo fails before anything runs)."""
-    known = (set(playbook.workload) | set(extra) | set(playbook.steps) | templates.BUILTINS
-             | {v for s in playbook.steps.values() for v in s.vars} | set(templates._TEXT.globals))
+    known = (
+        set(playbook.workload)
+        | set(extra)
+        | set(playbook.steps)
+        | templates.BUILTINS
+        | {v for s in playbook.steps.values() for v in s.vars}
+        | set(templates._TEXT.globals)
+    )
     for step in playbook.steps.values():
         taken = sorted(v for v in step.vars if v in playbook.steps or v in templates.BUILTINS)
         if taken:
             what = "a step's name" if taken[0] in playbook.steps else "a name every template has"
-            raise PlaybookError(playbook.file, step.lines.get("vars", step.line),
-                                f"step '{step.name}' sets vars.{taken[0]}, but {taken[0]} is {what}",
-                                "give the var another name")
+            raise PlaybookError(
+                playbook.file,
+                step.lines.get("vars", step.line),
+                f"step '{step.name}' sets vars.{taken[0]}, but {taken[0]} is {what}",
+                "give the var another name",
+            )
         mine = known | ({step.loop.iterator} if step.loop else set())
         checks: list[tuple[Any, int, bool]] = [(c, ln, False) for c, ln in zip(step.commands, step.command_lines)]
-        checks += [(step.params, step.lines.get("params", step.line), False),
-                   (step.vars, step.lines.get("vars", step.line), False)]
+        checks += [
+            (step.params, step.lines.get("params", step.line), False),
+            (step.vars, step.lines.get("vars", step.line), False),
+        ]
         cat = step.catalog
-        checks += [(v, step.lines.get(k, step.line), False) for k, v in (
-            ("auth", cat.auth), ("catalog_connection", cat.connection), ("catalog_name", cat.name),
-            ("data_path", cat.data_path), ("memory_limit", step.memory_limit)) if v]
+        checks += [
+            (v, step.lines.get(k, step.line), False)
+            for k, v in (
+                ("auth", cat.auth),
+                ("catalog_connection", cat.connection),
+                ("catalog_name", cat.name),
+                ("data_path", cat.data_path),
+                ("memory_limit", step.memory_limit),
+            )
+            if v
+        ]
         if step.loop:
             checks.append((step.loop.collection, step.loop.line, False))
         if step.next:
@@ -46,9 +65,13 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
                 raise PlaybookError(playbook.file, line, f"step '{step.name}': {exc.what}") from None
             unknown = sorted(used - mine)
             if unknown:
-                raise PlaybookError(playbook.file, line, f"step '{step.name}' uses {{{{ {unknown[0]} }}}}, which is not "
-                                    "defined: no workload key, step, var or loop variable has that name",
-                                    "define it under `workload:` or with `--set name=value`, or fix the spelling")
+                raise PlaybookError(
+                    playbook.file,
+                    line,
+                    f"step '{step.name}' uses {{{{ {unknown[0]} }}}}, which is not "
+                    "defined: no workload key, step, var or loop variable has that name",
+                    "define it under `workload:` or with `--set name=value`, or fix the spelling",
+                )
 
 
 def declared_catalogs(playbook: Playbook) -> frozenset[str]:
@@ -67,8 +90,12 @@ def check_session(playbook: Playbook) -> None:
                 continue
             why = sqltext.session_refused(command, declared)
             if why:
-                raise PlaybookError(playbook.file, line, f"step '{step.name}', command {i}: {why}",
-                                    "remove the statement, or declare the catalog as the README's step runner section shows")
+                raise PlaybookError(
+                    playbook.file,
+                    line,
+                    f"step '{step.name}', command {i}: {why}",
+                    "remove the statement, or declare the catalog as the README's step runner section shows",
+                )
 
 
 def paste_warnings(playbook: Playbook) -> list[str]:
@@ -78,9 +105,11 @@ def paste_warnings(playbook: Playbook) -> list[str]:
     for step in playbook.steps.values():
         for i, (template, line) in enumerate(zip(step.commands, step.command_lines)):
             for expression, offset in templates.pasted(template):
-                out.append(f"{playbook.file}:{line + offset - 1}: step '{step.name}', command {i} pastes "
-                           f"{{{{ {expression} }}}} into its SQL as it is: write {{{{ {expression} | sql }}}} for a quoted "
-                           "literal, or bind it as a parameter (params: and $name in the SQL)")
+                out.append(
+                    f"{playbook.file}:{line + offset - 1}: step '{step.name}', command {i} pastes "
+                    f"{{{{ {expression} }}}} into its SQL as it is: write {{{{ {expression} | sql }}}} for a quoted "
+                    "literal, or bind it as a parameter (params: and $name in the SQL)"
+                )
     return out
 
 

@@ -10,6 +10,7 @@ NoETL's loop mode `parallel` is `async`. The kit adds `params`, `transaction` an
 from __future__ import annotations
 
 import graphlib
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +30,24 @@ def load(path: Path) -> Playbook:
     for i, raw in enumerate(doc["workflow"]):
         step = _step(raw, shapes[i], ("workflow", i), lines, file)
         if step.name in steps:
-            raise PlaybookError(file, step.line, f"step '{step.name}' is defined twice (first at line "
-                                f"{steps[step.name].line})", "give each step its own name")
+            raise PlaybookError(
+                file,
+                step.line,
+                f"step '{step.name}' is defined twice (first at line {steps[step.name].line})",
+                "give each step its own name",
+            )
         steps[step.name] = step
     used = {s for s in shapes if s != "any"}
     meta = doc.get("metadata") or {}
-    playbook = Playbook(name=str(meta.get("name") or path.stem), file=file,
-                        shape="+".join(sorted(used)) or "v1", api_version=doc.get("apiVersion"),
-                        workload=dict(doc.get("workload") or {}), steps=steps,
-                        description=str(meta.get("description") or "").strip())
+    playbook = Playbook(
+        name=str(meta.get("name") or path.stem),
+        file=file,
+        shape="+".join(sorted(used)) or "v1",
+        api_version=doc.get("apiVersion"),
+        workload=dict(doc.get("workload") or {}),
+        steps=steps,
+        description=str(meta.get("description") or "").strip(),
+    )
     check_routes(playbook)
     return playbook
 
@@ -53,14 +63,23 @@ def _step(raw: dict[str, Any], shape: str, path: tuple, lines: Lines, file: str)
     name = raw["step"]
     tool_raw, tool_path = _tool_keys(raw, shape)
     has_tool = raw.get("tool") is not None
-    step = Step(name=name, line=line, desc=str(raw.get("desc") or ""), tool="ducklake" if has_tool else None,
-                lines={k: schema.line_of(lines, path + tool_path + (k,)) or line for k in tool_raw})
+    step = Step(
+        name=name,
+        line=line,
+        desc=str(raw.get("desc") or ""),
+        tool="ducklake" if has_tool else None,
+        lines={k: schema.line_of(lines, path + tool_path + (k,)) or line for k in tool_raw},
+    )
     step.lines.update({k: schema.line_of(lines, path + (k,)) or line for k in raw})
     if not has_tool:
         stray = sorted(k for k in raw if k in schema._CATALOG or k == "loop")
         if stray:
-            raise PlaybookError(file, step.lines[stray[0]], f"step '{name}' has `{stray[0]}` but no `tool: ducklake`",
-                                "add `tool: ducklake`, or remove the key")
+            raise PlaybookError(
+                file,
+                step.lines[stray[0]],
+                f"step '{name}' has `{stray[0]}` but no `tool: ducklake`",
+                "add `tool: ducklake`, or remove the key",
+            )
     else:
         _tool(step, tool_raw, path + tool_path, lines, file)
     step.vars = dict(raw.get("vars") or {})
@@ -74,34 +93,60 @@ def _step(raw: dict[str, Any], shape: str, path: tuple, lines: Lines, file: str)
 
 def _tool(step: Step, t: dict[str, Any], path: tuple, lines: Lines, file: str) -> None:
     if ("command" in t) == ("commands" in t):
-        raise PlaybookError(file, step.line, f"step '{step.name}' needs `command` (text) or `commands` (a list), "
-                            "exactly one of them")
+        raise PlaybookError(
+            file, step.line, f"step '{step.name}' needs `command` (text) or `commands` (a list), exactly one of them"
+        )
     if "command" in t:
         step.commands = [t["command"]]
         step.command_lines = [schema.line_of(lines, path + ("command",)) or step.line]
     else:
         step.commands = list(t["commands"])
-        step.command_lines = [schema.line_of(lines, path + ("commands", i)) or step.line for i in range(len(t["commands"]))]
+        step.command_lines = [
+            schema.line_of(lines, path + ("commands", i)) or step.line for i in range(len(t["commands"]))
+        ]
     if "auth" in t and "catalog_connection" in t:
-        raise PlaybookError(file, step.lines["catalog_connection"], f"step '{step.name}' names both `auth` and "
-                            "`catalog_connection`", "keep one: a credential name (auth) or a PostgreSQL DSN")
-    step.catalog = Catalog(auth=t.get("auth"), connection=t.get("catalog_connection"),
-                           name=t.get("catalog_name", "lake"), data_path=t.get("data_path"),
-                           create=t.get("create_catalog", True), use=t.get("use_catalog", True))
+        raise PlaybookError(
+            file,
+            step.lines["catalog_connection"],
+            f"step '{step.name}' names both `auth` and `catalog_connection`",
+            "keep one: a credential name (auth) or a PostgreSQL DSN",
+        )
+    step.catalog = Catalog(
+        auth=t.get("auth"),
+        connection=t.get("catalog_connection"),
+        name=t.get("catalog_name", "lake"),
+        data_path=t.get("data_path"),
+        create=t.get("create_catalog", True),
+        use=t.get("use_catalog", True),
+    )
     step.params = dict(t.get("params") or {})
     step.memory_limit, step.threads = t.get("memory_limit"), t.get("threads")
     step.transaction, step.on_error = bool(t.get("transaction", False)), t.get("on_error", "stop")
     if step.transaction and step.on_error == "continue":
-        raise PlaybookError(file, step.lines["on_error"], f"step '{step.name}' has `transaction: true` and "
-                            "`on_error: continue`: a transaction is all or nothing", "drop one of them")
+        raise PlaybookError(
+            file,
+            step.lines["on_error"],
+            f"step '{step.name}' has `transaction: true` and `on_error: continue`: a transaction is all or nothing",
+            "drop one of them",
+        )
 
 
 def _loop(raw: dict[str, Any], shape: str, line: int) -> Loop:
     if shape == "v2":
         spec = raw.get("spec") or {}
-        collection, iterator, mode, max_in_flight = raw["in"], raw["iterator"], spec.get("mode"), spec.get("max_in_flight")
+        collection, iterator, mode, max_in_flight = (
+            raw["in"],
+            raw["iterator"],
+            spec.get("mode"),
+            spec.get("max_in_flight"),
+        )
     else:
-        collection, iterator, mode, max_in_flight = raw["collection"], raw["element"], raw.get("mode"), raw.get("max_in_flight")
+        collection, iterator, mode, max_in_flight = (
+            raw["collection"],
+            raw["element"],
+            raw.get("mode"),
+            raw.get("max_in_flight"),
+        )
     return Loop(collection, iterator, ASYNC if mode in ("async", "parallel") else SEQUENTIAL, max_in_flight, line)
 
 
@@ -149,8 +194,12 @@ def check_routes(playbook: Playbook) -> None:
     for name, targets in graph.items():
         for target, line in targets:
             if target not in playbook.steps:
-                raise PlaybookError(playbook.file, line, f"step '{name}' goes next to '{target}', which is not a step "
-                                    "of this playbook", f"use one of: {', '.join(playbook.steps)}")
+                raise PlaybookError(
+                    playbook.file,
+                    line,
+                    f"step '{name}' goes next to '{target}', which is not a step of this playbook",
+                    f"use one of: {', '.join(playbook.steps)}",
+                )
     reached, todo = {playbook.start}, [playbook.start]
     while todo:
         for target, _ in graph[todo.pop()]:
@@ -159,19 +208,27 @@ def check_routes(playbook: Playbook) -> None:
                 todo.append(target)
     lost = [s for s in playbook.steps.values() if s.name not in reached]
     if lost:
-        raise PlaybookError(playbook.file, lost[0].line, f"no route reaches step '{lost[0].name}' from "
-                            f"'{playbook.start}': in a playbook with `next`, a step without `next` ends its branch",
-                            f"add `next: [{{step: {lost[0].name}}}]` to the step that should lead to it")
+        raise PlaybookError(
+            playbook.file,
+            lost[0].line,
+            f"no route reaches step '{lost[0].name}' from "
+            f"'{playbook.start}': in a playbook with `next`, a step without `next` ends its branch",
+            f"add `next: [{{step: {lost[0].name}}}]` to the step that should lead to it",
+        )
     sorter = graphlib.TopologicalSorter({n: [t for t, _ in graph[n]] for n in graph})  # edges reversed: fine for cycles
     try:
         sorter.prepare()
     except graphlib.CycleError as exc:
         cycle = list(reversed(exc.args[1]))
-        pairs = list(zip(cycle, cycle[1:]))
+        pairs = list(itertools.pairwise(cycle))
         back = next(((a, b) for a, b in reversed(pairs) if playbook.steps[a].next is not None), pairs[-1])
         line = next((ln for t, ln in graph[back[0]] if t == back[1]), None)
-        raise PlaybookError(playbook.file, line, "the steps' `next` routes form a cycle: " + " -> ".join(cycle),
-                            "a step runs at most once: use a loop for repetition") from None
+        raise PlaybookError(
+            playbook.file,
+            line,
+            "the steps' `next` routes form a cycle: " + " -> ".join(cycle),
+            "a step runs at most once: use a loop for repetition",
+        ) from None
 
 
 def order(playbook: Playbook) -> list[str]:

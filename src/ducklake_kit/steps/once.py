@@ -30,8 +30,10 @@ from ducklake_kit.steps.task import StepTask, Target
 
 DECIDED, HARMLESS, UNDECIDED = "decided", "harmless", "undecided"
 READ_ONLY = {"SELECT", "EXPLAIN", "SET", "VARIABLE_SET"}  # DuckDB's statement types that commit nothing to the lake
-UNDECIDED_WHY = ("its statements autocommit one by one, so the lake cannot say which of them committed (with "
-                 "`transaction: true` it is one commit the runner decides)")
+UNDECIDED_WHY = (
+    "its statements autocommit one by one, so the lake cannot say which of them committed (with "
+    "`transaction: true` it is one commit the runner decides)"
+)
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,9 @@ class Fates:
             self.lake = Lake(self.endpoints)
         return snapshot_of_token(self.lake, unit.token)
 
-    def settle(self, unit: Unit, target: Target, why: str, worker: str | None = None, address: str = "", *,
-               final: bool = True) -> StepTask:
+    def settle(
+        self, unit: Unit, target: Target, why: str, worker: str | None = None, address: str = "", *, final: bool = True
+    ) -> StepTask:
         """The outcome of a task whose worker could not report it: `why` says what happened. `final`: its worker is
         gone, so a token not in the lake now never will be; False when only the scheduler was lost (the worker may
         still be finishing the task)."""
@@ -117,20 +120,27 @@ class Fates:
         try:
             snapshot = self.landed(unit, target)
         except Exception as exc:  # noqa: BLE001 - the catalog cannot say: the fate stays unknown, and is said so
-            out.error = (f"{why}; it may or may not have committed, and the lake could not be asked "
-                         f"({first_line(exc)}): check the lake before running it again")
+            out.error = (
+                f"{why}; it may or may not have committed, and the lake could not be asked "
+                f"({first_line(exc)}): check the lake before running it again"
+            )
             return out
         if snapshot is None and final:
-            out.error = (f"{why}; it did not commit (its token is not in the lake), so `steps run FILE --resume "
-                         f"{unit.run}` runs it again")
+            out.error = (
+                f"{why}; it did not commit (its token is not in the lake), so `steps run FILE --resume "
+                f"{unit.run}` runs it again"
+            )
         elif snapshot is None:
-            out.error = (f"{why}; its token is not in the lake yet (its worker may still be finishing it): `up` stops "
-                         f"the old workers, then `steps run FILE --resume {unit.run}` decides it again and runs it "
-                         "only if it did not commit")
+            out.error = (
+                f"{why}; its token is not in the lake yet (its worker may still be finishing it): `up` stops "
+                f"the old workers, then `steps run FILE --resume {unit.run}` decides it again and runs it "
+                "only if it did not commit"
+            )
         else:
             out.snapshot_id = snapshot
-            out.note = (f"{why}, after its commit landed: found in the lake by its token (snapshot {snapshot}), "
-                        "never run again")
+            out.note = (
+                f"{why}, after its commit landed: found in the lake by its token (snapshot {snapshot}), never run again"
+            )
         return out
 
     def before(self, unit: Unit, target: Target) -> StepTask | None:
@@ -140,16 +150,22 @@ class Fates:
             return None
         out = StepTask("", "", transaction=unit.kind == DECIDED)
         if unit.kind == UNDECIDED:
-            out.error = (f"not run again: {UNDECIDED_WHY.replace('of them committed', f'of them run {unit.run} committed')}; "
-                         "check the lake, then run the playbook afresh")
+            out.error = (
+                f"not run again: {UNDECIDED_WHY.replace('of them committed', f'of them run {unit.run} committed')}; "
+                "check the lake, then run the playbook afresh"
+            )
             return out
         try:
             snapshot = self.landed(unit, target)
         except Exception as exc:  # noqa: BLE001
-            out.error = f"not run again: the lake could not be asked whether run {unit.run} committed it ({first_line(exc)})"
+            out.error = (
+                f"not run again: the lake could not be asked whether run {unit.run} committed it ({first_line(exc)})"
+            )
             return out
         if snapshot is None:
             return None
         out.snapshot_id = snapshot
-        out.note = f"committed by run {unit.run} before (snapshot {snapshot}, found in the lake by its token): not run again"
+        out.note = (
+            f"committed by run {unit.run} before (snapshot {snapshot}, found in the lake by its token): not run again"
+        )
         return out

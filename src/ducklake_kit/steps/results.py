@@ -30,9 +30,16 @@ class Failure:
 
 
 def command_entry(i: int, s: StatementRun) -> dict[str, Any]:
-    entry: dict[str, Any] = {"command_index": i, "command": s.command, "statement": s.statement, "sql": s.sql,
-                             "statement_type": s.statement_type, "status": "error" if s.error else "executed",
-                             "duration_ms": round(s.seconds * 1000, 3), "snapshot_id": s.snapshot_id}
+    entry: dict[str, Any] = {
+        "command_index": i,
+        "command": s.command,
+        "statement": s.statement,
+        "sql": s.sql,
+        "statement_type": s.statement_type,
+        "status": "error" if s.error else "executed",
+        "duration_ms": round(s.seconds * 1000, 3),
+        "snapshot_id": s.snapshot_id,
+    }
     if s.error:
         entry["error"] = s.error
     if s.columns:
@@ -57,21 +64,32 @@ class Attempt:
     note: str | None = None  # how its fate was decided when its worker could not say (found in the lake by its token)
 
     @classmethod
-    def of(cls, task: StepTask) -> "Attempt":
+    def of(cls, task: StepTask) -> Attempt:
         return cls().take(task)
 
-    def take(self, task: StepTask) -> "Attempt":
+    def take(self, task: StepTask) -> Attempt:
         """Fill this attempt from what its worker reported (an iteration keeps its index and element)."""
-        self.statements, self.worker, self.started_at, self.finished_at = (task.statements, task.worker, task.started_at,
-                                                                           task.finished_at)
+        self.statements, self.worker, self.started_at, self.finished_at = (
+            task.statements,
+            task.worker,
+            task.started_at,
+            task.finished_at,
+        )
         self.seconds, self.snapshot_id, self.rolled_back = task.seconds, task.snapshot_id, task.rolled_back
-        self.note = task.note or (f"an earlier attempt had already committed it (snapshot {task.snapshot_id}, found in "
-                                  "the lake by its token): not committed again" if task.landed_before else None)
+        self.note = task.note or (
+            f"an earlier attempt had already committed it (snapshot {task.snapshot_id}, found in "
+            "the lake by its token): not committed again"
+            if task.landed_before
+            else None
+        )
         failed = next((i for i, s in enumerate(task.statements) if s.error), None)
         if failed is not None:
             s = task.statements[failed]
-            note = (" (the transaction was rolled back: nothing of this step committed)"
-                    if task.rolled_back and task.transaction else "")
+            note = (
+                " (the transaction was rolled back: nothing of this step committed)"
+                if task.rolled_back and task.transaction
+                else ""
+            )
             self.failure = Failure(s.error + note, failed, s.sql)
         elif task.error:
             self.failure = Failure(task.error)
@@ -82,8 +100,10 @@ class Attempt:
         return ERROR if self.failure else OK
 
     def result(self) -> dict[str, Any]:
-        return {"command_count": len(self.statements),
-                "commands": [command_entry(i, s) for i, s in enumerate(self.statements)]}
+        return {
+            "command_count": len(self.statements),
+            "commands": [command_entry(i, s) for i, s in enumerate(self.statements)],
+        }
 
 
 @dataclass
@@ -92,10 +112,19 @@ class Iteration(Attempt):
     element: Any = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "element": self.element, "status": self.status, "worker": self.worker,
-                "started_at": self.started_at, "finished_at": self.finished_at, "seconds": self.seconds,
-                "snapshot_id": self.snapshot_id, "note": self.note, "result": self.result(),
-                "error": self.failure.as_dict() if self.failure else None}
+        return {
+            "index": self.index,
+            "element": self.element,
+            "status": self.status,
+            "worker": self.worker,
+            "started_at": self.started_at,
+            "finished_at": self.finished_at,
+            "seconds": self.seconds,
+            "snapshot_id": self.snapshot_id,
+            "note": self.note,
+            "result": self.result(),
+            "error": self.failure.as_dict() if self.failure else None,
+        }
 
 
 @dataclass
@@ -122,22 +151,35 @@ class StepRun:
         failed = [it for it in self.iterations or [] if it.failure]
         if failed:
             first = failed[0]
-            return Failure(f"{len(failed)} of {len(self.iterations or [])} iteration(s) failed; the first, iteration "
-                           f"{first.index}: {first.failure.line()}")
+            return Failure(
+                f"{len(failed)} of {len(self.iterations or [])} iteration(s) failed; the first, iteration "
+                f"{first.index}: {first.failure.line()}"
+            )
         return None
 
     def result(self) -> dict[str, Any]:
         if self.iterations is not None:
-            return {"iteration_count": len(self.iterations), "iterations_seconds": self.iterations_seconds,
-                    "failed": sum(1 for it in self.iterations if it.failure),
-                    "iterations": [it.as_dict() for it in self.iterations]}
+            return {
+                "iteration_count": len(self.iterations),
+                "iterations_seconds": self.iterations_seconds,
+                "failed": sum(1 for it in self.iterations if it.failure),
+                "iterations": [it.as_dict() for it in self.iterations],
+            }
         return self.attempt.result() if self.attempt else {"command_count": 0, "commands": []}
 
     def as_dict(self) -> dict[str, Any]:
         error = self.error
-        out = {"step": self.step, "desc": self.desc, "status": self.status, "result": self.result(),
-               "catalog_info": self.catalog_info or {}, "error": error.as_dict() if error else None,
-               "seconds": self.seconds, "vars": self.vars, "warnings": self.warnings}
+        out = {
+            "step": self.step,
+            "desc": self.desc,
+            "status": self.status,
+            "result": self.result(),
+            "catalog_info": self.catalog_info or {},
+            "error": error.as_dict() if error else None,
+            "seconds": self.seconds,
+            "vars": self.vars,
+            "warnings": self.warnings,
+        }
         if self.attempt is not None:
             out.update(worker=self.attempt.worker, snapshot_id=self.attempt.snapshot_id, note=self.attempt.note)
         if self.reason:
@@ -150,8 +192,12 @@ class StepRun:
         if "commands" in result:
             result["data"] = {f"command_{c['command_index']}": c for c in result["commands"]}
         error = self.error
-        return {"status": self.status, "result": result, "catalog_info": self.catalog_info or {},
-                "error": error.as_dict() if error else None}
+        return {
+            "status": self.status,
+            "result": result,
+            "catalog_info": self.catalog_info or {},
+            "error": error.as_dict() if error else None,
+        }
 
 
 @dataclass
@@ -178,11 +224,24 @@ class PlaybookRun:
 
     def summary(self) -> dict[str, Any]:
         count = {k: sum(1 for s in self.steps if s.status == k) for k in (OK, ERROR, SKIPPED)}
-        return {"playbook": self.playbook, "file": self.file, "execution_id": self.execution_id, "shape": self.shape,
-                "resumed": self.resumed, "aborted": self.aborted, "status": OK if self.ok else ERROR,
-                "steps_ok": count[OK], "steps_failed": count[ERROR],
-                "steps_skipped": count[SKIPPED], "seconds": self.seconds}
+        return {
+            "playbook": self.playbook,
+            "file": self.file,
+            "execution_id": self.execution_id,
+            "shape": self.shape,
+            "resumed": self.resumed,
+            "aborted": self.aborted,
+            "status": OK if self.ok else ERROR,
+            "steps_ok": count[OK],
+            "steps_failed": count[ERROR],
+            "steps_skipped": count[SKIPPED],
+            "seconds": self.seconds,
+        }
 
     def as_dict(self) -> dict[str, Any]:
-        return {"summary": self.summary(), "steps": [s.as_dict() for s in self.steps], "vars": self.vars,
-                "warnings": self.warnings}
+        return {
+            "summary": self.summary(),
+            "steps": [s.as_dict() for s in self.steps],
+            "vars": self.vars,
+            "warnings": self.warnings,
+        }

@@ -27,11 +27,16 @@ from typing import Any
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.steps import catalogs, noetl, once, sqltext, templates
+
+# the checks before a run are reached through the runner too (runner.load, runner.parse_overrides ...)
+from ducklake_kit.steps.checks import (  # the checks before a run are reached through the runner too
+    declared_catalogs,
+    paste_warnings,
+)
+from ducklake_kit.steps.checks import load as load  # runner.load, runner.parse_overrides: the CLI's and lessons' calls
+from ducklake_kit.steps.checks import parse_overrides as parse_overrides
 from ducklake_kit.steps.model import ASYNC, EXCLUSIVE, Playbook, Step
 from ducklake_kit.steps.results import ERROR, OK, SKIPPED, Attempt, Failure, Iteration, PlaybookRun, StepRun
-# the checks before a run are reached through the runner too (runner.load, runner.parse_overrides ...)
-from ducklake_kit.steps.checks import (check_names, check_session, declared_catalogs, load,  # noqa: F401
-                                       parse_overrides, paste_warnings)
 from ducklake_kit.steps.task import StepTask, Target, run_step
 from ducklake_kit.workers.client import WorkerPlane
 from ducklake_kit.workers.tasks import TaskResult
@@ -56,9 +61,17 @@ class PlaneLost(Exception):
 
 
 class Runner:
-    def __init__(self, playbook: Playbook, plane: WorkerPlane, endpoints: Endpoints, home: Path, *,
-                 overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None,
-                 resume: str | None = None):
+    def __init__(
+        self,
+        playbook: Playbook,
+        plane: WorkerPlane,
+        endpoints: Endpoints,
+        home: Path,
+        *,
+        overrides: dict[str, Any] | None = None,
+        on_event: Event = lambda _k, _d: None,
+        resume: str | None = None,
+    ):
         self.playbook, self.plane, self.endpoints, self.home = playbook, plane, endpoints, home
         self.on_event = on_event
         self.resume = resume
@@ -67,9 +80,13 @@ class Runner:
         self.aborted: str | None = None
         workload = {**playbook.workload, **(overrides or {})}
         self.vars: dict[str, Any] = {}
-        self.context: dict[str, Any] = {**workload, "workload": workload, "vars": self.vars,
-                                        "execution_id": self.execution_id,
-                                        "playbook": {"name": playbook.name, "file": playbook.file}}
+        self.context: dict[str, Any] = {
+            **workload,
+            "workload": workload,
+            "vars": self.vars,
+            "execution_id": self.execution_id,
+            "playbook": {"name": playbook.name, "file": playbook.file},
+        }
 
     def _target(self, step: Step, ctx: dict[str, Any]) -> Target:
         c = step.catalog
@@ -77,16 +94,25 @@ class Runner:
         def text(value: str | None) -> str | None:
             return templates.render_text(value, ctx).strip() if value is not None else None
 
-        return catalogs.resolve(f"step '{step.name}'", auth=text(c.auth), connection=text(c.connection),
-                                name=text(c.name) or "lake", data_path=text(c.data_path), create=c.create, use=c.use,
-                                endpoints=self.endpoints, home=self.home)
+        return catalogs.resolve(
+            f"step '{step.name}'",
+            auth=text(c.auth),
+            connection=text(c.connection),
+            name=text(c.name) or "lake",
+            data_path=text(c.data_path),
+            create=c.create,
+            use=c.use,
+            endpoints=self.endpoints,
+            home=self.home,
+        )
 
     def _commands(self, step: Step, target: Target, ctx: dict[str, Any], warnings: list[str]) -> list[str]:
         texts = []
         for i, template in enumerate(step.commands):
             rendered = templates.render_sql(template, ctx)
-            refused = sqltext.pasted_values_refused(rendered) or \
-                sqltext.session_refused(rendered.text, declared_catalogs(self.playbook) | {target.alias})
+            refused = sqltext.pasted_values_refused(rendered) or sqltext.session_refused(
+                rendered.text, declared_catalogs(self.playbook) | {target.alias}
+            )
             if refused:
                 raise _StepFailed(Failure(f"command {i}: {refused}", None, rendered.text.strip()))
             text, rewrites = sqltext.rewrite_time_travel(rendered.text)
@@ -101,17 +127,32 @@ class Runner:
         return texts
 
     def _unit(self, step: Step, prepared: tuple, index: int | None = None, element: Any = None) -> once.Unit:
-        return once.Unit(self.playbook.name, self.execution_id, step.name, index, element,
-                         once.kind_of(step.transaction, prepared[1]))
+        return once.Unit(
+            self.playbook.name,
+            self.execution_id,
+            step.name,
+            index,
+            element,
+            once.kind_of(step.transaction, prepared[1]),
+        )
 
     def _submit(self, step: Step, prepared: tuple, unit: once.Unit, *, with_info: bool, label: str):
         target, texts, params, settings = prepared
         decided = unit.kind == once.DECIDED  # one transaction, whose commit carries the unit's token
         message = f"steps {self.playbook.name}: {label} (run {self.execution_id})" if decided else None
-        return self.plane.submit_call(run_step, target, texts, params, message=message,
-                                      keep_going=step.on_error == "continue", settings=settings, with_info=with_info,
-                                      commit_token=unit.token if decided else None,
-                                      extra=unit.extra if decided else None, recheck=decided and self.resume is not None)
+        return self.plane.submit_call(
+            run_step,
+            target,
+            texts,
+            params,
+            message=message,
+            keep_going=step.on_error == "continue",
+            settings=settings,
+            with_info=with_info,
+            commit_token=unit.token if decided else None,
+            extra=unit.extra if decided else None,
+            recheck=decided and self.resume is not None,
+        )
 
     def _outcome(self, future, unit: once.Unit, target: Target) -> StepTask:
         """The task's result; a task whose worker died, or that failed on the plane, decided by the lake (`once`).
@@ -120,9 +161,12 @@ class Runner:
             res = self.plane.result(future)
         except Exception as exc:  # noqa: BLE001 - e.g. cancelled because the scheduler went away
             if self.plane.scheduler_lost():
-                raise PlaneLost(f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})") from None
-            return self.fates.settle(unit, target, f"the task failed on the worker plane ({type(exc).__name__}: "
-                                                   f"{first_line(exc)})")
+                raise PlaneLost(
+                    f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})"
+                ) from None
+            return self.fates.settle(
+                unit, target, f"the task failed on the worker plane ({type(exc).__name__}: {first_line(exc)})"
+            )
         if isinstance(res, TaskResult):  # the worker died holding the task: never run again, the lake decides
             why = res.error.error.split(";")[0] if res.error else "its worker died"
             return self.fates.settle(unit, target, why, res.worker, res.address)
@@ -138,8 +182,9 @@ class Runner:
         try:
             return self._outcome(future, unit, prepared[0])
         except PlaneLost as exc:
-            raise PlaneLost(exc.why, self.fates.settle(unit, prepared[0], f"{exc.why}, while this step ran",
-                                                       final=False)) from None
+            raise PlaneLost(
+                exc.why, self.fates.settle(unit, prepared[0], f"{exc.why}, while this step ran", final=False)
+            ) from None
 
     def _prepare(self, step: Step, ctx: dict[str, Any], warnings: list[str]) -> tuple:
         """(the catalog, the commands' text, the params, the step's settings), rendered for `ctx`."""
@@ -171,13 +216,16 @@ class Runner:
                 self._run_loop(step, run)
         except _StepFailed as exc:
             run.failure = exc.failure
-        except Exception as exc:  # noqa: BLE001 - the plane failed under the step: the run stops, saying so
+        except Exception as exc:  # the plane failed under the step: the run stops, saying so
             if not isinstance(exc, PlaneLost) and not self.plane.scheduler_lost():
                 raise
             if isinstance(exc, PlaneLost) and exc.task is not None:
                 run.attempt, run.catalog_info = Attempt.of(exc.task), None
-            self.aborted = exc.why if isinstance(exc, PlaneLost) else (
-                f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})")
+            self.aborted = (
+                exc.why
+                if isinstance(exc, PlaneLost)
+                else (f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})")
+            )
         run.status = ERROR if run.error else OK
         run.seconds = round(time.perf_counter() - start, 6)
         return run
@@ -191,8 +239,9 @@ class Runner:
         except KitError as exc:
             raise _StepFailed(Failure(f"its loop collection: {exc.what}")) from None
         if not isinstance(collection, (list, tuple)):
-            raise _StepFailed(Failure(f"its loop collection is {type(collection).__name__} {collection!r}, not a list",
-                                      None, None))
+            raise _StepFailed(
+                Failure(f"its loop collection is {type(collection).__name__} {collection!r}, not a list", None, None)
+            )
         # async: at most `limit` iterations running at once. Dask itself runs one task per worker thread, so a limit of
         # at least the plane's threads is met by submitting every iteration at once (queued at the scheduler, each
         # handed to the next free worker without a round trip through this client); a lower one by a window
@@ -215,8 +264,16 @@ class Runner:
             nonlocal target
             while pending and len(running) < limit:
                 it = pending.pop(0)
-                ctx = {**self.context, loop.iterator: it.element,
-                       "loop": {"element": it.element, "index": it.index, "index1": it.index + 1, "length": len(collection)}}
+                ctx = {
+                    **self.context,
+                    loop.iterator: it.element,
+                    "loop": {
+                        "element": it.element,
+                        "index": it.index,
+                        "index1": it.index + 1,
+                        "length": len(collection),
+                    },
+                }
                 try:
                     prepared = self._prepare(step, ctx, run.warnings)
                 except _StepFailed as exc:
@@ -230,8 +287,9 @@ class Runner:
                     it.take(known)
                     report(it)
                     continue
-                future = self._submit(step, prepared, unit, with_info=False,
-                                      label=f"step {step.name} iteration {it.index}")
+                future = self._submit(
+                    step, prepared, unit, with_info=False, label=f"step {step.name} iteration {it.index}"
+                )
                 running[future] = (it, unit, prepared[0])
                 done_iter.add(future)
 
@@ -245,11 +303,14 @@ class Runner:
                 del running[future]
                 report(it)
                 submit_next()
-        except Exception as exc:  # noqa: BLE001 - the scheduler went away: what ran is decided by the lake
+        except Exception as exc:  # the scheduler went away: what ran is decided by the lake
             if not isinstance(exc, PlaneLost) and not self.plane.scheduler_lost():
                 raise
-            why = exc.why if isinstance(exc, PlaneLost) else (
-                f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})")
+            why = (
+                exc.why
+                if isinstance(exc, PlaneLost)
+                else (f"the worker plane's scheduler was lost ({type(exc).__name__}: {first_line(exc)})")
+            )
             for it, unit, where in running.values():
                 it.take(self.fates.settle(unit, where, f"{why}, while this iteration ran", final=False))
             for it in pending:
@@ -285,8 +346,13 @@ class Runner:
         """Publish the step's result and vars to later templates; where the run goes next."""
         mine = run.context()
         self.context[step.name] = mine
-        ctx = {**self.context, "result": mine["result"], "catalog_info": mine["catalog_info"], "status": run.status,
-               "event": {"name": "loop.done" if step.loop else "step.done", "status": run.status}}
+        ctx = {
+            **self.context,
+            "result": mine["result"],
+            "catalog_info": mine["catalog_info"],
+            "status": run.status,
+            "event": {"name": "loop.done" if step.loop else "step.done", "status": run.status},
+        }
         try:
             if run.status == OK:
                 for name, template in step.vars.items():
@@ -308,15 +374,25 @@ class Runner:
 
     def _run(self) -> PlaybookRun:
         start = time.perf_counter()
-        out = PlaybookRun(self.playbook.name, self.playbook.file, self.execution_id, self.playbook.shape,
-                          resumed=self.resume is not None)
+        out = PlaybookRun(
+            self.playbook.name,
+            self.playbook.file,
+            self.execution_id,
+            self.playbook.shape,
+            resumed=self.resume is not None,
+        )
         reached = {self.playbook.start: "start"}
         failed_before: str | None = None
         for name in noetl.order(self.playbook):
             step = self.playbook.steps[name]
             if name not in reached or self.aborted:
-                why = (f"not run: {self.aborted}" if self.aborted else f"not run: step '{failed_before}' failed"
-                       if failed_before else "not reached: no route led to it")
+                why = (
+                    f"not run: {self.aborted}"
+                    if self.aborted
+                    else f"not run: step '{failed_before}' failed"
+                    if failed_before
+                    else "not reached: no route led to it"
+                )
                 out.steps.append(StepRun(name, SKIPPED, step.desc, reason=why))
                 self.on_event("skipped", {"step": name, "reason": why})
                 continue
@@ -337,23 +413,37 @@ class Runner:
         return out
 
 
-def run(playbook: Playbook, plane: WorkerPlane, endpoints: Endpoints, home: Path, *,
-        overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None,
-        resume: str | None = None) -> PlaybookRun:
+def run(
+    playbook: Playbook,
+    plane: WorkerPlane,
+    endpoints: Endpoints,
+    home: Path,
+    *,
+    overrides: dict[str, Any] | None = None,
+    on_event: Event = lambda _k, _d: None,
+    resume: str | None = None,
+) -> PlaybookRun:
     """Run a playbook read (and name-checked, with the same overrides) by `load`. `resume`: an earlier run's
     execution id, run again: what the lake says that run committed is not run again (see `once`)."""
     return Runner(playbook, plane, endpoints, home, overrides=overrides, on_event=on_event, resume=resume).run()
 
 
-
-
-def run_file(file: Path | Playbook, scheduler: str, endpoints: Endpoints, home: Path, *,
-             overrides: dict[str, Any] | None = None, on_event: Event = lambda _k, _d: None,
-             resume: str | None = None) -> PlaybookRun:
+def run_file(
+    file: Path | Playbook,
+    scheduler: str,
+    endpoints: Endpoints,
+    home: Path,
+    *,
+    overrides: dict[str, Any] | None = None,
+    on_event: Event = lambda _k, _d: None,
+    resume: str | None = None,
+) -> PlaybookRun:
     """`steps run FILE`: the playbook on the worker plane at `scheduler`."""
     playbook = file if isinstance(file, Playbook) else load(file, overrides)
     if resume is not None and not re.fullmatch(r"[0-9a-f]{12}", resume):
-        raise KitError(f"--resume {resume!r} is not a run's execution id",
-                       "give the 12 hex digits `steps run` printed as its run (execution_id in --json)")
+        raise KitError(
+            f"--resume {resume!r} is not a run's execution id",
+            "give the 12 hex digits `steps run` printed as its run (execution_id in --json)",
+        )
     with WorkerPlane(scheduler, endpoints) as plane:
         return run(playbook, plane, endpoints, home, overrides=overrides, on_event=on_event, resume=resume)

@@ -31,57 +31,130 @@ _CATALOG = {  # the tool's connection keys, the same in v1 (on the step) and v2 
     "transaction": {"type": "boolean"},
     "on_error": {"enum": ["stop", "continue"]},
 }
-_STEP_REF = {"type": "object", "required": ["step"], "additionalProperties": False,
-             "properties": {"step": {"type": "string", "minLength": 1}}}
+_STEP_REF = {
+    "type": "object",
+    "required": ["step"],
+    "additionalProperties": False,
+    "properties": {"step": {"type": "string", "minLength": 1}},
+}
 _VARS = {"type": "object", "additionalProperties": {"type": "string"}}
 _COMMON = {"step": {"type": "string", "pattern": IDENT}, "desc": {"type": "string"}, "vars": _VARS}
 
 STEP_V1 = {
-    "type": "object", "required": ["step"], "additionalProperties": False,
+    "type": "object",
+    "required": ["step"],
+    "additionalProperties": False,
     "properties": {
         **_COMMON,
         "tool": {"const": "ducklake"},
         **_CATALOG,
-        "loop": {"type": "object", "required": ["collection", "element"], "additionalProperties": False,
-                 "properties": {"collection": _TEMPLATE_OR_LIST, "element": {"type": "string", "pattern": IDENT},
-                                "mode": {"enum": ["async", "sequential", "parallel"]},
-                                "max_in_flight": {"type": "integer", "minimum": 1}}},
-        "next": {"type": "array", "minItems": 1, "items": {"anyOf": [
-            _STEP_REF,
-            {"type": "object", "required": ["when", "then"], "additionalProperties": False,
-             "properties": {"when": {"type": "string"}, "then": {"type": "array", "minItems": 1, "items": _STEP_REF}}},
-            {"type": "object", "required": ["else"], "additionalProperties": False,
-             "properties": {"else": {"type": "array", "minItems": 1, "items": _STEP_REF}}},
-        ]}},
+        "loop": {
+            "type": "object",
+            "required": ["collection", "element"],
+            "additionalProperties": False,
+            "properties": {
+                "collection": _TEMPLATE_OR_LIST,
+                "element": {"type": "string", "pattern": IDENT},
+                "mode": {"enum": ["async", "sequential", "parallel"]},
+                "max_in_flight": {"type": "integer", "minimum": 1},
+            },
+        },
+        "next": {
+            "type": "array",
+            "minItems": 1,
+            "items": {
+                "anyOf": [
+                    _STEP_REF,
+                    {
+                        "type": "object",
+                        "required": ["when", "then"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "when": {"type": "string"},
+                            "then": {"type": "array", "minItems": 1, "items": _STEP_REF},
+                        },
+                    },
+                    {
+                        "type": "object",
+                        "required": ["else"],
+                        "additionalProperties": False,
+                        "properties": {"else": {"type": "array", "minItems": 1, "items": _STEP_REF}},
+                    },
+                ]
+            },
+        },
     },
 }
 STEP_V2 = {
-    "type": "object", "required": ["step"], "additionalProperties": False,
+    "type": "object",
+    "required": ["step"],
+    "additionalProperties": False,
     "properties": {
         **_COMMON,
-        "tool": {"type": "object", "required": ["kind"], "additionalProperties": False,
-                 "properties": {"kind": {"const": "ducklake"}, **_CATALOG}},
-        "loop": {"type": "object", "required": ["in", "iterator"], "additionalProperties": False,
-                 "properties": {"in": _TEMPLATE_OR_LIST, "iterator": {"type": "string", "pattern": IDENT},
-                                "spec": {"type": "object", "additionalProperties": False, "properties": {
-                                    "mode": {"enum": ["async", "parallel", "sequential"]},
-                                    "max_in_flight": {"type": "integer", "minimum": 1}}}}},
-        "next": {"type": "object", "required": ["arcs"], "additionalProperties": False, "properties": {
-            "spec": {"type": "object", "additionalProperties": False,
-                     "properties": {"mode": {"enum": ["exclusive", "inclusive"]}}},
-            "arcs": {"type": "array", "minItems": 1, "items": {
-                "type": "object", "required": ["step"], "additionalProperties": False,
-                "properties": {"step": {"type": "string", "minLength": 1}, "when": {"type": "string"}}}}}},
+        "tool": {
+            "type": "object",
+            "required": ["kind"],
+            "additionalProperties": False,
+            "properties": {"kind": {"const": "ducklake"}, **_CATALOG},
+        },
+        "loop": {
+            "type": "object",
+            "required": ["in", "iterator"],
+            "additionalProperties": False,
+            "properties": {
+                "in": _TEMPLATE_OR_LIST,
+                "iterator": {"type": "string", "pattern": IDENT},
+                "spec": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "mode": {"enum": ["async", "parallel", "sequential"]},
+                        "max_in_flight": {"type": "integer", "minimum": 1},
+                    },
+                },
+            },
+        },
+        "next": {
+            "type": "object",
+            "required": ["arcs"],
+            "additionalProperties": False,
+            "properties": {
+                "spec": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"mode": {"enum": ["exclusive", "inclusive"]}},
+                },
+                "arcs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["step"],
+                        "additionalProperties": False,
+                        "properties": {"step": {"type": "string", "minLength": 1}, "when": {"type": "string"}},
+                    },
+                },
+            },
+        },
     },
 }
 PLAYBOOK = {
-    "type": "object", "required": ["workflow"], "additionalProperties": False,
+    "type": "object",
+    "required": ["workflow"],
+    "additionalProperties": False,
     "properties": {
         "apiVersion": {"type": "string"},
         "kind": {"const": "Playbook"},
-        "metadata": {"type": "object", "additionalProperties": False, "properties": {
-            "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"}, "path": {"type": "string"},
-            "description": {"type": "string"}, "version": {"type": ["string", "number"]}}},
+        "metadata": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+                "path": {"type": "string"},
+                "description": {"type": "string"},
+                "version": {"type": ["string", "number"]},
+            },
+        },
         "workload": {"type": "object"},
         "workflow": {"type": "array", "minItems": 1, "items": {"type": "object"}},
     },
@@ -99,7 +172,9 @@ class PlaybookError(KitError):
 
     def __init__(self, file: str, line: int | None, what: str, fix: str = ""):
         where = f"{file}:{line}" if line else file
-        super().__init__(f"{where}: {what}", fix or "fix the playbook (`steps validate FILE` checks it without running)")
+        super().__init__(
+            f"{where}: {what}", fix or "fix the playbook (`steps validate FILE` checks it without running)"
+        )
         self.file, self.line_no = file, line
 
 
@@ -124,7 +199,9 @@ def read(path: Path) -> tuple[Any, Lines]:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise PlaybookError(str(path), mark.line + 1 if mark else None, f"not valid YAML: {problem}") from None
     except RecursionError:  # PyYAML's composer recurses once per level of nesting
-        raise PlaybookError(str(path), None, "the YAML is nested too deeply", "flatten it: playbooks need a few levels") from None
+        raise PlaybookError(
+            str(path), None, "the YAML is nested too deeply", "flatten it: playbooks need a few levels"
+        ) from None
     finally:
         loader.dispose()
 
@@ -164,20 +241,32 @@ def check_size(root: yaml.Node, file: str, limit: int = MAX_NODES) -> int:
             sizes[key] = min(limit + 1, 1 + sum(sizes[id(c)] for c in children))
             continue
         if key in open_:
-            raise PlaybookError(file, node.start_mark.line + 1, "an alias refers to a node that contains it, so it "
-                                "expands forever", "point the alias (*name) at an anchor outside itself")
+            raise PlaybookError(
+                file,
+                node.start_mark.line + 1,
+                "an alias refers to a node that contains it, so it expands forever",
+                "point the alias (*name) at an anchor outside itself",
+            )
         open_.add(key)
         stack.append((node, True))
         for child in children:
             if id(child) in open_:
-                raise PlaybookError(file, child.start_mark.line + 1, "an alias refers to a node that contains it, so "
-                                    "it expands forever", "point the alias (*name) at an anchor outside itself")
+                raise PlaybookError(
+                    file,
+                    child.start_mark.line + 1,
+                    "an alias refers to a node that contains it, so it expands forever",
+                    "point the alias (*name) at an anchor outside itself",
+                )
             if id(child) not in sizes:
                 stack.append((child, False))
     total = sizes[id(root)]
     if total > limit:
-        raise PlaybookError(file, None, f"the YAML expands to more than {limit:,} nodes once its aliases (*name) are "
-                            "expanded", "use fewer references to large anchors (a playbook needs a few hundred nodes)")
+        raise PlaybookError(
+            file,
+            None,
+            f"the YAML expands to more than {limit:,} nodes once its aliases (*name) are expanded",
+            "use fewer references to large anchors (a playbook needs a few hundred nodes)",
+        )
     return total
 
 
@@ -230,7 +319,11 @@ def validate(doc: Any, lines: Lines, file: str) -> list[str]:
 
 def _shape(step: dict[str, Any]) -> str:
     tool, loop, nxt = step.get("tool"), step.get("loop"), step.get("next")
-    if isinstance(tool, dict) or isinstance(nxt, dict) or (isinstance(loop, dict) and ("in" in loop or "iterator" in loop)):
+    if (
+        isinstance(tool, dict)
+        or isinstance(nxt, dict)
+        or (isinstance(loop, dict) and ("in" in loop or "iterator" in loop))
+    ):
         return "v2"
     if tool is not None or loop is not None or nxt is not None or any(k in step for k in _CATALOG):
         return "v1"
@@ -239,7 +332,7 @@ def _shape(step: dict[str, Any]) -> str:
 
 def _check(instance: Any, schema: dict[str, Any], base: tuple, lines: Lines, file: str) -> None:
     validator = jsonschema.Draft202012Validator(schema)
-    errors = sorted(validator.iter_errors(instance), key=lambda e: (line_of(lines, base + tuple(e.absolute_path)) or 0))
+    errors = sorted(validator.iter_errors(instance), key=lambda e: line_of(lines, base + tuple(e.absolute_path)) or 0)
     if not errors:
         return
     error = jsonschema.exceptions.best_match(errors, key=jsonschema.exceptions.relevance)
@@ -250,11 +343,19 @@ def _check(instance: Any, schema: dict[str, Any], base: tuple, lines: Lines, fil
         unknown = sorted(str(k) for k in error.instance if k not in allowed)
         key = unknown[0] if unknown else ""
         line = line_of(lines, path + (key,))
-        raise PlaybookError(file, line, f"unknown key '{key}' in {where}",
-                            f"use one of: {', '.join(sorted(allowed))} (or check its indentation)")
+        raise PlaybookError(
+            file,
+            line,
+            f"unknown key '{key}' in {where}",
+            f"use one of: {', '.join(sorted(allowed))} (or check its indentation)",
+        )
     if error.validator == "const" and path[-1:] in (("tool",), ("kind",)):
-        raise PlaybookError(file, line_of(lines, path), f"{where} is {error.instance!r}: the kit's step runner runs "
-                            "only `tool: ducklake` steps", "run other tools with NoETL itself, or drop the step")
+        raise PlaybookError(
+            file,
+            line_of(lines, path),
+            f"{where} is {error.instance!r}: the kit's step runner runs only `tool: ducklake` steps",
+            "run other tools with NoETL itself, or drop the step",
+        )
     if error.validator == "required":
         raise PlaybookError(file, line_of(lines, path), f"{where}: {error.message}")
     raise PlaybookError(file, line_of(lines, path), f"{where}: {error.message}")

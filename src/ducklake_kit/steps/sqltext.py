@@ -91,8 +91,10 @@ def _system_time_at(tokens, i: int) -> tuple[int, str] | None:
     return None
 
 
-UNSUPPORTED_CONSTRAINT = ("DuckLake tables support only NOT NULL constraints, not PRIMARY KEY or UNIQUE "
-                          "(table {table}, line {line} of the command)")
+UNSUPPORTED_CONSTRAINT = (
+    "DuckLake tables support only NOT NULL constraints, not PRIMARY KEY or UNIQUE "
+    "(table {table}, line {line} of the command)"
+)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -107,12 +109,14 @@ def unsupported_constraint(sql: str) -> str | None:
         if not isinstance(statement, exp.Create) or statement.kind != "TABLE":
             continue
         table = statement.find(exp.Table)
-        if table is not None and LOCAL_DB == (table.catalog or table.db):
+        if table is not None and (table.catalog or table.db) == LOCAL_DB:
             continue  # a worker-local table is plain DuckDB, which has keys
         for node in statement.find_all(exp.PrimaryKeyColumnConstraint, exp.PrimaryKey, exp.UniqueColumnConstraint):
             name = table.sql("duckdb") if table is not None else "?"
-            return UNSUPPORTED_CONSTRAINT.format(table=name, line=_line_of(sql, node)) + \
-                ": declare the key column NOT NULL instead"
+            return (
+                UNSUPPORTED_CONSTRAINT.format(table=name, line=_line_of(sql, node))
+                + ": declare the key column NOT NULL instead"
+            )
     return None
 
 
@@ -130,12 +134,31 @@ def _line_of(sql: str, node: exp.Expression) -> int:
 
 
 # a value pasted inside one of these (a quoted string, a "quoted identifier") must end inside it
-_QUOTED = {TokenType.STRING, TokenType.NATIONAL_STRING, TokenType.RAW_STRING, TokenType.NATIONAL_RAW_STRING,
-           TokenType.HEREDOC_STRING, TokenType.UNICODE_STRING, TokenType.BIT_STRING, TokenType.HEX_STRING,
-           TokenType.BYTE_STRING, TokenType.IDENTIFIER}
+_QUOTED = {
+    TokenType.STRING,
+    TokenType.NATIONAL_STRING,
+    TokenType.RAW_STRING,
+    TokenType.NATIONAL_RAW_STRING,
+    TokenType.HEREDOC_STRING,
+    TokenType.UNICODE_STRING,
+    TokenType.BIT_STRING,
+    TokenType.HEX_STRING,
+    TokenType.BYTE_STRING,
+    TokenType.IDENTIFIER,
+}
 # what a value pasted outside quotes may be made of: names (a.b), numbers (-5), lists ([1, 2], a, b), literals
-_BARE = {TokenType.VAR, TokenType.NUMBER, TokenType.DOT, TokenType.COMMA, TokenType.DASH, TokenType.TRUE,
-         TokenType.FALSE, TokenType.NULL, TokenType.L_BRACKET, TokenType.R_BRACKET}
+_BARE = {
+    TokenType.VAR,
+    TokenType.NUMBER,
+    TokenType.DOT,
+    TokenType.COMMA,
+    TokenType.DASH,
+    TokenType.TRUE,
+    TokenType.FALSE,
+    TokenType.NULL,
+    TokenType.L_BRACKET,
+    TokenType.R_BRACKET,
+}
 PASTED_FIX = "write {{ value | sql }} (a quoted literal) or bind it as a parameter (params: and $name in the SQL)"
 
 
@@ -187,7 +210,7 @@ def pasted_values_refused(rendered: RenderedSql) -> str | None:
 
 
 def _refusal(rendered: RenderedSql, p: Pasted, why: str) -> str:
-    value = " ".join(rendered.text[p.start:p.end].split())
+    value = " ".join(rendered.text[p.start : p.end].split())
     value = value if len(value) <= 60 else value[:59] + "…"
     return f"a value pasted into the SQL ({value!r}) {why}, so it was not run; {PASTED_FIX}"
 
@@ -203,8 +226,11 @@ def setting_scope(name: str) -> str | None:
     """GLOBAL (the whole DuckDB instance: every task of a worker) or LOCAL (the connection), as DuckDB itself says;
     None for a name plain DuckDB does not know (an extension's setting, or a typo)."""
     with duckdb.connect() as con:  # DuckDB's own settings, without the extensions: only DuckDB knows the scopes
-        row = con.execute("SELECT scope FROM duckdb_settings() WHERE lower(name) = lower($1) "
-                          "OR list_contains(list_transform(aliases, a -> lower(a)), lower($1))", [name]).fetchone()
+        row = con.execute(
+            "SELECT scope FROM duckdb_settings() WHERE lower(name) = lower($1) "
+            "OR list_contains(list_transform(aliases, a -> lower(a)), lower($1))",
+            [name],
+        ).fetchone()
     return row[0] if row else None
 
 
@@ -223,17 +249,21 @@ def session_refused(sql: str, catalogs: frozenset[str]) -> str | None:
     for stmt in statements:
         word = session_statement(stmt)
         if word in ("ATTACH", "DETACH"):
-            return (f"{word} is refused in a step: every task on a worker shares its connection, so the databases a "
-                    "step attaches or detaches would change the lake for later tasks; declare another catalog with "
-                    "catalog_name and auth or catalog_connection")
+            return (
+                f"{word} is refused in a step: every task on a worker shares its connection, so the databases a "
+                "step attaches or detaches would change the lake for later tasks; declare another catalog with "
+                "catalog_name and auth or catalog_connection"
+            )
         if word == "USE":
             table = stmt.this
             database = (table.catalog or table.db) if isinstance(table, exp.Table) and table.db else None
             name = database or (table.name if isinstance(table, exp.Table) else str(table))
             if (database and database not in catalogs) or (not database and name.lower() in DUCKDB_DATABASES):
-                return (f"USE {name} is refused in a step: only the catalogs the playbook declares "
-                        f"({', '.join(sorted(catalogs))}) may be its default database; declare another catalog with "
-                        "catalog_name and auth or catalog_connection")
+                return (
+                    f"USE {name} is refused in a step: only the catalogs the playbook declares "
+                    f"({', '.join(sorted(catalogs))}) may be its default database; declare another catalog with "
+                    "catalog_name and auth or catalog_connection"
+                )
         if word in ("SET", "RESET"):
             why = _global_setting(stmt)
             if why:
@@ -245,7 +275,9 @@ def _global_setting(stmt: exp.Expression) -> str | None:
     """Why a SET, PRAGMA name = value or RESET changes more than the connection, or None."""
     if isinstance(stmt, exp.Command):  # RESET [GLOBAL|SESSION|LOCAL|VARIABLE] name
         words = [t.text for t in DuckDB().tokenize(stmt.expression.name if stmt.expression else "")]
-        kind = words.pop(0).upper() if words and words[0].upper() in ("GLOBAL", "SESSION", "LOCAL", "VARIABLE") else None
+        kind = (
+            words.pop(0).upper() if words and words[0].upper() in ("GLOBAL", "SESSION", "LOCAL", "VARIABLE") else None
+        )
         items = [(kind, words[0] if words else "")]
     elif isinstance(stmt, exp.Pragma):
         items = [(None, stmt.this.this.name)]
@@ -260,11 +292,15 @@ def _global_setting(stmt: exp.Expression) -> str | None:
         if kind == "VARIABLE":
             continue
         if name.lower() in _NAME_SETTINGS:
-            return (f"{word} {name} is refused in a step: it would choose where unqualified names go for every later task "
-                    "on the worker; qualify the names, or USE one of the playbook's catalogs")
+            return (
+                f"{word} {name} is refused in a step: it would choose where unqualified names go for every later task "
+                "on the worker; qualify the names, or USE one of the playbook's catalogs"
+            )
         scope = setting_scope(name)
         if kind == "GLOBAL" or scope != "LOCAL":
             what = "a setting of the whole worker" if scope else "not a setting DuckDB knows as the connection's own"
-            return (f"{word} {name} is refused in a step: it is {what}, so it would stay for every later task on the "
-                    "worker; use the step's memory_limit or threads (they apply to the step only), or SET VARIABLE")
+            return (
+                f"{word} {name} is refused in a step: it is {what}, so it would stay for every later task on the "
+                "worker; use the step's memory_limit or threads (they apply to the step only), or SET VARIABLE"
+            )
     return None

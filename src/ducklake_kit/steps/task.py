@@ -77,7 +77,9 @@ class StepTask:
     rolled_back: bool = False
     transaction: bool = False  # the step ran as one transaction (transaction: true)
     snapshot_id: int | None = None  # the snapshot the step's transaction made (transaction: true)
-    landed_before: bool = False  # its token was already in the lake (an earlier attempt committed it): not committed again
+    landed_before: bool = (
+        False  # its token was already in the lake (an earlier attempt committed it): not committed again
+    )
     note: str | None = None  # how the runner decided a task whose fate its worker could not report (never the worker)
     catalog_info: dict[str, Any] | None = None
     last_snapshot: int | None = None  # the instance's last committed snapshot for the step's catalog, at its end
@@ -90,10 +92,21 @@ class StepTask:
         return self.error is not None or any(s.error for s in self.statements)
 
 
-def run_step(plugin: str, target: Target, commands: list[str], params: dict[str, Any], *, message: str | None = None,
-             keep_going: bool = False, settings: dict[str, Any] | None = None, with_info: bool = True,
-             token: str | None = None, commit_token: str | None = None, extra: dict[str, Any] | None = None,
-             recheck: bool = False) -> StepTask:
+def run_step(
+    plugin: str,
+    target: Target,
+    commands: list[str],
+    params: dict[str, Any],
+    *,
+    message: str | None = None,
+    keep_going: bool = False,
+    settings: dict[str, Any] | None = None,
+    with_info: bool = True,
+    token: str | None = None,
+    commit_token: str | None = None,
+    extra: dict[str, Any] | None = None,
+    recheck: bool = False,
+) -> StepTask:
     """Run on a worker. `message`: every command in ONE transaction with that commit message, carrying `commit_token`
     and `extra` in its commit_extra_info (the runner finds it in the lake by the token when the task's fate is
     unknown). `recheck`: before the COMMIT, look the token up: an attempt that is already in the lake is not
@@ -134,9 +147,18 @@ class _AlreadyLanded(Exception):
         self.snapshot = snapshot
 
 
-def _run_held(lake_plugin: LakePlugin, target: Target, commands: list[str], params: dict[str, Any], message: str | None,
-              keep_going: bool, settings: dict[str, Any] | None, with_info: bool, out: StepTask,
-              gate: _Gate | None = None) -> None:
+def _run_held(
+    lake_plugin: LakePlugin,
+    target: Target,
+    commands: list[str],
+    params: dict[str, Any],
+    message: str | None,
+    keep_going: bool,
+    settings: dict[str, Any] | None,
+    with_info: bool,
+    out: StepTask,
+    gate: _Gate | None = None,
+) -> None:
     """The step on the worker's connection, held by this task."""
     lake: Lake = lake_plugin.lake
     try:
@@ -192,7 +214,9 @@ def _attached(plugin: LakePlugin, target: Target) -> Lake:
         # the alias may be attached to something else (another step's catalog, or the user's own ATTACH): detach it
         # first, never while it is the default database (DuckDB refuses that)
         _use(plugin, lake.alias)
-        attached = con.execute("SELECT count(*) FROM duckdb_databases() WHERE database_name = ?", [target.alias]).fetchone()[0]
+        attached = con.execute(
+            "SELECT count(*) FROM duckdb_databases() WHERE database_name = ?", [target.alias]
+        ).fetchone()[0]
         if attached:
             con.execute(f"DETACH {quote_ident(target.alias)}")
         plugin.catalogs.pop(target.alias, None)
@@ -201,12 +225,16 @@ def _attached(plugin: LakePlugin, target: Target) -> Lake:
             con.execute(attach_statement(plugin.endpoints, target.alias))
         else:
             pg, secret = target.pg, f"step_catalog_{key}"
-            con.execute(f"CREATE OR REPLACE SECRET {secret} (TYPE postgres, HOST {quote_literal(pg.host)}, PORT {pg.port}, "
-                        f"DATABASE {quote_literal(pg.dbname)}, USER {quote_literal(pg.user)}, "
-                        f"PASSWORD {quote_literal(pg.password)})")
-            con.execute(f"ATTACH {quote_literal('ducklake:postgres:dbname=' + pg.dbname)} AS {quote_ident(target.alias)} "
-                        f"(DATA_PATH {quote_literal(target.data_path)}, METADATA_PARAMETERS MAP {{'SECRET': '{secret}'}}, "
-                        f"CREATE_IF_NOT_EXISTS {'true' if target.create else 'false'})")
+            con.execute(
+                f"CREATE OR REPLACE SECRET {secret} (TYPE postgres, HOST {quote_literal(pg.host)}, PORT {pg.port}, "
+                f"DATABASE {quote_literal(pg.dbname)}, USER {quote_literal(pg.user)}, "
+                f"PASSWORD {quote_literal(pg.password)})"
+            )
+            con.execute(
+                f"ATTACH {quote_literal('ducklake:postgres:dbname=' + pg.dbname)} AS {quote_ident(target.alias)} "
+                f"(DATA_PATH {quote_literal(target.data_path)}, METADATA_PARAMETERS MAP {{'SECRET': '{secret}'}}, "
+                f"CREATE_IF_NOT_EXISTS {'true' if target.create else 'false'})"
+            )
         plugin.catalogs[target.alias] = key
     return lake.on(target.alias)
 
@@ -220,6 +248,7 @@ def _apply_settings(con: duckdb.DuckDBPyConnection, settings: dict[str, Any]):
     def restore() -> None:
         for name, value in old.items():
             con.execute(f"SET {name} = {int(value) if isinstance(value, int) else quote_literal(value)}")
+
     return restore
 
 
@@ -227,14 +256,22 @@ def _parsed(view: Lake, commands: list[str]) -> list[tuple[int, int, Any]]:
     return [(c, s, stmt) for c, text in enumerate(commands) for s, stmt in enumerate(view.statements(text))]
 
 
-def _autocommit(view: Lake, commands: list[str], params: dict[str, Any], keep_going: bool, out: StepTask,
-                known: tuple[bool, int | None] = (False, None)) -> None:
+def _autocommit(
+    view: Lake,
+    commands: list[str],
+    params: dict[str, Any],
+    keep_going: bool,
+    out: StepTask,
+    known: tuple[bool, int | None] = (False, None),
+) -> None:
     last = known[1] if known[0] else view.last_committed_snapshot()
     for c, text in enumerate(commands):
         try:
             statements = view.statements(text)
         except Exception as exc:  # noqa: BLE001 - a command that does not parse is that command's error
-            out.statements.append(StatementRun(c, 0, text.strip(), None, error=getattr(exc, "what", None) or first_line(exc)))
+            out.statements.append(
+                StatementRun(c, 0, text.strip(), None, error=getattr(exc, "what", None) or first_line(exc))
+            )
             if keep_going:
                 continue
             break
@@ -249,7 +286,9 @@ def _autocommit(view: Lake, commands: list[str], params: dict[str, Any], keep_go
                     stopped = True
                     break
                 continue
-            run = StatementRun(c, s, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows, r.seconds or 0.0)
+            run = StatementRun(
+                c, s, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows, r.seconds or 0.0
+            )
             now = view.last_committed_snapshot()
             if now != last:
                 run.snapshot_id, last = now, now
@@ -262,8 +301,9 @@ def _autocommit(view: Lake, commands: list[str], params: dict[str, Any], keep_go
         out.error = out.error or "the step left a transaction open (BEGIN without COMMIT); it was rolled back"
 
 
-def _transaction(view: Lake, commands: list[str], params: dict[str, Any], message: str, out: StepTask,
-                 gate: _Gate) -> None:
+def _transaction(
+    view: Lake, commands: list[str], params: dict[str, Any], message: str, out: StepTask, gate: _Gate
+) -> None:
     out.transaction = True
     done: list[StatementRun] = []
     token = gate.token or uuid.uuid4().hex
@@ -278,8 +318,9 @@ def _transaction(view: Lake, commands: list[str], params: dict[str, Any], messag
             except StatementFailed as exc:
                 done.append(StatementRun(c, s, stmt.query.strip(), stmt.type.name, error=exc.error))
                 raise
-            done.append(StatementRun(c, s, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows,
-                                     r.seconds or 0.0))
+            done.append(
+                StatementRun(c, s, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows, r.seconds or 0.0)
+            )
 
     def before_commit() -> None:
         # a re-run (--resume) of an attempt whose worker may have finished it after its plane was lost: the token in
@@ -313,8 +354,10 @@ def _failed_commit(view: Lake, token: str, why: str, out: StepTask) -> None:
     try:
         landed = snapshot_of_token(view, token)
     except Exception:  # noqa: BLE001 - the catalog cannot say either: the fate stays unknown, and is said so
-        out.error = (f"the step's commit failed, so it may or may not have committed ({why}): check the lake before "
-                     "running it again")
+        out.error = (
+            f"the step's commit failed, so it may or may not have committed ({why}): check the lake before "
+            "running it again"
+        )
         return
     if landed is None:
         out.error = f"the step's commit failed and did not land ({why}): nothing of it committed"
@@ -330,8 +373,13 @@ def catalog_info(view: Lake) -> dict[str, Any]:
     columns = [d[0] for d in rel.description]
     row = rel.fetchone()
     count = con.execute(f"SELECT count(*) FROM ducklake_snapshots({quote_literal(alias)})").fetchone()[0]
-    tables = con.execute("SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? ORDER BY 1, 2",
-                         [alias]).fetchall()
-    return {"catalog_name": alias, "snapshot_count": int(count),
-            "latest_snapshot": dict(zip(columns, row)) if row else None,
-            "table_count": len(tables), "tables": [f"{s}.{t}" for s, t in tables]}
+    tables = con.execute(
+        "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? ORDER BY 1, 2", [alias]
+    ).fetchall()
+    return {
+        "catalog_name": alias,
+        "snapshot_count": int(count),
+        "latest_snapshot": dict(zip(columns, row)) if row else None,
+        "table_count": len(tables),
+        "tables": [f"{s}.{t}" for s, t in tables],
+    }

@@ -71,8 +71,10 @@ class TemplateError(KitError):
 
 
 def _too_big(what: str) -> TemplateError:
-    return TemplateError(f"{what} more than {MAX_SQL_BYTES // 2**20} MiB",
-                         "send large data as a file (read_parquet, read_csv) or as params:, not in the statement's text")
+    return TemplateError(
+        f"{what} more than {MAX_SQL_BYTES // 2**20} MiB",
+        "send large data as a file (read_parquet, read_csv) or as params:, not in the statement's text",
+    )
 
 
 class _Sandbox(SandboxedEnvironment):
@@ -84,11 +86,21 @@ class _Sandbox(SandboxedEnvironment):
     def call_binop(self, context, operator, left, right):
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(n, int) and not isinstance(n, bool) \
-                        and len(seq) * n > MAX_SQL_BYTES:
+                if (
+                    isinstance(seq, (str, list, tuple))
+                    and isinstance(n, int)
+                    and not isinstance(n, bool)
+                    and len(seq) * n > MAX_SQL_BYTES
+                ):
                     raise _too_big("a template's `*` makes")
-        if operator == "**" and isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and right > 0 \
-                and right * math.log2(abs(left)) > 8 * MAX_SQL_BYTES:
+        if (
+            operator == "**"
+            and isinstance(left, int)
+            and isinstance(right, int)
+            and abs(left) > 1
+            and right > 0
+            and right * math.log2(abs(left)) > 8 * MAX_SQL_BYTES
+        ):
             raise _too_big("a template's `**` makes a number of")
         return super().call_binop(context, operator, left, right)
 
@@ -120,8 +132,9 @@ def _mark(value: Any) -> Any:
     return (_SAFE if isinstance(value, SqlText) else _RAW) + text + _END
 
 
-_SQL = _configure(_Sandbox(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
-                           finalize=_mark))
+_SQL = _configure(
+    _Sandbox(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True, finalize=_mark)
+)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -137,16 +150,22 @@ def _expression(source: str):
     if not (text.startswith("{{") and text.endswith("}}")):
         return None
     body = _TEXT.parse(text).body
-    if len(body) != 1 or not isinstance(body[0], jinja2.nodes.Output) or len(body[0].nodes) != 1 \
-            or isinstance(body[0].nodes[0], jinja2.nodes.TemplateData):
+    if (
+        len(body) != 1
+        or not isinstance(body[0], jinja2.nodes.Output)
+        or len(body[0].nodes) != 1
+        or isinstance(body[0].nodes[0], jinja2.nodes.TemplateData)
+    ):
         return None
     return _TEXT.compile_expression(text[2:-2], undefined_to_none=False)
 
 
 def _explain(template: str, exc: Exception) -> TemplateError:
     if isinstance(exc, jinja2.UndefinedError):
-        return TemplateError(f"{exc.message} in {template.strip()[:80]!r}",
-                             "define it under `workload:` (or `--set name=value`), or check the spelling")
+        return TemplateError(
+            f"{exc.message} in {template.strip()[:80]!r}",
+            "define it under `workload:` (or `--set name=value`), or check the spelling",
+        )
     if isinstance(exc, jinja2.TemplateSyntaxError):
         return TemplateError(f"template syntax error ({exc.message}) in {template.strip()[:80]!r}", "fix the {{ ... }}")
     return TemplateError(f"{type(exc).__name__}: {exc} in {template.strip()[:80]!r}", "fix the template")
@@ -216,15 +235,17 @@ def _unmark(marked: str, template: str) -> tuple[str, str, list[Pasted]]:
         start = marked.find(_NONCE, i)
         if start < 0:
             break
-        kind = marked[start:start + len(_RAW)]
+        kind = marked[start : start + len(_RAW)]
         end = marked.find(_END, start + len(_RAW))
         nested = marked.find(_NONCE, start + len(_RAW))
         if kind not in (_RAW, _SAFE) or end < 0 or nested != end:
             # a value's marks cut or reordered by a filter over a captured block: nothing can be told about it
-            raise TemplateError(f"cannot tell where the values of {template.strip()[:80]!r} land in its SQL",
-                                "pass the values as params: ($name), or through the sql filter outside any block")
+            raise TemplateError(
+                f"cannot tell where the values of {template.strip()[:80]!r} land in its SQL",
+                "pass the values as params: ($name), or through the sql filter outside any block",
+            )
         before = marked[i:start]
-        value = marked[start + len(_RAW):end]
+        value = marked[start + len(_RAW) : end]
         text.append(before)
         standin.append(before)
         pos, spos = pos + len(before), spos + len(before)

@@ -22,9 +22,11 @@ from ducklake_kit.taxi.spark import connect_failure
 
 PROBE_SCHEMA = "host string, python string, problem string"
 WRITER_EXTENSIONS = ("httpfs",)  # the lake writer only writes Parquet to S3: it never reads the catalog
-FIX = ("give every executor the kit's Python environment (`uv sync` of this project, or `pip install` of it with the "
-       "same pins) and name it with PYSPARK_PYTHON in the driver's environment (a Spark Connect server's own); see the "
-       "README, \"Taking the load to a real cluster\"")
+FIX = (
+    "give every executor the kit's Python environment (`uv sync` of this project, or `pip install` of it with the "
+    "same pins) and name it with PYSPARK_PYTHON in the driver's environment (a Spark Connect server's own); see the "
+    'README, "Taking the load to a real cluster"'
+)
 
 
 def make_probe(s3_host: str, s3_port: int, paths: list[str], duckdb_version: str) -> Callable[[Iterator], Iterator]:
@@ -70,10 +72,13 @@ def make_probe(s3_host: str, s3_port: int, paths: list[str], duckdb_version: str
         if not problem:
             missing = [p for p in paths if not os.path.exists(p)]
             if missing:
-                problem = (f"the source file {missing[0]} (Spark reads the sources by path: every executor must see "
-                           "the state folder's cache at the same path)")
-        yield pa.RecordBatch.from_pydict({"host": [socket.gethostname()], "python": [sys.executable],
-                                          "problem": [problem]})
+                problem = (
+                    f"the source file {missing[0]} (Spark reads the sources by path: every executor must see "
+                    "the state folder's cache at the same path)"
+                )
+        yield pa.RecordBatch.from_pydict(
+            {"host": [socket.gethostname()], "python": [sys.executable], "problem": [problem]}
+        )
 
     return probe
 
@@ -81,8 +86,15 @@ def make_probe(s3_host: str, s3_port: int, paths: list[str], duckdb_version: str
 PROBE_TIMEOUT_S = float(os.environ.get("DUCKLAKE_EXECUTOR_PROBE_TIMEOUT", "180"))
 
 
-def check_executors(spark, ep: Endpoints, paths: list[str], *, python: str | None = None, parallelism: int = 4,
-                    timeout_s: float = PROBE_TIMEOUT_S) -> None:
+def check_executors(
+    spark,
+    ep: Endpoints,
+    paths: list[str],
+    *,
+    python: str | None = None,
+    parallelism: int = 4,
+    timeout_s: float = PROBE_TIMEOUT_S,
+) -> None:
     """Run the probe on the executors (a few tasks, so that on a cluster more than one executor answers); raise a
     KitError naming the first gap. `python`: the executors' Python as this driver told them (None: not known here,
     e.g. a Spark Connect server's). A cluster whose executors never take the tasks (its cores held by another
@@ -111,17 +123,22 @@ def check_executors(spark, ep: Endpoints, paths: list[str], *, python: str | Non
         if gone is not None:
             raise gone from None
         if timed_out.is_set():
-            raise KitError(f"no Spark executor ran the load's first tasks within {timeout_s:.0f} s; nothing was landed "
-                           "or loaded", "run `spark status` (a cluster's cores may be held by another application, "
-                           "e.g. the Connect server, for a while), and check that executors can reach this driver") from None
+            raise KitError(
+                f"no Spark executor ran the load's first tasks within {timeout_s:.0f} s; nothing was landed or loaded",
+                "run `spark status` (a cluster's cores may be held by another application, "
+                "e.g. the Connect server, for a while), and check that executors can reach this driver",
+            ) from None
         raise executor_error(exc, python) from None
     finally:
         timer.cancel()
         spark.removeTag(tag)
     for row in rows:
         if row.problem:
-            raise KitError(f"the Spark executors lack {row.problem} (executor on {row.host}, Python {row.python}); "
-                           "nothing was landed or loaded", FIX)
+            raise KitError(
+                f"the Spark executors lack {row.problem} (executor on {row.host}, Python {row.python}); "
+                "nothing was landed or loaded",
+                FIX,
+            )
 
 
 def executor_error(exc: BaseException, python: str | None = None) -> KitError:
@@ -134,7 +151,7 @@ def executor_error(exc: BaseException, python: str | None = None) -> KitError:
         what = f"the Python module '{module}'"
     elif "Cannot run program" in text:
         ln = next(ln for ln in lines if "Cannot run program" in ln)
-        what = f"the Python they were told to run ({ln[ln.index('Cannot run program'):][:200]})"
+        what = f"the Python they were told to run ({ln[ln.index('Cannot run program') :][:200]})"
     else:
         what = f"a working Python for the load's tasks ({first_line(exc)[:200]})"
     told = f" (their Python: {python})" if python else ""

@@ -14,7 +14,6 @@ from ducklake_kit.taxi import spark as spark_mod
 from ducklake_kit.taxi.load import MODES, LoadResult, load_snapshots, rows_snapshots, run_load
 from ducklake_kit.taxi.verify import replace_kept_other_periods, verify_file
 
-
 SPARK_LOG = "spark.log"  # in the state folder's logs/: the JVM's own output when a load starts it
 
 
@@ -39,11 +38,22 @@ def load_and_verify(
     ep = platform.endpoints()
     target = spark_mod.target(spark_master, state)  # before any file is made: `standalone` must be running
     cache = state.cache_dir
-    files, note = sources.resolve(source, cache, months=months, paths=paths or [], rows_per_month=rows_per_month, seed=seed)
+    files, note = sources.resolve(
+        source, cache, months=months, paths=paths or [], rows_per_month=rows_per_month, seed=seed
+    )
     on_step(f"source: {note}; {len(files)} file(s)")
     zones_path, zones_note = sources.zone_lookup(cache, [f.path for f in files])
-    result = run_load(ep, files, zones_path=zones_path, zones_note=zones_note, source_note=note, mode=mode,
-                      spark_master=target, on_step=on_step, spark_log=state.log_dir / SPARK_LOG)
+    result = run_load(
+        ep,
+        files,
+        zones_path=zones_path,
+        zones_note=zones_note,
+        source_note=note,
+        mode=mode,
+        spark_master=target,
+        on_step=on_step,
+        spark_log=state.log_dir / SPARK_LOG,
+    )
     with Lake(ep) as lake:
         loaded = [f for f in result.files if f.status == "loaded"]
         # the load's own snapshots, found by its commit message: other writers (another load, maintain, the worker
@@ -51,8 +61,11 @@ def load_and_verify(
         mine = load_snapshots(lake, result.load_id)
         if loaded:
             checks.equal("the load made exactly one snapshot", mine, [result.snapshot_id])
-            checks.equal("every row the load wrote is in that snapshot", rows_snapshots(lake, result.load_id),
-                         [result.snapshot_id])
+            checks.equal(
+                "every row the load wrote is in that snapshot",
+                rows_snapshots(lake, result.load_id),
+                [result.snapshot_id],
+            )
         else:
             checks.equal("nothing new to load: no snapshot names this load", mine, [])
         if mode == "replace":  # a replace touches exactly what it names: every other period is as it was

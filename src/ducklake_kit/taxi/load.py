@@ -25,12 +25,12 @@ import duckdb
 from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import BotoCoreError, ClientError
 
-from ducklake_kit.platforms import s3
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, load_statements, secret_statements
 from ducklake_kit.lake.locks import advisory_lock, held_for_life, load_life_key, lock_key
 from ducklake_kit.lake.sql import quote_ident, quote_literal, table_exists, tables
 from ducklake_kit.lake.transactions import last_committed_snapshot, rollback_quietly
+from ducklake_kit.platforms import s3
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.taxi import schema
 from ducklake_kit.taxi import spark as spark_mod
@@ -48,15 +48,25 @@ PARTITION_KEYS = ("pickup_year", "pickup_month")
 COMMIT_LOCK_KEY = lock_key("dlk-load")
 COMMIT_LOCK_TIMEOUT_S = 300
 
-_DUCK_TYPES = {"DATE": "DATE", "INT": "INTEGER", "BIGINT": "BIGINT", "STRING": "VARCHAR", "DOUBLE": "DOUBLE", "TIMESTAMP_NTZ": "TIMESTAMP"}
+_DUCK_TYPES = {
+    "DATE": "DATE",
+    "INT": "INTEGER",
+    "BIGINT": "BIGINT",
+    "STRING": "VARCHAR",
+    "DOUBLE": "DOUBLE",
+    "TIMESTAMP_NTZ": "TIMESTAMP",
+}
 LINEAGE_COLUMNS = (("load_id", "VARCHAR"), ("source_file", "VARCHAR"))
 
 
 def trips_columns() -> list[tuple[str, str]]:
     from ducklake_kit.taxi.transforms import DERIVED_COLUMNS  # transforms imports pyspark: only when a load runs
 
-    return ([(c.name, c.duckdb_type) for c in schema.CANONICAL_COLUMNS]
-            + [(n, _DUCK_TYPES[t]) for n, t in DERIVED_COLUMNS] + list(LINEAGE_COLUMNS))
+    return (
+        [(c.name, c.duckdb_type) for c in schema.CANONICAL_COLUMNS]
+        + [(n, _DUCK_TYPES[t]) for n, t in DERIVED_COLUMNS]
+        + list(LINEAGE_COLUMNS)
+    )
 
 
 def ddl_statements(schema_name: str = "main", existing: frozenset[str] = frozenset()) -> list[str]:
@@ -95,6 +105,7 @@ class FileResult:
 class Replaced:
     """One earlier file's rows that `replace` swaps out: what that load took from that source file (one load_log
     row). A replace names periods (and file contents), not loads: the other files of that load, other periods, stay."""
+
     load_id: str
     source_file: str
     period: str
@@ -114,11 +125,24 @@ class LoadResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "load_id": self.load_id, "mode": self.mode, "source": self.source_note, "zones": self.zones,
-            "snapshot_id": self.snapshot_id, "previous_snapshot": self.previous_snapshot, "timings_s": self.timings,
+            "load_id": self.load_id,
+            "mode": self.mode,
+            "source": self.source_note,
+            "zones": self.zones,
+            "snapshot_id": self.snapshot_id,
+            "previous_snapshot": self.previous_snapshot,
+            "timings_s": self.timings,
             "replaced": [asdict(r) for r in self.replaced],
-            "files": [{**{k: v for k, v in asdict(f).items() if k != "source"}, "file": f.source.path.name,
-                       "period": f.source.period, "sha256": f.source.sha256, "kind": f.source.kind} for f in self.files],
+            "files": [
+                {
+                    **{k: v for k, v in asdict(f).items() if k != "source"},
+                    "file": f.source.path.name,
+                    "period": f.source.period,
+                    "sha256": f.source.sha256,
+                    "kind": f.source.kind,
+                }
+                for f in self.files
+            ],
         }
 
 
@@ -162,8 +186,13 @@ def load_id_of(path: str) -> str | None:
     return m.group(1) if m else None
 
 
-def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_first_attempt: bool = False,
-                load_id: str = "000000000000") -> Callable[[Iterator], Iterator]:
+def make_writer(
+    ep: Endpoints,
+    data_path: str,
+    schema_name: str = "main",
+    fail_first_attempt: bool = False,
+    load_id: str = "000000000000",
+) -> Callable[[Iterator], Iterator]:
     """A mapInArrow function: stream the task's rows into Parquet on S3 with DuckDB, accepted rows
     partitioned like DuckLake lays them out, rejected rows into one quarantine file. Yields only
     (table, path, rows) per written file, never the rows themselves. Files are named for the load
@@ -181,8 +210,9 @@ def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_f
         import pyarrow.compute as pc
         from pyspark import TaskContext
 
-        con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False,
-                                     "threads": 1})  # Spark already runs one task per core
+        con = duckdb.connect(
+            config={"autoinstall_known_extensions": False, "autoload_known_extensions": False, "threads": 1}
+        )  # Spark already runs one task per core
         # extension paths are resolved here, on the executor: its Python environment may live elsewhere. httpfs only:
         # the writer never reads the catalog, and loading ducklake and postgres_scanner too cost 0.16 s a task
         for stmt in [*load_statements(WRITER_EXTENSIONS), s3_secret]:
@@ -209,13 +239,22 @@ def make_writer(ep: Endpoints, data_path: str, schema_name: str = "main", fail_f
         source_file = first.column("source_file")[0].as_py()
         out: dict[str, list] = {"tbl": [], "path": [], "rows": [], "source_file": []}
         if files:
-            counts = dict(con.execute("SELECT file_name, sum(num_rows) FROM parquet_file_metadata(?) GROUP BY 1", [list(files)]).fetchall())
+            counts = dict(
+                con.execute(
+                    "SELECT file_name, sum(num_rows) FROM parquet_file_metadata(?) GROUP BY 1", [list(files)]
+                ).fetchall()
+            )
             for f in files:
-                out["tbl"].append(TRIPS), out["path"].append(f), out["rows"].append(int(counts[f])), out["source_file"].append(source_file)
+                (
+                    out["tbl"].append(TRIPS),
+                    out["path"].append(f),
+                    out["rows"].append(int(counts[f])),
+                    out["source_file"].append(source_file),
+                )
             if sum(out["rows"]) != rows:
                 raise RuntimeError(f"DuckDB reported {rows} rows written but the files hold {sum(out['rows'])}")
         if rejected:
-            bad_table = pa.Table.from_batches(rejected)  # noqa: F841 - rejects are a small share of a task's rows
+            bad_table = pa.Table.from_batches(rejected)  # read by name in the COPY below (DuckDB's replacement scan)
             path = f"{quarantine_dir}/{prefix}{uuid.uuid4()}.parquet"
             con.execute(f"COPY (SELECT * FROM bad_table) TO '{path}' (FORMAT parquet)")
             out["tbl"].append(QUARANTINE), out["path"].append(path), out["rows"].append(bad_table.num_rows)
@@ -254,18 +293,23 @@ def dropped_table(lake: Lake, table: str, schema_name: str = "main") -> KitError
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
     row = lake.con.execute(
         f"SELECT max(t.end_snapshot) FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s USING (schema_id) "
-        "WHERE t.table_name = ? AND s.schema_name = ? AND t.end_snapshot IS NOT NULL", [table, schema_name]).fetchone()
+        "WHERE t.table_name = ? AND s.schema_name = ? AND t.end_snapshot IS NOT NULL",
+        [table, schema_name],
+    ).fetchone()
     if not row or row[0] is None:
         return None
     last = int(row[0]) - 1  # the table ended at the snapshot that dropped it: the one before still has it
     name = table if schema_name == "main" else f"{schema_name}.{table}"
-    return KitError(f"the table {name} was dropped (snapshot {last + 1}), so its rows are gone from the current lake",
-                    f"bring it back with time travel: sql \"CREATE TABLE {name} AS SELECT * FROM {name} AT (VERSION "
-                    f"=> {last})\", or land every file again into a new one with `load --mode replace`")
+    return KitError(
+        f"the table {name} was dropped (snapshot {last + 1}), so its rows are gone from the current lake",
+        f'bring it back with time travel: sql "CREATE TABLE {name} AS SELECT * FROM {name} AT (VERSION '
+        f'=> {last})", or land every file again into a new one with `load --mode replace`',
+    )
 
 
-def plan(lake: Lake, files: list[SourceFile], mode: str, schema_name: str = "main"
-         ) -> tuple[list[SourceFile], list[FileResult], list[Replaced]]:
+def plan(
+    lake: Lake, files: list[SourceFile], mode: str, schema_name: str = "main"
+) -> tuple[list[SourceFile], list[FileResult], list[Replaced]]:
     """Which files to load, which to skip (and why), and which earlier files' rows `replace` swaps out: those of the
     same period or the same content, one load_log row each, never a whole earlier load (`all` loads three months as
     one load: replacing one of them must keep the other two)."""
@@ -279,7 +323,10 @@ def plan(lake: Lake, files: list[SourceFile], mode: str, schema_name: str = "mai
     names = [f.path.name for f in files]
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
-        raise KitError(f"two files of this load share the name {dups[0]}", "load them one at a time (lineage records the file name)")
+        raise KitError(
+            f"two files of this load share the name {dups[0]}",
+            "load them one at a time (lineage records the file name)",
+        )
     previous = _previous_loads(lake, schema_name)
     todo, skipped, superseded = [], [], []
     for f in files:
@@ -287,8 +334,15 @@ def plan(lake: Lake, files: list[SourceFile], mode: str, schema_name: str = "mai
         same_period = [p for p in previous if p["period"] == f.period and p["period"] != "any"]
         if mode == "skip" and same_content:
             prev = same_content[0]
-            skipped.append(FileResult(f, raw_uri=prev["raw_uri"], status="skipped", load_id=prev["load_id"],
-                                      reason=f"already loaded (load {prev['load_id']})"))
+            skipped.append(
+                FileResult(
+                    f,
+                    raw_uri=prev["raw_uri"],
+                    status="skipped",
+                    load_id=prev["load_id"],
+                    reason=f"already loaded (load {prev['load_id']})",
+                )
+            )
             continue
         if mode == "skip" and same_period:
             raise KitError(
@@ -309,7 +363,7 @@ def run_load(
     zones_note: str,
     source_note: str,
     mode: str = "skip",
-    spark_master: "str | spark_mod.SparkTarget | None" = None,
+    spark_master: str | spark_mod.SparkTarget | None = None,
     schema_name: str = "main",
     on_step: Callable[[str], None] = lambda _msg: None,
     spark_log: Path | None = None,
@@ -336,7 +390,9 @@ def run_load(
 
         # what can be known before anything is landed: a Spark that cannot start, or executors that lack what the
         # writer needs, must not leave raw objects behind
-        spark_target = spark_master if isinstance(spark_master, spark_mod.SparkTarget) else spark_mod.target(spark_master)
+        spark_target = (
+            spark_master if isinstance(spark_master, spark_mod.SparkTarget) else spark_mod.target(spark_master)
+        )
         if spark_target.kind != "connect":  # a Connect client needs no JVM of its own
             from ducklake_kit.platforms.doctor import JAVA_FIX, java_problem
 
@@ -349,8 +405,12 @@ def run_load(
         if spark_target.kind == "connect":  # a new session per load: given back to the server however the load ends
             life.callback(spark_mod.stop, spark)
         with spark_mod.interruptible(spark, "nothing was landed or loaded"):
-            check_executors(spark, ep, [str(f.path) for f in todo] + [str(zones_path)],
-                            python=None if spark_target.kind == "connect" else os.environ.get("PYSPARK_PYTHON"))
+            check_executors(
+                spark,
+                ep,
+                [str(f.path) for f in todo] + [str(zones_path)],
+                python=None if spark_target.kind == "connect" else os.environ.get("PYSPARK_PYTHON"),
+            )
         result.timings["spark_start"] = round(time.perf_counter() - t, 2)
         on_step("landing raw files in s3://raw")
         t = time.perf_counter()
@@ -363,8 +423,10 @@ def run_load(
         with spark_mod.interruptible(spark, done):
             try:
                 df = build_frame(spark, todo, zones_path, load_id)  # Spark Connect: calls to the server already
-                written = df.mapInArrow(make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt",
-                                                    load_id), WRITTEN_SCHEMA).collect()
+                written = df.mapInArrow(
+                    make_writer(ep, ep.data_path, schema_name, fault == "fail-first-task-attempt", load_id),
+                    WRITTEN_SCHEMA,
+                ).collect()
             except KitError:
                 raise
             except Exception as exc:  # noqa: BLE001 - Spark surfaces executor failures as several exception types
@@ -372,7 +434,10 @@ def run_load(
                 raise (spark_mod.connect_failure(spark, exc, done) or spark_job_failed(exc, ep)) from None
         result.timings["spark"] = round(time.perf_counter() - t, 2)
 
-        by_table = {TRIPS: [r for r in written if r.tbl == TRIPS], QUARANTINE: [r for r in written if r.tbl == QUARANTINE]}
+        by_table = {
+            TRIPS: [r for r in written if r.tbl == TRIPS],
+            QUARANTINE: [r for r in written if r.tbl == QUARANTINE],
+        }
         if fault.startswith("pause-before-commit="):  # a load that is alive with its files written, uncommitted
             pause = float(fault.split("=", 1)[1])
             on_step(f"test hook: every file written, pausing {pause:g} s before the commit")  # a test waits for this
@@ -386,11 +451,27 @@ def run_load(
             try:
                 life_session.execute("SELECT 1")
             except Exception as exc:  # noqa: BLE001 - any failure means the lock may be gone
-                raise KitError(f"this load lost its lock in the catalog ({first_line(exc)}), so its files may have been "
-                               "removed as a dead load's; nothing was registered and the lake is unchanged",
-                               "run the load again") from None
-            _commit(lake, ep, todo, superseded, mode, schema_name, by_table, written, zones_path, landed, load_id, started,
-                    result, fault)
+                raise KitError(
+                    f"this load lost its lock in the catalog ({first_line(exc)}), so its files may have been "
+                    "removed as a dead load's; nothing was registered and the lake is unchanged",
+                    "run the load again",
+                ) from None
+            _commit(
+                lake,
+                ep,
+                todo,
+                superseded,
+                mode,
+                schema_name,
+                by_table,
+                written,
+                zones_path,
+                landed,
+                load_id,
+                started,
+                result,
+                fault,
+            )
         result.timings["commit"] = round(time.perf_counter() - t, 2)
         # the snapshot this load committed, not the lake's latest (another writer may have committed since);
         # this Lake's connection has no cursors on other threads, so its instance's last commit is ours
@@ -404,26 +485,48 @@ def commit_message_of(load_id: str, files: int, mode: str) -> str:
 
 def load_snapshots(lake: Lake, load_id: str) -> list[int]:
     """The snapshots whose commit message names this load (one for a load that committed, none otherwise)."""
-    return [int(r[0]) for r in lake.con.execute(
-        f"SELECT snapshot_id FROM ducklake_snapshots({quote_literal(lake.alias)}) WHERE starts_with(commit_message, ?) "
-        "ORDER BY snapshot_id", [f"load {load_id}: "]).fetchall()]
+    return [
+        int(r[0])
+        for r in lake.con.execute(
+            f"SELECT snapshot_id FROM ducklake_snapshots({quote_literal(lake.alias)}) WHERE starts_with(commit_message, ?) "
+            "ORDER BY snapshot_id",
+            [f"load {load_id}: "],
+        ).fetchall()
+    ]
 
 
 def rows_snapshots(lake: Lake, load_id: str, schema_name: str = "main") -> list[int]:
     """The snapshots that inserted the rows this load wrote, in trips, quarantine and load_log (DuckLake's virtual
     column `snapshot_id`)."""
-    parts = [f"SELECT snapshot_id FROM {schema_name}.{t} WHERE load_id = ?" for t in (TRIPS, QUARANTINE, LOAD_LOG)
-             if table_exists(lake.con, lake.alias, schema_name, t)]
+    parts = [
+        f"SELECT snapshot_id FROM {schema_name}.{t} WHERE load_id = ?"
+        for t in (TRIPS, QUARANTINE, LOAD_LOG)
+        if table_exists(lake.con, lake.alias, schema_name, t)
+    ]
     if not parts:
         return []
-    rows = lake.con.execute(f"SELECT DISTINCT snapshot_id FROM ({' UNION ALL '.join(parts)}) ORDER BY 1",
-                            [load_id] * len(parts)).fetchall()
+    rows = lake.con.execute(
+        f"SELECT DISTINCT snapshot_id FROM ({' UNION ALL '.join(parts)}) ORDER BY 1", [load_id] * len(parts)
+    ).fetchall()
     return [int(r[0]) for r in rows]
 
 
-def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[Replaced], mode: str, schema_name: str,
-            by_table: dict[str, list], written: list, zones_path: Path, landed: dict, load_id: str, started: float,
-            result: "LoadResult", fault: str | None) -> None:
+def _commit(
+    lake: Lake,
+    ep: Endpoints,
+    todo: list[SourceFile],
+    superseded: list[Replaced],
+    mode: str,
+    schema_name: str,
+    by_table: dict[str, list],
+    written: list,
+    zones_path: Path,
+    landed: dict,
+    load_id: str,
+    started: float,
+    result: LoadResult,
+    fault: str | None,
+) -> None:
     """Register every written file, the DDL, zones and load_log in ONE DuckLake transaction: one snapshot."""
     con = lake.con
     q = schema_name
@@ -432,8 +535,10 @@ def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[
         # plan again inside the transaction: a load that committed the same files meanwhile wins, this one stops
         todo_now, _, superseded_now = plan(lake, todo, mode, schema_name)
         if [f.sha256 for f in todo_now] != [f.sha256 for f in todo] or superseded_now != superseded:
-            raise KitError("another load committed some of these files while this one ran; nothing was registered",
-                           "run the load again: it skips what is already there")
+            raise KitError(
+                "another load committed some of these files while this one ran; nothing was registered",
+                "run the load again: it skips what is already there",
+            )
         existing = frozenset(t for _s, t in tables(con, lake.alias, q))
         for stmt in ddl_statements(q, existing):
             con.execute(stmt)
@@ -444,34 +549,63 @@ def _commit(lake: Lake, ep: Endpoints, todo: list[SourceFile], superseded: list[
                 con.execute(f"DELETE FROM {q}.{tbl} WHERE load_id = ? AND source_file = ?", [r.load_id, r.source_file])
         for tbl, rows in by_table.items():
             if rows:
-                con.execute("CALL ducklake_add_data_files(?, ?, ?, schema => ?)", [lake.alias, tbl, [r.path for r in rows], q])
+                con.execute(
+                    "CALL ducklake_add_data_files(?, ?, ?, schema => ?)", [lake.alias, tbl, [r.path for r in rows], q]
+                )
         con.execute(f"DELETE FROM {q}.{ZONES}")
-        con.execute(f"INSERT INTO {q}.{ZONES} SELECT LocationID, Borough, Zone, service_zone FROM read_csv(?, header = true)", [str(zones_path)])
+        con.execute(
+            f"INSERT INTO {q}.{ZONES} SELECT LocationID, Borough, Zone, service_zone FROM read_csv(?, header = true)",
+            [str(zones_path)],
+        )
         for f in todo:
             fr = FileResult(f, raw_uri=landed[f.path], status="loaded", load_id=load_id)
-            counts = dict(con.execute(
-                f"SELECT 'accepted', count(*) FROM {q}.{TRIPS} WHERE load_id = ? AND source_file = ? "
-                f"UNION ALL SELECT 'rejected', count(*) FROM {q}.{QUARANTINE} WHERE load_id = ? AND source_file = ?",
-                [load_id, f.path.name, load_id, f.path.name]).fetchall())
+            counts = dict(
+                con.execute(
+                    f"SELECT 'accepted', count(*) FROM {q}.{TRIPS} WHERE load_id = ? AND source_file = ? "
+                    f"UNION ALL SELECT 'rejected', count(*) FROM {q}.{QUARANTINE} WHERE load_id = ? AND source_file = ?",
+                    [load_id, f.path.name, load_id, f.path.name],
+                ).fetchall()
+            )
             fr.rows_accepted, fr.rows_rejected = int(counts["accepted"]), int(counts["rejected"])
             fr.rows_read = fr.rows_accepted + fr.rows_rejected
             fr.data_files = sum(1 for r in written if r.source_file == f.path.name)
             if f.rows is not None and fr.rows_read != f.rows:
-                raise KitError(f"{f.path.name}: {fr.rows_read} rows reached the lake but the file holds {f.rows}",
-                               "this is a bug in the load; the lake was left unchanged")
+                raise KitError(
+                    f"{f.path.name}: {fr.rows_read} rows reached the lake but the file holds {f.rows}",
+                    "this is a bug in the load; the lake was left unchanged",
+                )
             result.files.append(fr)
-            con.execute(f"INSERT INTO {q}.{LOAD_LOG} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, to_timestamp(?)::TIMESTAMP, ?)",
-                        [load_id, f.kind, f.path.name, fr.raw_uri, f.sha256, f.period, mode, fr.rows_read,
-                         fr.rows_accepted, fr.rows_rejected, fr.data_files, started, round(time.time() - started, 3)])
-        con.execute("CALL ducklake_set_commit_message(?, 'ducklake-kit', ?)",
-                    [lake.alias, commit_message_of(load_id, len(todo), mode)])
+            con.execute(
+                f"INSERT INTO {q}.{LOAD_LOG} VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, to_timestamp(?)::TIMESTAMP, ?)",
+                [
+                    load_id,
+                    f.kind,
+                    f.path.name,
+                    fr.raw_uri,
+                    f.sha256,
+                    f.period,
+                    mode,
+                    fr.rows_read,
+                    fr.rows_accepted,
+                    fr.rows_rejected,
+                    fr.data_files,
+                    started,
+                    round(time.time() - started, 3),
+                ],
+            )
+        con.execute(
+            "CALL ducklake_set_commit_message(?, 'ducklake-kit', ?)",
+            [lake.alias, commit_message_of(load_id, len(todo), mode)],
+        )
         if fault == "kill-before-commit":
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             con.execute("COMMIT")
         except duckdb.Error as exc:  # e.g. a conflict with another writer that retries could not resolve
-            raise KitError(f"the commit failed, nothing was registered and the lake is unchanged ({first_line(exc)})",
-                           "run the load again: it skips what is already there") from None
+            raise KitError(
+                f"the commit failed, nothing was registered and the lake is unchanged ({first_line(exc)})",
+                "run the load again: it skips what is already there",
+            ) from None
     except BaseException:
         rollback_quietly(con)
         raise
@@ -481,9 +615,15 @@ def commit_lock(ep: Endpoints):
     """Hold the loads' commit lock. DuckLake appends never conflict, so without it two loads of the same file,
     both planned before either committed, would both land; inside it, the second one's re-plan sees the first's
     commit and stops. A killed load's session ends and PostgreSQL releases the lock."""
-    return advisory_lock(ep, COMMIT_LOCK_KEY, timeout_s=COMMIT_LOCK_TIMEOUT_S, busy=KitError(
-        f"another load held the commit lock for {COMMIT_LOCK_TIMEOUT_S}s; nothing was registered",
-        "wait for the other load to finish, then run this one again"))
+    return advisory_lock(
+        ep,
+        COMMIT_LOCK_KEY,
+        timeout_s=COMMIT_LOCK_TIMEOUT_S,
+        busy=KitError(
+            f"another load held the commit lock for {COMMIT_LOCK_TIMEOUT_S}s; nothing was registered",
+            "wait for the other load to finish, then run this one again",
+        ),
+    )
 
 
 def spark_job_failed(exc: BaseException, ep: Endpoints) -> KitError:
@@ -495,11 +635,14 @@ def spark_job_failed(exc: BaseException, ep: Endpoints) -> KitError:
     try:
         s3.list_buckets(ep.s3)
     except KitError as down:
-        return KitError(f"the Spark job failed because the lake's S3 server stopped answering ({down.what}); {done}",
-                        "run `up` (it restarts what is down), then the same load again")
-    return KitError(f"the Spark job failed, {done} ({line})",
-                    "see logs/spark.log in the state folder for Spark's own account; fix what it names and run the "
-                    "load again")
+        return KitError(
+            f"the Spark job failed because the lake's S3 server stopped answering ({down.what}); {done}",
+            "run `up` (it restarts what is down), then the same load again",
+        )
+    return KitError(
+        f"the Spark job failed, {done} ({line})",
+        "see logs/spark.log in the state folder for Spark's own account; fix what it names and run the load again",
+    )
 
 
 def spark_error_line(exc: BaseException) -> str:
@@ -524,9 +667,13 @@ def build_frame(spark, files: list[SourceFile], zones_path: Path, load_id: str):
     for f in files:
         raw = tr.read_trips(spark, f.path)
         flagged = tr.flag_quality(tr.conform(raw.df, raw.variant), f.year, f.month)
-        frames.append(tr.derive(flagged, zones_df).select(
-            *[c for c, _ in trips_columns() if c not in ("load_id", "source_file")], "reject_reason",
-            *_lineage(load_id, f.path.name)))
+        frames.append(
+            tr.derive(flagged, zones_df).select(
+                *[c for c, _ in trips_columns() if c not in ("load_id", "source_file")],
+                "reject_reason",
+                *_lineage(load_id, f.path.name),
+            )
+        )
     df = frames[0]
     for other in frames[1:]:
         df = df.unionByName(other)

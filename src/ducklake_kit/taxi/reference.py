@@ -30,15 +30,27 @@ REFERENCE_RULES: list[tuple[str, str]] = [
     ("duration_over_24h", f"epoch_us(dropoff_at) - epoch_us(pickup_at) > {MAX_DURATION_US}"),
     ("negative_amount", "fare_amount < 0 OR total_amount < 0"),
     ("bad_distance", f"trip_distance IS NULL OR trip_distance < 0 OR trip_distance > {MAX_DISTANCE_MILES}"),
-    ("bad_location", "pu_location_id IS NULL OR pu_location_id NOT BETWEEN 1 AND 265 "
-                     "OR do_location_id IS NULL OR do_location_id NOT BETWEEN 1 AND 265"),
+    (
+        "bad_location",
+        "pu_location_id IS NULL OR pu_location_id NOT BETWEEN 1 AND 265 "
+        "OR do_location_id IS NULL OR do_location_id NOT BETWEEN 1 AND 265",
+    ),
 ]
 
 # The canonical columns the queries and the rules need, with the type the lake stores them as.
 NEEDED_COLUMNS = {
-    "vendor_id": "INTEGER", "pickup_at": "TIMESTAMP", "dropoff_at": "TIMESTAMP", "passenger_count": "INTEGER",
-    "trip_distance": "DOUBLE", "ratecode_id": "INTEGER", "pu_location_id": "INTEGER", "do_location_id": "INTEGER",
-    "payment_type": "INTEGER", "fare_amount": "DOUBLE", "tip_amount": "DOUBLE", "total_amount": "DOUBLE",
+    "vendor_id": "INTEGER",
+    "pickup_at": "TIMESTAMP",
+    "dropoff_at": "TIMESTAMP",
+    "passenger_count": "INTEGER",
+    "trip_distance": "DOUBLE",
+    "ratecode_id": "INTEGER",
+    "pu_location_id": "INTEGER",
+    "do_location_id": "INTEGER",
+    "payment_type": "INTEGER",
+    "fare_amount": "DOUBLE",
+    "tip_amount": "DOUBLE",
+    "total_amount": "DOUBLE",
 }
 _INTEGER_TYPES = {"TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT", "UINTEGER", "UBIGINT"}
 # A zone or UTC label after a CSV clock reading ("2022-03-02 15:25:57+00:00"): dropped, the reading kept.
@@ -84,8 +96,10 @@ def _conformed(column: str | None, source_type: str | None, target: str) -> str:
             return f"make_timestamp({_floor_div_1000(c)})"
         if t == "VARCHAR":
             return f"CAST(regexp_replace(trim({c}), {_sql_str(_ZONE_LABEL)}, '') AS TIMESTAMP)"
-        raise KitError(f"cannot read a timestamp from a {source_type} column ({column})",
-                       "this source type is unknown to the reference; report it")
+        raise KitError(
+            f"cannot read a timestamp from a {source_type} column ({column})",
+            "this source type is unknown to the reference; report it",
+        )
     if target == "INTEGER" and t not in _INTEGER_TYPES:
         return f"CAST(trunc(CAST({c} AS DOUBLE)) AS INTEGER)"  # codes stored as 1.0 or '1.0': Spark truncates
     return f"CAST({c} AS {target})"
@@ -101,7 +115,10 @@ def _period_bounds(period: str) -> tuple[str, str] | None:
         start, end = (year, 1), (year + 1, 1)
     else:
         start, end = (year, month), (year + month // 12, month % 12 + 1)
-    return f"TIMESTAMP '{start[0]:04d}-{start[1]:02d}-01 00:00:00'", f"TIMESTAMP '{end[0]:04d}-{end[1]:02d}-01 00:00:00'"
+    return (
+        f"TIMESTAMP '{start[0]:04d}-{start[1]:02d}-01 00:00:00'",
+        f"TIMESTAMP '{end[0]:04d}-{end[1]:02d}-01 00:00:00'",
+    )
 
 
 def reject_reason_sql(period: str, rules: list[tuple[str, str]] | None = None) -> str:
@@ -117,8 +134,9 @@ def reject_reason_sql(period: str, rules: list[tuple[str, str]] | None = None) -
     return "CASE " + " ".join(whens) + " END"
 
 
-def source_select(con: duckdb.DuckDBPyConnection, raw_uri: str, period: str,
-                  columns: dict[str, str] | None = None) -> str:
+def source_select(
+    con: duckdb.DuckDBPyConnection, raw_uri: str, period: str, columns: dict[str, str] | None = None
+) -> str:
     """SELECT over one raw object: the needed canonical columns (or `columns`, name -> lake type) plus reject_reason."""
     rel = _relation(raw_uri)
     try:
@@ -126,16 +144,23 @@ def source_select(con: duckdb.DuckDBPyConnection, raw_uri: str, period: str,
     except duckdb.Error as exc:
         why = first_line(exc)
         if any(s in why for s in ("404", "No files found", "not found", "does not exist")):
-            raise UnreadableSource(f"the raw object {raw_uri} that load_log names is gone ({why})",
-                                   "the raw bucket must keep every loaded file: reload it with `load --mode replace` "
-                                   "(it lands the file again)") from None
-        raise UnreadableSource(f"the reference reader cannot read the raw object {raw_uri} ({why})",
-                               "the lake holds what Spark loaded from it, unchecked: `query --no-check` still runs "
-                               "the lessons; report the file so that the reference reader learns its format") from None
+            raise UnreadableSource(
+                f"the raw object {raw_uri} that load_log names is gone ({why})",
+                "the raw bucket must keep every loaded file: reload it with `load --mode replace` "
+                "(it lands the file again)",
+            ) from None
+        raise UnreadableSource(
+            f"the reference reader cannot read the raw object {raw_uri} ({why})",
+            "the lake holds what Spark loaded from it, unchecked: `query --no-check` still runs "
+            "the lessons; report the file so that the reference reader learns its format",
+        ) from None
     types = {r[0]: r[1] for r in described}
     variant = schema.detect_variant([r[0] for r in described], source=raw_uri)
     source_of = {canon: src for src, canon in variant.mapping}
-    cols = ", ".join(f"{_conformed(source_of.get(n), types.get(source_of.get(n, '')), t)} AS {n}" for n, t in (columns or NEEDED_COLUMNS).items())
+    cols = ", ".join(
+        f"{_conformed(source_of.get(n), types.get(source_of.get(n, '')), t)} AS {n}"
+        for n, t in (columns or NEEDED_COLUMNS).items()
+    )
     return f"SELECT *, {reject_reason_sql(period)} AS reject_reason FROM (SELECT {cols} FROM {rel})"
 
 

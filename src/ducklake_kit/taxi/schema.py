@@ -17,9 +17,9 @@ generator uses the Arrow types of `TLC_ERAS`, the loader can use `duckdb_type`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from difflib import get_close_matches
-from typing import Iterable
 
 import pyarrow as pa
 
@@ -204,9 +204,7 @@ def get_variant(variant: str | SourceVariant) -> SourceVariant:
     try:
         return VARIANTS[variant]
     except KeyError:
-        raise KitError(
-            f"unknown source variant {variant!r}", f"use one of: {', '.join(VARIANTS)}"
-        ) from None
+        raise KitError(f"unknown source variant {variant!r}", f"use one of: {', '.join(VARIANTS)}") from None
 
 
 def detect_variant(columns: Iterable[str], source: str | None = None) -> SourceVariant:
@@ -243,8 +241,7 @@ def detect_variant(columns: Iterable[str], source: str | None = None) -> SourceV
             hints.append(f"{u} (did you mean {close[0]}?)" if close else u)
         parts.append("unexpected " + ", ".join(hints))
     raise KitError(
-        f"unknown trips schema{where} ({len(cols)} columns): closest known variant is {best.name}, "
-        f"{'; '.join(parts)}",
+        f"unknown trips schema{where} ({len(cols)} columns): closest known variant is {best.name}, {'; '.join(parts)}",
         f"rename the columns to one of the known variants ({', '.join(VARIANTS)}); "
         "they are listed in ducklake_kit.taxi.schema.VARIANTS",
     )

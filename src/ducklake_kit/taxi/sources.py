@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
-
 from ducklake_kit.errors import KitError
 
 TLC_BASE_URL = "https://d37ci6vzurychx.cloudfront.net"
@@ -75,8 +74,10 @@ def _check_months(wanted: list[tuple[int, int]]) -> None:
     today = date.today()
     for year, month in wanted:
         if (year, month) < FIRST_MONTH:
-            raise KitError(f"the TLC's yellow taxi records start in 2009-01, so {year}-{month:02d} has no trips",
-                           "pick months from 2009-01 on")
+            raise KitError(
+                f"the TLC's yellow taxi records start in 2009-01, so {year}-{month:02d} has no trips",
+                "pick months from 2009-01 on",
+            )
         if (year, month) > (today.year, today.month):
             raise KitError(f"{year}-{month:02d} is in the future", f"pick months up to {today:%Y-%m}")
 
@@ -92,6 +93,7 @@ def sha256_file(path: Path) -> str:
 def parquet_rows(path: Path) -> int:
     """Rows from the footer; a truncated or corrupt file is one clear error."""
     import pyarrow.parquet as pq  # imported here: `up`, `sql` and `status` never need it
+
     try:
         return pq.ParquetFile(path).metadata.num_rows
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for broken files
@@ -113,6 +115,7 @@ def period_from_name(name: str) -> tuple[int | None, int | None]:
 def columns_of(path: Path) -> list[str]:
     """Column names from the Parquet schema or the CSV header, without reading the data."""
     import pyarrow.parquet as pq  # imported here: `up`, `sql` and `status` never need it
+
     if path.suffix.lower() == ".parquet":
         return list(pq.ParquetFile(path).schema_arrow.names)
     with open(path, newline="", encoding="utf-8-sig") as f:
@@ -154,9 +157,14 @@ def check_values(path: Path, variant) -> None:
             c = quote_ident(src)
             if pa.types.is_string(t) or pa.types.is_large_string(t):
                 checks.append((src, kind, _text_is_not(c, kind)))
-            elif not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_null(t)):
-                raise KitError(f"{path.name}: column {src} is {t}, but the load needs a number there, so nothing was "
-                               "landed or loaded", f"convert {src} to a number and load the file again")
+            elif not (
+                pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_null(t)
+            ):
+                raise KitError(
+                    f"{path.name}: column {src} is {t}, but the load needs a number there, so nothing was "
+                    "landed or loaded",
+                    f"convert {src} to a number and load the file again",
+                )
             elif kind == "INTEGER":  # a number that does not fit a 32-bit integer (or NaN) fails Spark's cast
                 checks.append((src, kind, f"{c} IS NOT NULL AND TRY_CAST({c} AS INTEGER) IS NULL"))
         relation = f"read_parquet({quote_literal(str(path))})"
@@ -165,21 +173,31 @@ def check_values(path: Path, variant) -> None:
         relation = f"read_csv({quote_literal(str(path))}, {CSV_DIALECT})"
     if not checks:
         return
-    sql = "SELECT " + ", ".join(f"count(*) FILTER (WHERE {bad}), any_value({quote_ident(c)}::VARCHAR) FILTER (WHERE {bad})"
-                                for c, _kind, bad in checks) + f" FROM {relation}"
+    sql = (
+        "SELECT "
+        + ", ".join(
+            f"count(*) FILTER (WHERE {bad}), any_value({quote_ident(c)}::VARCHAR) FILTER (WHERE {bad})"
+            for c, _kind, bad in checks
+        )
+        + f" FROM {relation}"
+    )
     with duckdb.connect() as con:
         try:
             row = con.execute(sql).fetchone()
         except duckdb.Error as exc:
-            raise KitError(f"{path.name} cannot be read ({str(exc).splitlines()[0][:160]})",
-                           "check the file: a CSV needs a header row and commas between values") from None
+            raise KitError(
+                f"{path.name} cannot be read ({str(exc).splitlines()[0][:160]})",
+                "check the file: a CSV needs a header row and commas between values",
+            ) from None
     for i, (column, kind, _bad) in enumerate(checks):
         count, example = row[2 * i], row[2 * i + 1]
         if count:
             need = "a whole number that fits 32 bits" if kind == "INTEGER" else "a number"
-            raise KitError(f"{path.name}: column {column} holds {count} value(s) that are not {need} (e.g. {example!r}), "
-                           "so nothing was landed or loaded",
-                           f"fix or blank those values of {column} and load the file again")
+            raise KitError(
+                f"{path.name}: column {column} holds {count} value(s) that are not {need} (e.g. {example!r}), "
+                "so nothing was landed or loaded",
+                f"fix or blank those values of {column} and load the file again",
+            )
 
 
 def _text_is_not(column: str, kind: str) -> str:
@@ -195,6 +213,7 @@ def _text_is_not(column: str, kind: str) -> str:
 def synthetic_files(cache: Path, months: list[tuple[int, int]], rows_per_month: int, seed: int = 0) -> list[SourceFile]:
     """Generate each month once per (seed, size); deterministic, so a cached file is the same file."""
     from ducklake_kit.taxi import synthetic  # pyarrow: only when files are generated
+
     folder = cache / "synthetic" / f"seed{seed}-rows{rows_per_month}"
     out = []
     for year, month in months:
@@ -208,6 +227,7 @@ def synthetic_files(cache: Path, months: list[tuple[int, int]], rows_per_month: 
 def zone_lookup(cache: Path, near: list[Path] | None = None) -> tuple[Path, str]:
     """The zone lookup: a real taxi_zone_lookup.csv next to the given files or downloaded before, else synthetic."""
     from ducklake_kit.taxi import synthetic  # pyarrow: only when files are generated
+
     for folder in {p.parent for p in near or []}:
         candidate = folder / "taxi_zone_lookup.csv"
         if candidate.exists():
@@ -230,15 +250,19 @@ def user_files(patterns: list[str]) -> list[SourceFile]:
     for pattern in patterns:
         matches = sorted(glob.glob(os.path.expanduser(pattern)))
         if not matches:
-            raise KitError(f"no file matches '{pattern}'", "check the path or glob (quote it so the shell does not expand it)")
+            raise KitError(
+                f"no file matches '{pattern}'", "check the path or glob (quote it so the shell does not expand it)"
+            )
         for m in matches:
             p = Path(m)
             if p.name != "taxi_zone_lookup.csv" and p.resolve() not in seen:  # a file named twice loads once
                 seen.add(p.resolve())
                 paths.append(p)
     if not paths:
-        raise KitError(f"no trips file matches {', '.join(repr(p) for p in patterns)} (only the zone lookup)",
-                       "give the trips files; a taxi_zone_lookup.csv next to them is used for the zones")
+        raise KitError(
+            f"no trips file matches {', '.join(repr(p) for p in patterns)} (only the zone lookup)",
+            "give the trips files; a taxi_zone_lookup.csv next to them is used for the zones",
+        )
     bad = [p for p in paths if p.suffix.lower() not in (".parquet", ".csv")]
     if bad:
         raise KitError(f"{bad[0]} is neither Parquet nor CSV", "give .parquet or .csv files of TLC yellow trips")
@@ -250,6 +274,7 @@ def user_files(patterns: list[str]) -> list[SourceFile]:
 
 def tlc_url(year: int, month: int) -> str:
     from ducklake_kit.taxi import synthetic  # pyarrow: only when files are generated
+
     return f"{tlc_base_url()}/trip-data/{synthetic.month_file_name(year, month)}"
 
 
@@ -269,6 +294,7 @@ def tlc_reachable(timeout: float = 3.0) -> tuple[bool, str]:
 def download(url: str, dest: Path, *, label: str, timeout: float = 30.0) -> Path:
     """Download to `dest` once: resume a partial `.part` file with a Range request, then rename."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
     if dest.exists():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -282,19 +308,29 @@ def download(url: str, dest: Path, *, label: str, timeout: float = 30.0) -> Path
             part.rename(dest)
             return dest
         if exc.code in (403, 404):
-            raise KitError(f"TLC has no file at {url} (HTTP {exc.code})", "pick months TLC has published (from 2009-01, about two months behind)") from None
-        raise KitError(f"downloading {url} failed (HTTP {exc.code})", "try again later, or use --source synthetic") from None
+            raise KitError(
+                f"TLC has no file at {url} (HTTP {exc.code})",
+                "pick months TLC has published (from 2009-01, about two months behind)",
+            ) from None
+        raise KitError(
+            f"downloading {url} failed (HTTP {exc.code})", "try again later, or use --source synthetic"
+        ) from None
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
-        raise KitError(f"cannot reach {url} ({getattr(exc, 'reason', exc)})", "check the network, or use --source synthetic") from None
+        raise KitError(
+            f"cannot reach {url} ({getattr(exc, 'reason', exc)})", "check the network, or use --source synthetic"
+        ) from None
     with resp:
         resumed = resp.status == 206
         length = int(resp.headers.get("Content-Length") or 0)
         done = have if resumed else 0
         total = length + done
         try:
-            with open(part, "ab" if resumed else "wb") as out, Progress(
-                TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True
-            ) as progress:
+            with (
+                open(part, "ab" if resumed else "wb") as out,
+                Progress(
+                    TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), transient=True
+                ) as progress,
+            ):
                 task = progress.add_task(label, total=total or None, completed=done)
                 # read1: what arrived is written before a stall or a reset, so a re-run resumes from it
                 for block in iter(lambda: resp.read1(1 << 20), b""):
@@ -312,12 +348,15 @@ def download(url: str, dest: Path, *, label: str, timeout: float = 30.0) -> Path
 def _broke_off(url: str, done: int, total: int, why: str) -> KitError:
     """A transfer that stopped mid-way: the `.part` keeps the bytes that arrived; the next run resumes."""
     of = f" of {total:,}" if total else ""
-    return KitError(f"the download of {url} broke off after {done:,}{of} bytes ({why})",
-                    "run it again: it resumes from the bytes kept, or use --source synthetic")
+    return KitError(
+        f"the download of {url} broke off after {done:,}{of} bytes ({why})",
+        "run it again: it resumes from the bytes kept, or use --source synthetic",
+    )
 
 
 def tlc_files(cache: Path, months: list[tuple[int, int]]) -> list[SourceFile]:
     from ducklake_kit.taxi import synthetic  # pyarrow: only when files are generated
+
     out = []
     for year, month in months:
         dest = cache / "tlc" / synthetic.month_file_name(year, month)
@@ -328,11 +367,17 @@ def tlc_files(cache: Path, months: list[tuple[int, int]]) -> list[SourceFile]:
             dest.unlink()  # never keep a broken download: the next run fetches it again
             raise
         out.append(describe_file(dest, "tlc"))
-    download(f"{tlc_base_url()}/misc/taxi_zone_lookup.csv", cache / "tlc" / "taxi_zone_lookup.csv", label="taxi_zone_lookup.csv")
+    download(
+        f"{tlc_base_url()}/misc/taxi_zone_lookup.csv",
+        cache / "tlc" / "taxi_zone_lookup.csv",
+        label="taxi_zone_lookup.csv",
+    )
     return out
 
 
-def resolve(source: str, cache: Path, *, months: str, paths: list[str], rows_per_month: int, seed: int = 0) -> tuple[list[SourceFile], str]:
+def resolve(
+    source: str, cache: Path, *, months: str, paths: list[str], rows_per_month: int, seed: int = 0
+) -> tuple[list[SourceFile], str]:
     """The files to load and one sentence saying which source was used and why."""
     if source not in SOURCES:
         raise KitError(f"unknown source '{source}'", f"choose one of: {', '.join(SOURCES)}")
@@ -343,8 +388,10 @@ def resolve(source: str, cache: Path, *, months: str, paths: list[str], rows_per
     wanted = parse_months(months)
     _check_months(wanted)
     if source in ("auto", "synthetic") and rows_per_month < 1:
-        raise KitError(f"--rows-per-month must be at least 1 (got {rows_per_month})",
-                       "give the number of trips a synthetic month holds, e.g. --rows-per-month 100000")
+        raise KitError(
+            f"--rows-per-month must be at least 1 (got {rows_per_month})",
+            "give the number of trips a synthetic month holds, e.g. --rows-per-month 100000",
+        )
     if source == "auto":
         ok, why = tlc_reachable()
         source = "tlc" if ok else "synthetic"
@@ -353,4 +400,6 @@ def resolve(source: str, cache: Path, *, months: str, paths: list[str], rows_per
         note = source
     if source == "tlc":
         return tlc_files(cache, wanted), note
-    return synthetic_files(cache, wanted, rows_per_month, seed), note + f" ({rows_per_month:,} rows a month, seed {seed})"
+    return synthetic_files(
+        cache, wanted, rows_per_month, seed
+    ), note + f" ({rows_per_month:,} rows a month, seed {seed})"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ducklake_kit.errors import KitError, first_line
@@ -74,7 +74,7 @@ class SparkTarget:
 KIT_WORDS = ("standalone", "connect")
 
 
-def target(master: str | None = None, state: "State | None" = None) -> SparkTarget:
+def target(master: str | None = None, state: State | None = None) -> SparkTarget:
     """The Spark a load uses: `master` (local[N], spark://host:port, sc://host:port, or `standalone` / `connect`:
     the cluster `spark up` started), else SPARK_REMOTE (Spark Connect), else SPARK_MASTER, else local[*]."""
     if master in KIT_WORDS:
@@ -85,14 +85,22 @@ def target(master: str | None = None, state: "State | None" = None) -> SparkTarg
         status = cluster.status(connect=master == "connect")
         if master == "connect":
             if not status.connect_url:
-                raise KitError("the kit's Spark Connect server is not running", "start it with `spark up --mode connect`")
+                raise KitError(
+                    "the kit's Spark Connect server is not running", "start it with `spark up --mode connect`"
+                )
             # the token travels in the URL, in this process's memory only: never in the environment, which a later
             # session to another server would read
-            return SparkTarget("connect", status.connect_url, kit=True,
-                               remote=f"{status.connect_url}/;token={cluster.secrets().connect_token}")
+            return SparkTarget(
+                "connect",
+                status.connect_url,
+                kit=True,
+                remote=f"{status.connect_url}/;token={cluster.secrets().connect_token}",
+            )
         if not status.master_url or status.alive_workers == 0:
-            raise KitError("the kit's standalone Spark cluster is not running (no master with ALIVE workers)",
-                           "start it with `spark up` (then `spark status`)")
+            raise KitError(
+                "the kit's standalone Spark cluster is not running (no master with ALIVE workers)",
+                "start it with `spark up` (then `spark status`)",
+            )
         return SparkTarget("cluster", status.master_url, tuple(cluster.client_env().items()), kit=True)
     if master and master.startswith("sc://"):
         return SparkTarget("connect", master.split("/;", 1)[0], remote=master)
@@ -107,12 +115,15 @@ def target(master: str | None = None, state: "State | None" = None) -> SparkTarg
         if SparkCluster(state or State()).is_master_url(url):
             return target("standalone", state)  # the kit's own cluster, given by its URL: it needs the secret
     if not url.startswith(("local", "spark://", "yarn", "k8s://")):
-        raise KitError(f"'{url}' is not a Spark master", "give local[*], spark://host:port, sc://host:port (Spark "
-                       "Connect), or `standalone` / `connect` for the cluster `spark up` started")
+        raise KitError(
+            f"'{url}' is not a Spark master",
+            "give local[*], spark://host:port, sc://host:port (Spark "
+            "Connect), or `standalone` / `connect` for the cluster `spark up` started",
+        )
     return SparkTarget("local" if url.startswith("local") else "cluster", url)
 
 
-def session(master: "str | SparkTarget | None" = None, app_name: str = "ducklake-kit", *, log_path: Path | None = None):
+def session(master: str | SparkTarget | None = None, app_name: str = "ducklake-kit", *, log_path: Path | None = None):
     """Start (or reuse) a SparkSession on `master` (see `target`). Needs Java 17+ (checked by `doctor`) unless it is
     Spark Connect, whose session is a new one each time (stop it when done). `log_path`: where the JVM's own output
     goes (see `jvm_output`).
@@ -165,8 +176,10 @@ def session(master: "str | SparkTarget | None" = None, app_name: str = "ducklake
         why = java_problem()
         if why:
             raise KitError(f"Spark did not start: {why}", JAVA_FIX) from None
-        raise KitError(f"Spark did not start on {t.url} ({first_line(exc)[:300]})",
-                       "read logs/spark.log in the state folder; for the kit's cluster run `spark status`") from None
+        raise KitError(
+            f"Spark did not start on {t.url} ({first_line(exc)[:300]})",
+            "read logs/spark.log in the state folder; for the kit's cluster run `spark status`",
+        ) from None
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
@@ -209,7 +222,11 @@ def _stop_other(url: str) -> None:
     from pyspark import SparkContext
 
     active = SparkContext._active_spark_context
-    if active is not None and active.master != url and not (active.master.startswith("local") and url.startswith("local")):
+    if (
+        active is not None
+        and active.master != url
+        and not (active.master.startswith("local") and url.startswith("local"))
+    ):
         from pyspark.sql import SparkSession
 
         current = SparkSession.getActiveSession()

@@ -114,13 +114,13 @@ class _Guard:
         return False
 
 
-def _grpc_code(exc: BaseException) -> "grpc.StatusCode | None":
+def _grpc_code(exc: BaseException) -> grpc.StatusCode | None:
     if isinstance(exc, grpc.RpcError):
         return exc.code()  # type: ignore[attr-defined] - a failed call is also a grpc.Call
     return exc.getGrpcStatusCode() if hasattr(exc, "getGrpcStatusCode") else None
 
 
-_GUARDS: "weakref.WeakKeyDictionary[SparkSession, _Guard]" = weakref.WeakKeyDictionary()
+_GUARDS: weakref.WeakKeyDictionary[SparkSession, _Guard] = weakref.WeakKeyDictionary()
 
 
 def open_session(url: str, remote: str, kit: bool) -> SparkSession:
@@ -142,18 +142,28 @@ def open_session(url: str, remote: str, kit: bool) -> SparkSession:
         guard.abandon()
         close(spark, guard)
         if _grpc_code(exc) == grpc.StatusCode.UNAUTHENTICATED:
-            fix = ("run `spark down`, then `spark up --mode connect` (it starts the server with this state folder's "
-                   "token)") if kit else ("give the server's own token, `;token=...` in the URL or "
-                                            "SPARK_CONNECT_AUTHENTICATE_TOKEN (for the kit's server: --spark-master connect)")
+            fix = (
+                (
+                    "run `spark down`, then `spark up --mode connect` (it starts the server with this state folder's "
+                    "token)"
+                )
+                if kit
+                else (
+                    "give the server's own token, `;token=...` in the URL or "
+                    "SPARK_CONNECT_AUTHENTICATE_TOKEN (for the kit's server: --spark-master connect)"
+                )
+            )
             raise KitError(f"token refused by the Spark Connect server at {url}", fix) from None
-        raise KitError(f"the Spark Connect server at {url} did not answer ({first_line(exc)[:300]})",
-                       "run `spark status`, or check SPARK_REMOTE") from None
+        raise KitError(
+            f"the Spark Connect server at {url} did not answer ({first_line(exc)[:300]})",
+            "run `spark status`, or check SPARK_REMOTE",
+        ) from None
     policy.budget_s = RETRY_S
     _GUARDS[spark] = guard
     return spark
 
 
-def close(spark: SparkSession, guard: "_Guard | None" = None) -> None:
+def close(spark: SparkSession, guard: _Guard | None = None) -> None:
     """Give the session back to its server; when the server went away or Ctrl-C ended the session, close it without
     asking the server anything."""
     guard = guard or _GUARDS.get(spark)
@@ -211,6 +221,9 @@ def failure(spark, exc: BaseException, done: str) -> KitError | None:
     if not guard.server_gone(exc):
         return None
     guard.abandon()
-    fix = ("run `spark up --mode connect`, then the same load again" if guard.kit else
-           "start the Spark Connect server again (or check SPARK_REMOTE), then run the same load again")
+    fix = (
+        "run `spark up --mode connect`, then the same load again"
+        if guard.kit
+        else "start the Spark Connect server again (or check SPARK_REMOTE), then run the same load again"
+    )
     return KitError(f"the Spark Connect server at {guard.url} stopped answering during the load; {done}", fix)

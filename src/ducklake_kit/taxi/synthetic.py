@@ -84,7 +84,7 @@ def zones() -> tuple[Zone, ...]:
     take = need["Manhattan"] - len(manhattan)
     manhattan += rest[:take]
     rest = rest[take:]
-    borough_of = {i: "Manhattan" for i in manhattan}
+    borough_of = dict.fromkeys(manhattan, "Manhattan")
     for borough, _ in _BOROUGH_COUNTS[1:]:
         for i in rest[: need[borough]]:
             borough_of[i] = borough
@@ -314,10 +314,16 @@ class _MonthModel:
         ids = [z.location_id for z in zs]
         self.yellow_zone = pa.array([z.service_zone == "Yellow Zone" for z in zs])
         self.cbd_zone = pa.array([i in _CBD for i in ids])
-        self.pickup_zone = _Categorical(ids, _zone_weights(hot_share=0.78, airports={JFK: 0.045, LGA: 0.03, EWR: 0.0003}), 1 << 20)
-        self.dropoff_zone = _Categorical(ids, _zone_weights(hot_share=0.62, airports={JFK: 0.018, LGA: 0.022, EWR: 0.003}), 1 << 20)
+        self.pickup_zone = _Categorical(
+            ids, _zone_weights(hot_share=0.78, airports={JFK: 0.045, LGA: 0.03, EWR: 0.0003}), 1 << 20
+        )
+        self.dropoff_zone = _Categorical(
+            ids, _zone_weights(hot_share=0.62, airports={JFK: 0.018, LGA: 0.022, EWR: 0.003}), 1 << 20
+        )
         self.cbd_from_s = _epoch_s(datetime(2025, 1, 5)) if era == "2025" else None
-        vendors = {"2025": {1: 0.20, 2: 0.74, 7: 0.06}, "2024": {1: 0.25, 2: 0.745, 6: 0.005}}.get(era, {1: 0.28, 2: 0.72})
+        vendors = {"2025": {1: 0.20, 2: 0.74, 7: 0.06}, "2024": {1: 0.25, 2: 0.745, 6: 0.005}}.get(
+            era, {1: 0.28, 2: 0.72}
+        )
         self.vendor = _Categorical(list(vendors), list(vendors.values()))
         self.payment = _Categorical([1, 2, 3, 4], [0.80, 0.17, 0.01, 0.02])
         self.refund_payment = _Categorical([3, 4, 2], [0.45, 0.45, 0.10])
@@ -357,7 +363,9 @@ class _MonthModel:
         dist = _where(outlier, glitch, dist)
 
         # Duration from an hour-dependent speed (faster on highways to the airports), plus stop time.
-        speed = _mul(_mul(pc.take(self.speed_by_hour, hour), r.lognormal("speed", n, 1.0, 0.25)), _where(airport, 1.6, 1.0))
+        speed = _mul(
+            _mul(pc.take(self.speed_by_hour, hour), r.lognormal("speed", n, 1.0, 0.25)), _where(airport, 1.6, 1.0)
+        )
         driven = _where(outlier, _add(2.0, _mul(r.uniform("glitch_miles", n), 38.0)), dist)
         travel = _div(_mul(driven, 3600.0), speed)
         duration = pc.cast(pc.round(_add(travel, pc.cast(r.integers("stops", n, 45, 240), _F64))), pa.int64())
@@ -426,8 +434,14 @@ class _MonthModel:
         # Out-of-month pickups: 80% just across the month's edges, 20% at the same offset in a bogus year.
         away = quirk["out_of_month"]
         before = r.below("before", n, 0.5)
-        near = _where(before, _sub(self.start_s, r.integers("before_s", n, 1, 6 * 3600)), _add(self.end_s, r.integers("after_s", n, 0, 6 * 3600)))
-        far = _add(pc.take(self.far_month_start, self.far_year.draw(r.uniform("far_year", n))), _sub(pickup, self.start_s))
+        near = _where(
+            before,
+            _sub(self.start_s, r.integers("before_s", n, 1, 6 * 3600)),
+            _add(self.end_s, r.integers("after_s", n, 0, 6 * 3600)),
+        )
+        far = _add(
+            pc.take(self.far_month_start, self.far_year.draw(r.uniform("far_year", n))), _sub(pickup, self.start_s)
+        )
         moved = _where(r.below("near", n, 0.8), near, far)
         dropoff = _where(away, _add(moved, _sub(dropoff, pickup)), dropoff)
         pickup = _where(away, moved, pickup)

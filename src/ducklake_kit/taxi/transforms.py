@@ -47,7 +47,6 @@ SPARK_CONF: dict[str, str] = {
 }
 
 
-
 def _ntz(value: datetime) -> Column:
     """A TIMESTAMP_NTZ literal. (`F.lit(datetime)` would make a TIMESTAMP in the Python process's time
     zone, and casting it to NTZ would then go through the session time zone: two shifts.)"""
@@ -220,8 +219,16 @@ def derive(df: DataFrame, zones: DataFrame) -> DataFrame:
         F.floor(micros / 1_000_000).cast(T.LongType()).alias("trip_duration_s"),
     )
     z = zones.select("location_id", "borough", "zone")
-    pu = F.broadcast(z.select(F.col("location_id").alias("_pu_id"), F.col("borough").alias("pu_borough"), F.col("zone").alias("pu_zone")))
-    do = F.broadcast(z.select(F.col("location_id").alias("_do_id"), F.col("borough").alias("do_borough"), F.col("zone").alias("do_zone")))
+    pu = F.broadcast(
+        z.select(
+            F.col("location_id").alias("_pu_id"), F.col("borough").alias("pu_borough"), F.col("zone").alias("pu_zone")
+        )
+    )
+    do = F.broadcast(
+        z.select(
+            F.col("location_id").alias("_do_id"), F.col("borough").alias("do_borough"), F.col("zone").alias("do_zone")
+        )
+    )
     out = out.join(pu, out["pu_location_id"] == pu["_pu_id"], "left")
     out = out.join(do, out["do_location_id"] == do["_do_id"], "left")
     return out.drop("_pu_id", "_do_id")

@@ -20,8 +20,8 @@ import duckdb
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import quote_literal
-from ducklake_kit.taxi.reference import UnreadableSource, source_select
 from ducklake_kit.taxi.load import LOAD_LOG, QUARANTINE, TRIPS, FileResult, LoadResult
+from ducklake_kit.taxi.reference import UnreadableSource, source_select
 
 NO_LOG_ROW = "(rows no load_log row names)"  # rows written by hand, not by a load: a replace must keep them too
 
@@ -34,31 +34,39 @@ def verify_file(lake: Lake, fr: FileResult, load_id: str, checks: CheckRun) -> N
     try:
         rel = f"({source_select(lake.con, fr.raw_uri, fr.source.period)})"
     except UnreadableSource as exc:  # this file's checks fail, with the reason and the fix; the others go on
-        checks.true(f"{name}: the reference reader can read the raw object", False,
-                    expected="readable", actual=exc.line())
+        checks.true(
+            f"{name}: the reference reader can read the raw object", False, expected="readable", actual=exc.line()
+        )
         return
     pickup, total = "pickup_at", "total_amount"
     src = lake.con.execute(
-        f"SELECT count(*), sum(CAST({total} AS DECIMAL(18, 2))), sum(epoch_us({pickup})) FROM {rel}").fetchone()
+        f"SELECT count(*), sum(CAST({total} AS DECIMAL(18, 2))), sum(epoch_us({pickup})) FROM {rel}"
+    ).fetchone()
     lake_side = lake.con.execute(
         f"SELECT count(*), sum(CAST(total_amount AS DECIMAL(18, 2))), sum(epoch_us(pickup_at)) FROM "
         f"(SELECT total_amount, pickup_at FROM {TRIPS} WHERE source_file = $1 AND load_id = $2 UNION ALL "
-        f" SELECT total_amount, pickup_at FROM {QUARANTINE} WHERE source_file = $1 AND load_id = $2)", [name, load_id]).fetchone()
+        f" SELECT total_amount, pickup_at FROM {QUARANTINE} WHERE source_file = $1 AND load_id = $2)",
+        [name, load_id],
+    ).fetchone()
     checks.equal(f"{name}: rows in source == trips + quarantine", lake_side[0], src[0])
     checks.equal(f"{name}: sum(total_amount) in cents", lake_side[1], src[1])
     checks.equal(f"{name}: sum of pickup wall-clock microseconds", lake_side[2], src[2])
 
     by_month_src = lake.con.execute(
-        f"SELECT strftime({pickup}, '%Y-%m') AS m, count(*) FROM {rel} GROUP BY m ORDER BY m NULLS FIRST").fetchall()
+        f"SELECT strftime({pickup}, '%Y-%m') AS m, count(*) FROM {rel} GROUP BY m ORDER BY m NULLS FIRST"
+    ).fetchall()
     by_month_lake = lake.con.execute(
         f"SELECT strftime(pickup_at, '%Y-%m') AS m, count(*) FROM (SELECT pickup_at FROM {TRIPS} WHERE source_file = $1 "
         f"AND load_id = $2 UNION ALL SELECT pickup_at FROM {QUARANTINE} WHERE source_file = $1 AND load_id = $2) "
-        "GROUP BY m ORDER BY m NULLS FIRST", [name, load_id]).fetchall()
+        "GROUP BY m ORDER BY m NULLS FIRST",
+        [name, load_id],
+    ).fetchall()
     checks.equal(f"{name}: rows per pickup month", by_month_lake, by_month_src)
     if fr.source.month:
         outside = lake.scalar(
             f"SELECT count(*) FROM {TRIPS} WHERE source_file = ? AND load_id = ? AND NOT (pickup_year = ? AND pickup_month = ?)",
-            [name, load_id, fr.source.year, fr.source.month])
+            [name, load_id, fr.source.year, fr.source.month],
+        )
         checks.equal(f"{name}: accepted trips outside {fr.source.period}", outside, 0)
 
 
@@ -76,19 +84,24 @@ def replace_kept_other_periods(lake: Lake, result: LoadResult, checks: CheckRun,
     named = {f.source.period for f in loaded if f.source.period != "any"}
     contents = sorted({f.source.sha256 for f in loaded})
     after = int(result.snapshot_id)
-    row = lake.con.execute(f"SELECT max(snapshot_id) FROM ducklake_snapshots({quote_literal(lake.alias)}) WHERE snapshot_id < ?",
-                           [after]).fetchone()
+    row = lake.con.execute(
+        f"SELECT max(snapshot_id) FROM ducklake_snapshots({quote_literal(lake.alias)}) WHERE snapshot_id < ?", [after]
+    ).fetchone()
     if row is None or row[0] is None:
         return  # the lake's first snapshot: there was nothing before it
     before = int(row[0])
     states = {v: _period_rows(lake, schema_name, before, v, result.load_id, contents) for v in (before, after)}
     for period in sorted((set(states[before]) | set(states[after])) - named):
-        checks.equal(f"replace left {period} as it was: rows and fingerprints of trips, quarantine and load_log",
-                     states[after].get(period, {}), states[before].get(period, {}))
+        checks.equal(
+            f"replace left {period} as it was: rows and fingerprints of trips, quarantine and load_log",
+            states[after].get(period, {}),
+            states[before].get(period, {}),
+        )
 
 
-def _period_rows(lake: Lake, q: str, logged_at: int, version: int, load_id: str, contents: list[str]
-                 ) -> dict[str, dict[str, list]]:
+def _period_rows(
+    lake: Lake, q: str, logged_at: int, version: int, load_id: str, contents: list[str]
+) -> dict[str, dict[str, list]]:
     """period -> table -> [rows, sum of row hashes] at `version`, a row's period being its file's in load_log at
     `logged_at`; without this load's own rows and the files of the given contents."""
     log = f"(SELECT load_id, source_file, period, sha256 FROM {q}.{LOAD_LOG} AS l AT (VERSION => {int(logged_at)}))"
@@ -100,7 +113,8 @@ def _period_rows(lake: Lake, q: str, logged_at: int, version: int, load_id: str,
                 f"SELECT coalesce(log.period, {quote_literal(NO_LOG_ROW)}), count(*), sum(r.h) FROM "
                 f"(SELECT load_id, source_file, hash(t)::HUGEINT AS h FROM {q}.{tbl} AS t AT (VERSION => {int(version)})) AS r "
                 f"LEFT JOIN {log} AS log USING (load_id, source_file) WHERE {keep} GROUP BY 1",
-                [load_id, contents]).fetchall()
+                [load_id, contents],
+            ).fetchall()
         except duckdb.CatalogException:  # the table did not exist at that version (the first load; a dropped table)
             rows = []
         for period, n, h in rows:

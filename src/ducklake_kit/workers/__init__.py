@@ -14,9 +14,15 @@ import importlib
 from typing import Any
 
 # loaded on first use, so that `workers.config` (what `connect` needs) does not import Dask
-_EXPORTS = {"WorkerInfo": "client", "WorkerPlane": "client", "LOCAL_DB": "config", "StatementOutcome": "tasks",
-            "TaskError": "tasks", "TaskResult": "tasks"}
-__all__ = sorted(_EXPORTS)
+_EXPORTS = {
+    "WorkerInfo": "client",
+    "WorkerPlane": "client",
+    "LOCAL_DB": "config",
+    "StatementOutcome": "tasks",
+    "TaskError": "tasks",
+    "TaskResult": "tasks",
+}
+__all__ = sorted(_EXPORTS)  # noqa: PLE0605 - the names are read lazily (__getattr__), listed once
 
 
 def __getattr__(name: str) -> Any:

@@ -51,8 +51,15 @@ class SchedulerUnreachable(KitError):
 class WorkerPlane:
     """A connection to the worker plane's scheduler, with the lake plugin registered for `endpoints`."""
 
-    def __init__(self, address: str, endpoints: Endpoints, *, timeout_s: float = CONNECT_TIMEOUT_S,
-                 register: bool = True, security=None):
+    def __init__(
+        self,
+        address: str,
+        endpoints: Endpoints,
+        *,
+        timeout_s: float = CONNECT_TIMEOUT_S,
+        register: bool = True,
+        security=None,
+    ):
         from distributed import Client  # the CLI only pays for importing Dask when it uses the workers
 
         # this process is a client only: what goes wrong with the plane (a lost scheduler, a refused connection) the
@@ -67,14 +74,20 @@ class WorkerPlane:
         try:
             self.client = Client(address, timeout=timeout_s, set_as_default=False, security=security)
         except FileNotFoundError as exc:  # the plane's certificates are gone (a `reset`, a state folder moved)
-            raise SchedulerUnreachable(f"the worker plane's TLS files are missing ({exc.filename})",
-                                       "run `up` (it makes them and restarts the plane)") from None
+            raise SchedulerUnreachable(
+                f"the worker plane's TLS files are missing ({exc.filename})",
+                "run `up` (it makes them and restarts the plane)",
+            ) from None
         except (OSError, TimeoutError) as exc:
-            raise SchedulerUnreachable(f"no Dask scheduler answers at {address} ({first_line(exc)})",
-                                       "run `up` (it starts the worker plane), or check --scheduler / DUCKLAKE_SCHEDULER") from None
+            raise SchedulerUnreachable(
+                f"no Dask scheduler answers at {address} ({first_line(exc)})",
+                "run `up` (it starts the worker plane), or check --scheduler / DUCKLAKE_SCHEDULER",
+            ) from None
         except (ValueError, TypeError) as exc:  # no port, a port that is not a number, tls:// without TLS settings
-            raise KitError(f"cannot use the Dask scheduler address {address} ({first_line(exc)})",
-                           "give it as tcp://host:port (or tls://host:port)") from None
+            raise KitError(
+                f"cannot use the Dask scheduler address {address} ({first_line(exc)})",
+                "give it as tcp://host:port (or tls://host:port)",
+            ) from None
         try:
             self._refuse_task_retries()
             if register:
@@ -83,7 +96,7 @@ class WorkerPlane:
             self.close()
             raise
 
-    def __enter__(self) -> "WorkerPlane":
+    def __enter__(self) -> WorkerPlane:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -104,7 +117,8 @@ class WorkerPlane:
             raise KitError(
                 f"the Dask scheduler at {self.address} re-runs a task whose worker died (allowed-failures = {allowed}), "
                 "which could run a committed statement twice",
-                "start it with DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=0 in its environment")
+                "start it with DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES=0 in its environment",
+            )
 
     def ensure_plugin(self) -> None:
         """Register the lake plugin at the scheduler unless it already is: every worker, present or future, attaches
@@ -142,12 +156,32 @@ class WorkerPlane:
             pid, memory = w.get("pid"), None
             if isinstance(st, WorkerState):
                 lake = "attached" if st.attached else f"NOT attached: {st.error or 'still attaching'}"
-                tasks, uptime, tables = st.tasks_run, (round(now - st.started, 1) if st.started else None), st.local_tables
+                tasks, uptime, tables = (
+                    st.tasks_run,
+                    (round(now - st.started, 1) if st.started else None),
+                    st.local_tables,
+                )
                 pid, memory = st.pid, st.memory_mib
             else:  # the worker did not answer (it is closing, or the call failed)
-                lake, tasks, uptime, tables = f"unknown ({first_line(st) if isinstance(st, BaseException) else st})", 0, None, []
-            out.append(WorkerInfo(str(w["name"]), addr, pid, status + (f", {busy} task(s)" if busy else ", idle"),
-                                  lake, tasks, uptime, tables, memory))
+                lake, tasks, uptime, tables = (
+                    f"unknown ({first_line(st) if isinstance(st, BaseException) else st})",
+                    0,
+                    None,
+                    [],
+                )
+            out.append(
+                WorkerInfo(
+                    str(w["name"]),
+                    addr,
+                    pid,
+                    status + (f", {busy} task(s)" if busy else ", idle"),
+                    lake,
+                    tasks,
+                    uptime,
+                    tables,
+                    memory,
+                )
+            )
         return sorted(out, key=lambda x: name_order(x.name))
 
     def address_of(self, name: str) -> str:
@@ -157,13 +191,24 @@ class WorkerPlane:
         if name in names.values():  # an address given instead of a name
             return name
         running = ", ".join(sorted(names, key=name_order)) or "none"
-        raise KitError(f"no running worker is named '{name}' (running: {running})",
-                       "run `workers` to list them, or `up --workers N` to start more")
+        raise KitError(
+            f"no running worker is named '{name}' (running: {running})",
+            "run `workers` to list them, or `up --workers N` to start more",
+        )
 
     # -- tasks ---------------------------------------------------------------------------------------------------
-    def submit(self, texts: list[str] | str, *, worker: str | None = None, message: str | None = None,
-               timeout_s: float | None = None, priority: int = 0, among: list[str] | None = None,
-               commit_token: str | None = None, extra: dict[str, Any] | None = None):
+    def submit(
+        self,
+        texts: list[str] | str,
+        *,
+        worker: str | None = None,
+        message: str | None = None,
+        timeout_s: float | None = None,
+        priority: int = 0,
+        among: list[str] | None = None,
+        commit_token: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ):
         """Submit a task (a Dask future). `worker`: a worker's name (or address) it must run on; other workers
         never take it. `message`: run all the statements in one transaction with this commit message. `timeout_s`:
         the worker interrupts the running statement after that long. `priority`: queued tasks with a higher one
@@ -171,19 +216,30 @@ class WorkerPlane:
         `commit_token`, `extra`: with `message`, carried by the commit (a task whose fate is unknown, because its
         worker died, is found in the lake by its token)."""
         texts = [texts] if isinstance(texts, str) else list(texts)
-        return self.submit_call(run_statements, texts, message, timeout_s=timeout_s, worker=worker, priority=priority,
-                                among=among, commit_token=commit_token, extra=extra)
+        return self.submit_call(
+            run_statements,
+            texts,
+            message,
+            timeout_s=timeout_s,
+            worker=worker,
+            priority=priority,
+            among=among,
+            commit_token=commit_token,
+            extra=extra,
+        )
 
-    def submit_call(self, fn, *args, worker: str | None = None, among: list[str] | None = None, priority: int = 0,
-                    **kwargs):
+    def submit_call(
+        self, fn, *args, worker: str | None = None, among: list[str] | None = None, priority: int = 0, **kwargs
+    ):
         """Submit `fn(plugin, *args, token=..., **kwargs)` as a task of the plane: a function run on a worker with
         its lake (see tasks.task_lake), pinned like `submit`."""
         chosen = [worker] if worker else among
         pin = {"workers": [self.address_of(w) for w in chosen], "allow_other_workers": False} if chosen else {}
         # pure=False: two identical statements are two tasks (Dask would otherwise run one and share its result);
         # retries=0: a failed task is reported, never repeated; the token makes a second run by Dask refuse
-        return self.client.submit(fn, self.plugin, *args, token=uuid.uuid4().hex, **kwargs,
-                                  pure=False, retries=0, priority=priority, **pin)
+        return self.client.submit(
+            fn, self.plugin, *args, token=uuid.uuid4().hex, **kwargs, pure=False, retries=0, priority=priority, **pin
+        )
 
     def result(self, future, timeout_s: float | None = None, *, release: bool = True) -> TaskResult:
         """The task's result; a task whose worker died becomes a failed TaskResult naming the worker. The future is
@@ -200,15 +256,29 @@ class WorkerPlane:
             last = getattr(exc, "last_worker", None)
             name = str(getattr(last, "name", None) or "?")
             address = str(getattr(last, "address", None) or "")
-            return TaskResult(name, address, lost=True, error=TaskError(
-                f"worker {name} ({address}) died while it held this task; the task was not run again, because its "
-                "statements may have committed: check the lake before re-running it"))
+            return TaskResult(
+                name,
+                address,
+                lost=True,
+                error=TaskError(
+                    f"worker {name} ({address}) died while it held this task; the task was not run again, because its "
+                    "statements may have committed: check the lake before re-running it"
+                ),
+            )
         except (FutureTimeout, TimeoutError):
-            raise KitError(f"the task did not finish within {timeout_s:.0f}s (it may still be running on its worker)",
-                           "run `workers` to see what the workers are doing") from None
+            raise KitError(
+                f"the task did not finish within {timeout_s:.0f}s (it may still be running on its worker)",
+                "run `workers` to see what the workers are doing",
+            ) from None
 
-    def run(self, texts: list[str] | str, *, worker: str | None = None, message: str | None = None,
-            timeout_s: float | None = None) -> TaskResult:
+    def run(
+        self,
+        texts: list[str] | str,
+        *,
+        worker: str | None = None,
+        message: str | None = None,
+        timeout_s: float | None = None,
+    ) -> TaskResult:
         return self.result(self.submit(texts, worker=worker, message=message), timeout_s)
 
     def run_each(self, texts: list[str], *, message: str | None = None) -> list[TaskResult]:

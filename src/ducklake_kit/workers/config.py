@@ -30,7 +30,7 @@ class PlaneConfig:
     tls: ClientTLS | None = None  # the client's TLS files (the kit's own, or those given for a user's cluster)
 
     @classmethod
-    def of(cls, state: State, scheduler: str | None = None) -> "PlaneConfig":
+    def of(cls, state: State, scheduler: str | None = None) -> PlaneConfig:
         saved = state.settings()
         address = scheduler or os.environ.get("DUCKLAKE_SCHEDULER") or None
         if address:
@@ -40,9 +40,12 @@ class PlaneConfig:
             check_user_settings(address, tls)
         else:
             tls = ClientTLS.of_kit(state)
-        cfg = cls(int(os.environ.get("DUCKLAKE_SCHEDULER_PORT") or saved.get("scheduler_port") or DEFAULT_SCHEDULER_PORT),
-                  int(os.environ.get("DUCKLAKE_DASHBOARD_PORT") or saved.get("dashboard_port") or DEFAULT_DASHBOARD_PORT),
-                  address, tls)
+        cfg = cls(
+            int(os.environ.get("DUCKLAKE_SCHEDULER_PORT") or saved.get("scheduler_port") or DEFAULT_SCHEDULER_PORT),
+            int(os.environ.get("DUCKLAKE_DASHBOARD_PORT") or saved.get("dashboard_port") or DEFAULT_DASHBOARD_PORT),
+            address,
+            tls,
+        )
         _KNOWN[cfg.address] = cfg.tls
         return cfg
 

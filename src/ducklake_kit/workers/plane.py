@@ -26,12 +26,18 @@ import psutil
 
 from ducklake_kit.errors import KitError
 from ducklake_kit.platforms import procs
-from ducklake_kit.platforms.service_user import check_reachable, make_python_reachable, service_user
 from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.platforms.service_user import check_reachable, make_python_reachable, service_user
 from ducklake_kit.platforms.state import State
-from ducklake_kit.workers.client import (NO_RETRIES_ENV, SchedulerUnreachable, WorkerInfo, WorkerPlane, name_order,
-                                         worker_number)
 from ducklake_kit.workers import tls
+from ducklake_kit.workers.client import (
+    NO_RETRIES_ENV,
+    SchedulerUnreachable,
+    WorkerInfo,
+    WorkerPlane,
+    name_order,
+    worker_number,
+)
 from ducklake_kit.workers.config import PlaneConfig
 from ducklake_kit.workers.plugin import WorkerState
 
@@ -66,24 +72,63 @@ class PlaneStatus:
         return self.managed and self.healthy and not self.workers
 
     def as_dict(self) -> dict[str, Any]:
-        return {"address": self.address, "dashboard": self.dashboard, "managed": self.managed,
-                "scheduler_pid": self.scheduler_pid, "healthy": self.healthy, "detail": self.detail,
-                "workers": [w.as_dict() for w in self.workers], "missing": self.missing, "user": self.user}
+        return {
+            "address": self.address,
+            "dashboard": self.dashboard,
+            "managed": self.managed,
+            "scheduler_pid": self.scheduler_pid,
+            "healthy": self.healthy,
+            "detail": self.detail,
+            "workers": [w.as_dict() for w in self.workers],
+            "missing": self.missing,
+            "user": self.user,
+        }
 
 
 def _scheduler_argv(cfg: PlaneConfig) -> list[str]:
     # the TLS files come by path in the environment (tls.process_env), not here
-    return [sys.executable, "-m", "dask", "scheduler", "--protocol", "tls", "--host", "127.0.0.1",
-            "--port", str(cfg.scheduler_port), "--dashboard-address", f"127.0.0.1:{cfg.dashboard_port}"]
+    return [
+        sys.executable,
+        "-m",
+        "dask",
+        "scheduler",
+        "--protocol",
+        "tls",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(cfg.scheduler_port),
+        "--dashboard-address",
+        f"127.0.0.1:{cfg.dashboard_port}",
+    ]
 
 
 def _worker_argv(state: State, cfg: PlaneConfig, name: str) -> list[str]:
-    return [sys.executable, "-m", "dask", "worker", cfg.address, "--name", name, "--nthreads", "1", "--no-nanny",
-            # --no-dashboard still serves /health and /metrics, on every interface unless told otherwise
-            "--no-dashboard", "--dashboard-address", "127.0.0.1:0",
-            "--protocol", "tls", "--host", "127.0.0.1", "--local-directory", str(_plane_dir(state) / name),
-            # a worker whose scheduler is gone for 60 s stops by itself, so no worker outlives its plane for long
-            "--death-timeout", "60"]
+    return [
+        sys.executable,
+        "-m",
+        "dask",
+        "worker",
+        cfg.address,
+        "--name",
+        name,
+        "--nthreads",
+        "1",
+        "--no-nanny",
+        # --no-dashboard still serves /health and /metrics, on every interface unless told otherwise
+        "--no-dashboard",
+        "--dashboard-address",
+        "127.0.0.1:0",
+        "--protocol",
+        "tls",
+        "--host",
+        "127.0.0.1",
+        "--local-directory",
+        str(_plane_dir(state) / name),
+        # a worker whose scheduler is gone for 60 s stops by itself, so no worker outlives its plane for long
+        "--death-timeout",
+        "60",
+    ]
 
 
 def _plane_dir(state: State) -> Path:
@@ -111,8 +156,14 @@ def _saved_workers(state: State) -> int:
     return int(state.settings().get("workers", DEFAULT_WORKERS))
 
 
-def up(state: State, endpoints: Endpoints, workers: int | None = None, scheduler: str | None = None, *,
-       remember: bool = True) -> PlaneStatus:
+def up(
+    state: State,
+    endpoints: Endpoints,
+    workers: int | None = None,
+    scheduler: str | None = None,
+    *,
+    remember: bool = True,
+) -> PlaneStatus:
     """Start what is missing: the scheduler, then workers w1..wN (replacing dead ones, stopping any beyond N), and
     wait until each has the lake attached. Idempotent: what runs and answers is reused. `remember=False`: N is
     not saved as the plane's size (a benchmark that borrows extra workers)."""
@@ -149,7 +200,7 @@ def up(state: State, endpoints: Endpoints, workers: int | None = None, scheduler
             sizes = {"workers": n} if remember else {}
             state.save_settings(scheduler_port=cfg.scheduler_port, dashboard_port=cfg.dashboard_port, **sizes)
             out = _status_of(plane, cfg, managed=True, scheduler_pid=scheduler_pid)
-            out.detail = (f"started {', '.join(started)}" if started else "already running, reused")
+            out.detail = f"started {', '.join(started)}" if started else "already running, reused"
             if granted:
                 out.detail += f"; granted user {run_as} passage through {', '.join(granted)} to run the kit's Python"
             return out
@@ -160,8 +211,12 @@ def _ensure_scheduler(state: State, cfg: PlaneConfig, run_as: str | None) -> int
     rec = procs.live_pid(pid_file)
     if rec and rec.port == cfg.scheduler_port:
         try:
-            procs.wait_until(lambda: _ping(cfg), what=f"the Dask scheduler (pid {rec.pid})", timeout=READY_TIMEOUT_S,
-                             log_file=log_file)
+            procs.wait_until(
+                lambda: _ping(cfg),
+                what=f"the Dask scheduler (pid {rec.pid})",
+                timeout=READY_TIMEOUT_S,
+                log_file=log_file,
+            )
             return rec.pid
         except KitError:
             procs.stop(pid_file)  # alive but not answering: replace it
@@ -169,17 +224,32 @@ def _ensure_scheduler(state: State, cfg: PlaneConfig, run_as: str | None) -> int
         procs.stop(pid_file)  # running on another port than asked: move it
     else:
         pid_file.unlink(missing_ok=True)
-    for port, what, option in ((cfg.scheduler_port, "the Dask scheduler", "DUCKLAKE_SCHEDULER_PORT"),
-                               (cfg.dashboard_port, "the Dask dashboard", "DUCKLAKE_DASHBOARD_PORT")):
+    for port, what, option in (
+        (cfg.scheduler_port, "the Dask scheduler", "DUCKLAKE_SCHEDULER_PORT"),
+        (cfg.dashboard_port, "the Dask dashboard", "DUCKLAKE_DASHBOARD_PORT"),
+    ):
         busy = procs.busy_port(port, what, option)
         if busy:
             raise busy
-    rec, proc = procs.start(SCHEDULER, _scheduler_argv(cfg), pid_file=pid_file, log_file=log_file,
-                            port=cfg.scheduler_port, env=_env(state, "scheduler"), run_as=run_as, umask=0o077,
-                            cwd=_plane_dir(state))
+    rec, proc = procs.start(
+        SCHEDULER,
+        _scheduler_argv(cfg),
+        pid_file=pid_file,
+        log_file=log_file,
+        port=cfg.scheduler_port,
+        env=_env(state, "scheduler"),
+        run_as=run_as,
+        umask=0o077,
+        cwd=_plane_dir(state),
+    )
     try:
-        procs.wait_until(lambda: _ping(cfg), what=f"the Dask scheduler on port {cfg.scheduler_port}",
-                         timeout=READY_TIMEOUT_S, proc=proc, log_file=log_file)
+        procs.wait_until(
+            lambda: _ping(cfg),
+            what=f"the Dask scheduler on port {cfg.scheduler_port}",
+            timeout=READY_TIMEOUT_S,
+            proc=proc,
+            log_file=log_file,
+        )
     except KitError:
         procs.stop(pid_file)
         raise
@@ -212,23 +282,42 @@ def _start_worker_if_needed(state: State, cfg: PlaneConfig, plane: WorkerPlane, 
         procs.stop(pid_file)  # alive but not joined to this scheduler: replace it
     pid_file.unlink(missing_ok=True)
     _own_folder(_plane_dir(state) / name, run_as)
-    procs.start(_worker_service(name), _worker_argv(state, cfg, name), pid_file=pid_file,
-                log_file=state.log_file(_worker_service(name)), port=cfg.scheduler_port, env=_env(state, "worker"),
-                run_as=run_as, umask=0o077, cwd=_plane_dir(state))
+    procs.start(
+        _worker_service(name),
+        _worker_argv(state, cfg, name),
+        pid_file=pid_file,
+        log_file=state.log_file(_worker_service(name)),
+        port=cfg.scheduler_port,
+        env=_env(state, "worker"),
+        run_as=run_as,
+        umask=0o077,
+        cwd=_plane_dir(state),
+    )
     return True
 
 
-def _wait_attached(plane: WorkerPlane, names: list[str], started: list[str] | None = None,
-                   state: State | None = None) -> None:
+def _wait_attached(
+    plane: WorkerPlane, names: list[str], started: list[str] | None = None, state: State | None = None
+) -> None:
     """Until every named worker has joined and attached the lake; one that failed to attach stops `up` with its
     reason, one whose process exited with its log's tail."""
+
     def ready() -> bool | None:
         joined = plane.names()
         for name in names:
-            if state is not None and name in (started or []) and procs.live_pid(state.pid_file(_worker_service(name))) is None:
+            if (
+                state is not None
+                and name in (started or [])
+                and procs.live_pid(state.pid_file(_worker_service(name))) is None
+            ):
                 log = state.log_file(_worker_service(name))
-                raise procs.GiveUp(KitError(f"worker {name} exited while starting", f"read {log}",
-                                      detail=f"last lines of {log}:\n{procs.log_tail(log)}"))
+                raise procs.GiveUp(
+                    KitError(
+                        f"worker {name} exited while starting",
+                        f"read {log}",
+                        detail=f"last lines of {log}:\n{procs.log_tail(log)}",
+                    )
+                )
             if name not in joined:
                 return None
         states = plane.states([joined[n] for n in names]) if names else {}
@@ -236,14 +325,19 @@ def _wait_attached(plane: WorkerPlane, names: list[str], started: list[str] | No
             if not isinstance(st, WorkerState):
                 return None  # not answering yet
             if st.error:
-                raise procs.GiveUp(KitError(f"worker {st.name}: {st.error}",
-                                            "run `status`: the catalog and S3 must answer"))
+                raise procs.GiveUp(
+                    KitError(f"worker {st.name}: {st.error}", "run `status`: the catalog and S3 must answer")
+                )
             if not st.attached:
                 return None  # the plugin is still attaching
         return True
 
-    procs.wait_until(ready, what=f"worker(s) {', '.join(names)}", timeout=READY_TIMEOUT_S,
-                     fix="read the workers' logs in the state folder's logs/")
+    procs.wait_until(
+        ready,
+        what=f"worker(s) {', '.join(names)}",
+        timeout=READY_TIMEOUT_S,
+        fix="read the workers' logs in the state folder's logs/",
+    )
 
 
 def down(state: State) -> list[str]:
@@ -275,7 +369,9 @@ def _stop_workers(state: State, names: list[str]) -> list[str]:
 
 def running_workers(state: State) -> list[str]:
     """The kit's workers whose process is alive, w1 first."""
-    return sorted((n for n in _kit_workers(state) if procs.live_pid(state.pid_file(_worker_service(n)))), key=name_order)
+    return sorted(
+        (n for n in _kit_workers(state) if procs.live_pid(state.pid_file(_worker_service(n)))), key=name_order
+    )
 
 
 def scheduler_running(state: State) -> bool:
@@ -320,21 +416,32 @@ def status(state: State, endpoints: Endpoints, scheduler: str | None = None) -> 
         return _status_of(plane, cfg, managed, rec.pid if rec else None, state)
 
 
-def _status_of(plane: WorkerPlane, cfg: PlaneConfig, managed: bool, scheduler_pid: int | None = None,
-               state: State | None = None) -> PlaneStatus:
+def _status_of(
+    plane: WorkerPlane, cfg: PlaneConfig, managed: bool, scheduler_pid: int | None = None, state: State | None = None
+) -> PlaneStatus:
     workers = plane.workers()
     missing = []
     if managed and state is not None:
         joined = {w.name for w in workers}
-        missing = [n for n in sorted(_kit_workers(state), key=name_order)
-                   if n not in joined or procs.live_pid(state.pid_file(_worker_service(n))) is None]
+        missing = [
+            n
+            for n in sorted(_kit_workers(state), key=name_order)
+            if n not in joined or procs.live_pid(state.pid_file(_worker_service(n))) is None
+        ]
     unattached = [w.name for w in workers if w.lake != "attached"]
     healthy = not missing and not unattached and bool(workers)
     if not workers:
         detail = "the scheduler answers but has no workers: run `up --workers N`"
     elif missing or unattached:
-        detail = "; ".join(filter(None, [f"gone: {', '.join(missing)} (run `up` to replace them)" if missing else "",
-                                         f"lake not attached on {', '.join(unattached)}" if unattached else ""]))
+        detail = "; ".join(
+            filter(
+                None,
+                [
+                    f"gone: {', '.join(missing)} (run `up` to replace them)" if missing else "",
+                    f"lake not attached on {', '.join(unattached)}" if unattached else "",
+                ],
+            )
+        )
     else:
         detail = f"{len(workers)} worker(s), lake attached on each"
     user = None

@@ -142,8 +142,10 @@ class LakePlugin(WorkerPlugin):
         cursors), with its type (`ducklake`, `duckdb`)."""
         # qualified with system.main: an unqualified name is looked up in the default database first, which for the
         # lake is a catalog transaction (~2 ms here); these read only the instance's own state (~0.1 ms)
-        rows = (con or self.lake.con).execute("SELECT database_name, type FROM system.main.duckdb_databases()").fetchall()
-        return {name: kind for name, kind in rows}
+        rows = (
+            (con or self.lake.con).execute("SELECT database_name, type FROM system.main.duckdb_databases()").fetchall()
+        )
+        return dict(rows)
 
     def lake_attached(self) -> bool:
         """Whether the lake's database is attached now (asked of the connection, not remembered)."""
@@ -169,8 +171,11 @@ class LakePlugin(WorkerPlugin):
                 for stmt in [*secret_statements(self.endpoints), attach_statement(self.endpoints, lake.alias)]:
                     con.execute(stmt)  # the secrets again too: a task may have dropped them
             except Exception as exc:  # noqa: BLE001 - said in one line by the task that needed the lake
-                raise LakeLost(f"worker {self.worker_name} lost the lake (a task detached it) and could not attach it "
-                               f"again ({first_line(exc)})", "run `workers`; `down` and `up` restart the workers") from None
+                raise LakeLost(
+                    f"worker {self.worker_name} lost the lake (a task detached it) and could not attach it "
+                    f"again ({first_line(exc)})",
+                    "run `workers`; `down` and `up` restart the workers",
+                ) from None
             self.snapshots.pop(lake.alias, None)
         # the default stays only when a step of the kit chose one of its catalogs and no SQL has changed it since
         kept = current == lake.alias or (current == self.default_db and current in self.catalogs)
@@ -192,7 +197,8 @@ class LakePlugin(WorkerPlugin):
         if self._inspect is None:
             return []
         rows = self._inspect.execute(
-            "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? ORDER BY ALL", [LOCAL_DB]).fetchall()
+            "SELECT schema_name, table_name FROM duckdb_tables() WHERE database_name = ? ORDER BY ALL", [LOCAL_DB]
+        ).fetchall()
         return [f"{LOCAL_DB}.{t}" if s == "main" else f"{LOCAL_DB}.{s}.{t}" for s, t in rows]
 
 
@@ -216,5 +222,13 @@ def worker_state(name: str, dask_worker=None) -> WorkerState:
         tables = plugin.local_tables()
     except Exception as exc:  # noqa: BLE001 - listing must not break `workers`
         error = error or f"could not read the worker's databases ({first_line(exc)})"
-    return WorkerState(str(worker.name), os.getpid(), attached, error, plugin.tasks_run, plugin.started, tables,
-                       round(psutil.Process().memory_info().rss / 2**20, 1))
+    return WorkerState(
+        str(worker.name),
+        os.getpid(),
+        attached,
+        error,
+        plugin.tasks_run,
+        plugin.started,
+        tables,
+        round(psutil.Process().memory_info().rss / 2**20, 1),
+    )

@@ -36,8 +36,10 @@ class StatementOutcome:
     snapshot_id: int | None  # the snapshot this statement committed, when it did
 
     @classmethod
-    def of(cls, index: int, r: StatementResult) -> "StatementOutcome":
-        return cls(index, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows, r.seconds or 0.0, r.snapshot_id)
+    def of(cls, index: int, r: StatementResult) -> StatementOutcome:
+        return cls(
+            index, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows, r.seconds or 0.0, r.snapshot_id
+        )
 
 
 @dataclass
@@ -91,8 +93,10 @@ def _outcomes(results: list[StatementResult], offset: int = 0) -> list[Statement
     return [StatementOutcome.of(offset + i, r) for i, r in enumerate(results)]
 
 
-ALREADY_RAN = ("this task had already started once, on a worker that is gone with its result; it was not run "
-               "again, because its statements may have committed: check the lake before re-running it")
+ALREADY_RAN = (
+    "this task had already started once, on a worker that is gone with its result; it was not run "
+    "again, because its statements may have committed: check the lake before re-running it"
+)
 
 
 def claim_once(token: str) -> bool:
@@ -119,9 +123,15 @@ def task_lake(plugin: str, token: str | None) -> tuple[LakePlugin | None, str | 
     return lake_plugin, None
 
 
-def run_statements(plugin: str, texts: list[str], message: str | None = None, token: str | None = None,
-                   timeout_s: float | None = None, commit_token: str | None = None,
-                   extra: dict[str, Any] | None = None) -> TaskResult:
+def run_statements(
+    plugin: str,
+    texts: list[str],
+    message: str | None = None,
+    token: str | None = None,
+    timeout_s: float | None = None,
+    commit_token: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> TaskResult:
     """Run on a worker: each text (one or more statements) in order on the worker's pooled connection.
 
     Without `message` every statement autocommits (a write is its own snapshot, reported per statement). With
@@ -219,14 +229,23 @@ def _run_autocommit(lake: Lake, texts: list[str], result: TaskResult, deadline: 
         # a BEGIN without COMMIT: what ran after it never committed, and must not leak into the next task
         result.rolled_back = True
         if result.error is None:
-            result.error = TaskError("the task left a transaction open (BEGIN without COMMIT or ROLLBACK); it was "
-                                     "rolled back, so nothing after the BEGIN committed")
+            result.error = TaskError(
+                "the task left a transaction open (BEGIN without COMMIT or ROLLBACK); it was "
+                "rolled back, so nothing after the BEGIN committed"
+            )
     committed = [s.snapshot_id for s in result.statements if s.snapshot_id is not None]
     result.snapshot_id = committed[-1] if committed else None
 
 
-def _run_transaction(lake: Lake, texts: list[str], message: str, result: TaskResult, deadline: Deadline,
-                     token: str | None = None, extra: dict[str, Any] | None = None) -> None:
+def _run_transaction(
+    lake: Lake,
+    texts: list[str],
+    message: str,
+    result: TaskResult,
+    deadline: Deadline,
+    token: str | None = None,
+    extra: dict[str, Any] | None = None,
+) -> None:
     done: list[StatementResult] = []
     token = token or uuid.uuid4().hex
     try:
@@ -249,14 +268,17 @@ def _run_transaction(lake: Lake, texts: list[str], message: str, result: TaskRes
         try:
             landed = snapshot_of_token(lake, token)
         except Exception:  # noqa: BLE001 - the catalog cannot say either: the fate stays unknown
-            result.error = TaskError(f"the transaction's commit failed, so it may or may not have committed ({why}): "
-                                     "check the lake before re-running it")
+            result.error = TaskError(
+                f"the transaction's commit failed, so it may or may not have committed ({why}): "
+                "check the lake before re-running it"
+            )
         else:
             if landed is not None:
                 result.snapshot_id = landed  # it did land: a success, whatever the error on the way back said
             else:
-                result.error = TaskError(f"the transaction's commit failed and did not land ({why}): nothing of it "
-                                         "committed")
+                result.error = TaskError(
+                    f"the transaction's commit failed and did not land ({why}): nothing of it committed"
+                )
                 result.rolled_back = True
     finally:
         deadline.disarm()

@@ -54,28 +54,31 @@ class ClientTLS:
     def security(self):
         from distributed.security import Security  # Dask loads only with the commands that use the plane
 
-        return Security(tls_ca_file=self.ca_file, tls_client_cert=self.cert, tls_client_key=self.key,
-                        require_encryption=True)
+        return Security(
+            tls_ca_file=self.ca_file, tls_client_cert=self.cert, tls_client_key=self.key, require_encryption=True
+        )
 
     @classmethod
-    def of_kit(cls, state: State) -> "ClientTLS":
+    def of_kit(cls, state: State) -> ClientTLS:
         cert, key = _paths(state, "client")
         return cls(str(ca_file(state)), str(cert), str(key))
 
     @classmethod
-    def from_env(cls) -> "ClientTLS | None":
+    def from_env(cls) -> ClientTLS | None:
         """DUCKLAKE_SCHEDULER_TLS_CA, _CERT and _KEY (the key may sit in the certificate's file): a user's cluster."""
         ca, cert = os.environ.get("DUCKLAKE_SCHEDULER_TLS_CA"), os.environ.get("DUCKLAKE_SCHEDULER_TLS_CERT")
         key = os.environ.get("DUCKLAKE_SCHEDULER_TLS_KEY") or None
         if not (ca or cert or key):
             return None
         if not (ca and cert):
-            raise KitError("DUCKLAKE_SCHEDULER_TLS_CA and DUCKLAKE_SCHEDULER_TLS_CERT go together",
-                           "set both (and DUCKLAKE_SCHEDULER_TLS_KEY unless the key is in the certificate's file)")
+            raise KitError(
+                "DUCKLAKE_SCHEDULER_TLS_CA and DUCKLAKE_SCHEDULER_TLS_CERT go together",
+                "set both (and DUCKLAKE_SCHEDULER_TLS_KEY unless the key is in the certificate's file)",
+            )
         return cls(ca, cert, key)
 
     @classmethod
-    def from_dask_config(cls) -> "ClientTLS | None":
+    def from_dask_config(cls) -> ClientTLS | None:
         """The client TLS files a Dask config names (`distributed.comm.tls.ca-file`, `.client.cert`, `.client.key`),
         from Dask's YAML files or DASK_DISTRIBUTED__COMM__TLS__* in the environment."""
         import dask.config
@@ -131,7 +134,7 @@ def _all_valid(state: State) -> bool:
         return False
     try:
         ca = x509.load_pem_x509_certificate(ca_file(state).read_bytes())
-        soon = datetime.datetime.now(datetime.timezone.utc) + RENEW_BEFORE
+        soon = datetime.datetime.now(datetime.UTC) + RENEW_BEFORE
         for role in ROLES:
             cert = x509.load_pem_x509_certificate(_paths(state, role)[0].read_bytes())
             cert.verify_directly_issued_by(ca)
@@ -143,7 +146,7 @@ def _all_valid(state: State) -> bool:
 
 
 def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
+    return datetime.datetime.now(datetime.UTC)
 
 
 def _new_key():
@@ -156,8 +159,12 @@ def _name(common_name: str):
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ducklake-kit"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "ducklake-kit"),
+            x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+        ]
+    )
 
 
 def _make_ca():
@@ -166,16 +173,32 @@ def _make_ca():
 
     key = _new_key()
     name = _name("ducklake-kit worker plane CA")
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(_now() - datetime.timedelta(minutes=5))
-            .not_valid_after(_now() + datetime.timedelta(days=VALID_DAYS))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                         data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                         crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now() - datetime.timedelta(minutes=5))
+        .not_valid_after(_now() + datetime.timedelta(days=VALID_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
     return key, cert
 
 
@@ -187,19 +210,26 @@ def _make_leaf(ca_key, ca_cert, role: str):
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     key = _new_key()
-    cert = (x509.CertificateBuilder().subject_name(_name(f"dask-{role}")).issuer_name(ca_cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(_now() - datetime.timedelta(minutes=5))
-            .not_valid_after(_now() + datetime.timedelta(days=VALID_DAYS))
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            # every Dask process both serves (its listener) and connects (to the scheduler, to other workers)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                           critical=False)
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                           critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(f"dask-{role}"))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(_now() - datetime.timedelta(minutes=5))
+        .not_valid_after(_now() + datetime.timedelta(days=VALID_DAYS))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        # every Dask process both serves (its listener) and connects (to the scheduler, to other workers)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
     return key, cert
 
 
@@ -212,30 +242,39 @@ def _pem_cert(cert) -> str:
 def _pem_key(key) -> str:
     from cryptography.hazmat.primitives import serialization
 
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption()).decode()
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
 
 
 def process_env(state: State, role: str) -> dict[str, str]:
     """What a kit-started scheduler or worker needs to speak TLS only: its files by path, in Dask's config."""
     cert, key = _paths(state, role)
-    return {"DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
-            "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": str(ca_file(state)),
-            f"DASK_DISTRIBUTED__COMM__TLS__{role.upper()}__CERT": str(cert),
-            f"DASK_DISTRIBUTED__COMM__TLS__{role.upper()}__KEY": str(key)}
+    return {
+        "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True",
+        "DASK_DISTRIBUTED__COMM__TLS__CA_FILE": str(ca_file(state)),
+        f"DASK_DISTRIBUTED__COMM__TLS__{role.upper()}__CERT": str(cert),
+        f"DASK_DISTRIBUTED__COMM__TLS__{role.upper()}__KEY": str(key),
+    }
 
 
 def check_user_settings(address: str, tls: ClientTLS | None) -> None:
     """A user's scheduler: TLS settings go with a tls:// address, and only with one."""
     if address.startswith("tls://") and tls is None:
-        raise KitError(f"the Dask scheduler at {address} speaks TLS but no TLS settings were given",
-                       "set DUCKLAKE_SCHEDULER_TLS_CA, DUCKLAKE_SCHEDULER_TLS_CERT and DUCKLAKE_SCHEDULER_TLS_KEY to "
-                       "the cluster's CA and a client certificate and key (or Dask's distributed.comm.tls config)")
+        raise KitError(
+            f"the Dask scheduler at {address} speaks TLS but no TLS settings were given",
+            "set DUCKLAKE_SCHEDULER_TLS_CA, DUCKLAKE_SCHEDULER_TLS_CERT and DUCKLAKE_SCHEDULER_TLS_KEY to "
+            "the cluster's CA and a client certificate and key (or Dask's distributed.comm.tls config)",
+        )
     if tls is not None and not address.startswith("tls://"):
-        raise KitError(f"TLS settings were given but the Dask scheduler address {address} is not tls://",
-                       f"give it as tls://{address.split('://', 1)[-1]}, or drop the TLS settings")
+        raise KitError(
+            f"TLS settings were given but the Dask scheduler address {address} is not tls://",
+            f"give it as tls://{address.split('://', 1)[-1]}, or drop the TLS settings",
+        )
     if tls is not None:
         for path in (tls.ca_file, tls.cert, tls.key):
             if path and not Path(path).is_file():
-                raise KitError(f"the TLS file {path} for the Dask scheduler does not exist",
-                               "check DUCKLAKE_SCHEDULER_TLS_CA, DUCKLAKE_SCHEDULER_TLS_CERT and DUCKLAKE_SCHEDULER_TLS_KEY")
+                raise KitError(
+                    f"the TLS file {path} for the Dask scheduler does not exist",
+                    "check DUCKLAKE_SCHEDULER_TLS_CA, DUCKLAKE_SCHEDULER_TLS_CERT and DUCKLAKE_SCHEDULER_TLS_KEY",
+                )
