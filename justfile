@@ -22,6 +22,11 @@ ducklake-test platform="local": setup
 test *args: setup
     {{uv}} run --frozen pytest {{args}}
 
+# the tests that start no service (no PostgreSQL, S3, Dask or Spark): the quick loop while editing; extra args go to pytest
+[group('main')]
+test-fast *args: setup
+    {{uv}} run --frozen pytest -m "not service" {{args}}
+
 # lint and format check with ruff (pinned in uv.lock; its rules and the reasons for the ones left out are in pyproject.toml)
 [group('main')]
 lint: setup
