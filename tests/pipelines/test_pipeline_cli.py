@@ -21,8 +21,8 @@ def env(tmp_path):
         ),
         ("-- id: 1\nSELECT 'a;b';\n-- id: 1\nSELECT 2;", "{f}:3: id '1' is used twice (first on line 2)."),
         (
-            "-- id: x\n-- owner: me\nSELECT 1;",
-            "{f}:2: unknown header 'owner'. Try: use one of id, depends_on, node, description",
+            "-- id: x\n-- nodes: w1\nSELECT 1;",
+            "{f}:2: unknown header 'nodes' (did you mean 'node'?). Try: spell it as one of id, depends_on, node, description",
         ),
     ],
 )

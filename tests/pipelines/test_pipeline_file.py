@@ -85,7 +85,14 @@ def test_a_file_without_headers_is_one_independent_node_per_statement():
             "-- id: 1\n-- depends_on: 7\nSELECT 1;",
             "Error: p.sql:2: node 1 depends on '7', which is no id of this file.",
         ),
-        ("-- id: 1\n-- needs: 2\nSELECT 1;", "Error: p.sql:2: unknown header 'needs'."),
+        (
+            "-- id: 1\n-- depend_on: 2\nSELECT 1;",
+            "Error: p.sql:2: unknown header 'depend_on' (did you mean 'depends_on'?).",
+        ),
+        (
+            "-- id: 1\nSELECT 1 =(^);",
+            "Error: p.sql:2: DuckDB cannot parse statement 1 (Parser Error: syntax error at or near",
+        ),
         (
             "-- id: 1\n-- id: 2\nSELECT 1;",
             "Error: p.sql:2: header 'id' given twice for one statement (first on line 1).",
@@ -299,3 +306,29 @@ def test_column_lineage_of_an_insert_and_a_star_over_a_worker_local_table():
         ("zone_id", "local.eph", "zone_id"),
         ("n", "local.eph", "n"),
     }
+
+
+def test_a_plain_comment_with_a_colon_is_a_comment_wherever_it_stands():
+    # Sord's files carry prose comments; only the kit's four words (or a near miss of one) are headers
+    source = (
+        "-- README: marts from the trips\n-- id: a\n-- NOTE: the first\nCREATE TABLE x AS SELECT 1 AS v; -- TODO: more\n"
+        "-- id: b\nCREATE TABLE y AS\n-- Source: x, as a note inside the statement\nSELECT * FROM x;\n-- Author: me\n"
+    )
+    p = build(source, "p.sql")
+    assert list(p.nodes) == ["a", "b"] and [(e.parent, e.child) for e in p.edges] == [("a", "b")]
+
+
+def test_column_lineage_keeps_quoted_names_whole_and_as_spelled():
+    # Jena-climate columns: a dot inside the quotes, and upper case DuckDB keeps
+    schema = {"lake": {"main": {"climate": {"Date Time": "VARCHAR", "max. wv (m/s)": "DOUBLE", "T (degC)": "DOUBLE"}}}}
+    star = table_use("CREATE TABLE t AS SELECT * FROM climate")
+    # the built table's columns as the catalog gives them after the run (pipelines.history passes them)
+    got = {
+        (e.child_column, e.parent_column) for e in column_edges(star, schema, list(schema["lake"]["main"]["climate"]))
+    }
+    assert got == {("Date Time", "Date Time"), ("max. wv (m/s)", "max. wv (m/s)"), ("T (degC)", "T (degC)")}
+    renamed = table_use(
+        'CREATE TABLE w AS SELECT "max. wv (m/s)" AS "Max WV", "T (degC)" + 273.15 AS kelvin FROM climate'
+    )
+    got = {(e.child_column, e.parent_column) for e in column_edges(renamed, schema, ["Max WV", "kelvin"])}
+    assert got == {("Max WV", "max. wv (m/s)"), ("kelvin", "T (degC)")}

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
+import duckdb
 from sqlglot import exp
 
+from ducklake_kit.errors import first_line
 from ducklake_kit.pipelines.sqlfile import PipelineError, Statement, read_file, split_statements
 from ducklake_kit.pipelines.tables import CHANGE, DROP, MAKE, TableRef, TableUse, table_use
 
@@ -177,6 +179,14 @@ def _nodes(statements: list[Statement], file: str) -> dict[str, Node]:
                 f"statement {node_id} cannot be a pipeline node: {use.refused}",
                 "remove it, or do its work inside the statements that need it",
             )
+        refused = duckdb_refuses(stmt.sql)
+        if refused:
+            raise PipelineError(
+                file,
+                stmt.line,
+                f"DuckDB cannot parse statement {node_id} ({refused})",
+                "write it as DuckDB SQL (the workers run it with DuckDB, which would refuse it at run time)",
+            )
         pin = stmt.header("node")
         nodes[node_id] = Node(
             node_id,
@@ -191,6 +201,16 @@ def _nodes(statements: list[Statement], file: str) -> dict[str, Node]:
             stmt.headers["depends_on"].line if "depends_on" in stmt.headers else None,
         )
     return nodes
+
+
+def duckdb_refuses(sql: str) -> str | None:
+    """DuckDB's own parser's word on a statement (nothing is run): its first line when it cannot parse it. sqlglot
+    accepts some text DuckDB does not (and the other way round): plan must fail where run would."""
+    try:
+        duckdb.extract_statements(sql)
+    except duckdb.ParserException as exc:
+        return first_line(exc)
+    return None
 
 
 def _declared(statements: list[Statement], nodes: dict[str, Node], file: str) -> dict[tuple[str, str], str]:

@@ -118,9 +118,9 @@ def current_schema(lake: Lake, local: dict[str, list[tuple]] | None = None) -> S
     ).fetchall()
     for worker_rows in (local or {}).values():
         rows += [(LOCAL_DB, *r) for r in worker_rows]
-    for catalog, schema_name, table, column, dtype in rows:
+    for catalog, schema_name, table, column, dtype in rows:  # columns as spelled: lineage records them so
         schema.setdefault(catalog.lower(), {}).setdefault(schema_name.lower(), {}).setdefault(table.lower(), {})[
-            column.lower()
+            column
         ] = dtype
     return schema
 

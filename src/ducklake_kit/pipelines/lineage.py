@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import sqlglot
 from sqlglot import exp
 from sqlglot.errors import SqlglotError
 from sqlglot.lineage import lineage as sqlglot_lineage
@@ -101,9 +102,22 @@ def column_edges(use: TableUse, schema: Schema, child_columns: list[str] | None 
                     continue
                 if not isinstance(node.source.this, exp.Identifier):  # range(...), read_parquet(...): no table
                     continue
-                edges.add(
-                    ColumnEdge(child, name.lower(), resolve(node.source), node.name.split(".")[-1].strip('"').lower())
-                )
+                parent = resolve(node.source)
+                column = _real_name(schema, parent, _column_name(node.name))
+                edges.add(ColumnEdge(child, _real_name(schema, child, name, child_columns), parent, column))
     except (SqlglotError, KeyError) as exc:
         raise ValueError(first_line(exc)) from None
     return sorted(edges)
+
+
+def _column_name(sql: str) -> str:
+    """The column of a lineage node's name (`"t"."max. wv (m/s)"`): parsed, since a quoted name may hold dots."""
+    column = sqlglot.parse_one(sql, dialect=DIALECT)
+    return column.name if isinstance(column, exp.Column) else sql
+
+
+def _real_name(schema: Schema, table: TableRef, column: str, columns: list[str] | None = None) -> str:
+    """The column as the table spells it ("T (degC)"): sqlglot folds unquoted names to lower case, DuckDB keeps the
+    case a column was created with and matches names without it. The name as given when the table is not known."""
+    known = columns or schema.get(table.catalog, {}).get(table.schema, {}).get(table.name, {})
+    return next((c for c in known if c.lower() == column.lower()), column)

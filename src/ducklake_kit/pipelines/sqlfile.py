@@ -9,12 +9,14 @@ are read from the comment lines there, in any order:
     -- node: w2                   run it on that worker (its worker-local tables live there)
     -- description: one line      shown by `pipeline plan`
 
-A comment of the form `-- word: ...` is a header: an unknown word is an error (leave out the colon for prose).
-Every error names the file and line: `PipelineError`.
+Only these four words make a header; any other comment is a comment (`-- NOTE: ...`, `-- TODO: ...`), except a word
+so close to a header that it is most likely a misspelt one (`-- depend_on: a`): that is an error, lest a dependency
+be dropped without a word. Every error names the file and line: `PipelineError`.
 """
 
 from __future__ import annotations
 
+import difflib
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,11 +100,18 @@ def _starts_line(source: str, offset: int) -> bool:
 
 
 def _header(body: str) -> tuple[str, str] | None:
+    """(key, value) of a header or of a misspelt one; None for any other comment."""
     key, sep, value = body.partition(":")
-    key = key.strip()
-    if not sep or not key.isidentifier():
+    key = key.strip().lower()
+    if not sep or not key.isidentifier() or (key not in HEADERS and not _misspelt(key)):
         return None
-    return key.lower(), value.strip()
+    return key, value.strip()
+
+
+def _misspelt(key: str) -> str | None:
+    """The header `key` most likely meant (depend_on -> depends_on), if any."""
+    close = difflib.get_close_matches(key, HEADERS, n=1, cutoff=0.8)
+    return close[0] if close else None
 
 
 def _header_lines(source: str, start: int, end: int, file: str) -> list[tuple[int, str, str, bool]]:
@@ -129,8 +138,8 @@ def _headers(found: list[tuple[int, str, str, bool]], file: str) -> dict[str, He
             raise PipelineError(
                 file,
                 line,
-                f"unknown header '{key}'",
-                f"use one of {', '.join(HEADERS)}; for a plain comment, leave out the colon",
+                f"unknown header '{key}' (did you mean '{_misspelt(key)}'?)",
+                f"spell it as one of {', '.join(HEADERS)}; for a plain comment, leave out the colon",
             )
         if key in headers:
             raise PipelineError(
