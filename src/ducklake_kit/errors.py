@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-# Stable exit codes (documented in the README and `--help`).
+# Stable exit codes (documented in docs/harness.md and `--help`).
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1  # the command ran, but a computed check did not hold
 EXIT_USAGE = 2  # typer/click usage errors (bad option, missing argument)

@@ -259,7 +259,7 @@ def test_reset_asks_first_and_keeps_data_when_declined(fresh_stack, cli):
 
 @pytest.mark.parametrize("stdin", ["</dev/null", "<&-"], ids=["at-its-end", "closed"])
 def test_reset_with_no_answer_is_a_no_exit_3_and_one_line(tmp_path, stdin):
-    # issue 16: no input gave "Aborted." with exit 1, a closed stdin a traceback; the README promises exit 3
+    # issue 16: no input gave "Aborted." with exit 1, a closed stdin a traceback; docs/harness.md promises exit 3
     env = {**os.environ, "DUCKLAKE_HOME": str(tmp_path / "state"), "DUCKLAKE_PLATFORM": "local"}
     proc = subprocess.run(
         ["bash", "-c", f'"{sys.executable}" "{ROOT / "ducklake_test.py"}" reset {stdin}'],
@@ -301,8 +301,8 @@ def test_k3d_platform_without_docker_or_k3d_says_what_is_missing(cli, tmp_path):
 
 
 def test_every_command_has_help_and_is_documented():
-    readme = (ROOT / "README.md").read_text()
+    harness = (ROOT / "docs" / "harness.md").read_text()
     for cmd in app.registered_commands:
         name = cmd.name or cmd.callback.__name__
         assert (cmd.callback.__doc__ or "").strip(), f"{name} has no help text"
-        assert f"`{name}`" in readme, f"README does not document `{name}`"
+        assert f"`{name}`" in harness, f"docs/harness.md does not document `{name}`"

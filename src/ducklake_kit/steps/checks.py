@@ -94,7 +94,7 @@ def check_session(playbook: Playbook) -> None:
                     playbook.file,
                     line,
                     f"step '{step.name}', command {i}: {why}",
-                    "remove the statement, or declare the catalog as the README's step runner section shows",
+                    "remove the statement, or declare the catalog as docs/step-runner.md (Catalogs) shows",
                 )
 
 

@@ -24,8 +24,8 @@ PROBE_SCHEMA = "host string, python string, problem string"
 WRITER_EXTENSIONS = ("httpfs",)  # the lake writer only writes Parquet to S3: it never reads the catalog
 FIX = (
     "give every executor the kit's Python environment (`uv sync` of this project, or `pip install` of it with the "
-    "same pins) and name it with PYSPARK_PYTHON in the driver's environment (a Spark Connect server's own); see the "
-    'README, "Taking the load to a real cluster"'
+    "same pins) and name it with PYSPARK_PYTHON in the driver's environment (a Spark Connect server's own); see "
+    'docs/spark-cluster.md, "Taking the load to a real cluster"'
 )
 
 
