@@ -1,6 +1,7 @@
-"""The package's import graph, read with `ast` (nothing is imported): no cycles, and no module imports a higher
-layer (../shared/DESIGN.md: cli -> lessons/bench -> steps/pipelines/dynamic_tables -> workers/taxi -> lake ->
-platforms). Function-local imports count too: a cycle hidden inside a function is still a cycle."""
+"""The package's import graph, read with `ast` (nothing is imported): no cycles, no module imports a higher layer
+(../shared/DESIGN.md: cli -> all -> lessons | bench -> steps/pipelines/dynamic_tables -> workers/taxi -> lake ->
+platforms), and no two packages of one layer import each other (lessons and bench included). Function-local imports
+count too: a cycle hidden inside a function is still a cycle."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ LAYERS = {
     "dynamic_tables": 4,
     "lessons": 5,
     "bench": 5,
-    "cli": 6,
+    "all": 6,
+    "cli": 7,
 }
 
 
@@ -103,6 +105,30 @@ def test_no_module_imports_a_higher_layer():
     assert upward == []
 
 
+def part(module: str) -> str:
+    """The top-level part of the package a module belongs to: `lessons` for ducklake_kit.lessons.queries."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def is_package(name: str) -> bool:
+    return (SRC / PACKAGE / name).is_dir()
+
+
+def sideways(g: dict[str, set[str]]) -> list[str]:
+    """Imports between two packages of one layer (taxi -> workers, lessons -> bench, ...)."""
+    return sorted(
+        f"{m} imports {dep} (both layer {layer(m)})"
+        for m, deps in g.items()
+        for dep in deps
+        if part(m) != part(dep) and layer(dep) == layer(m) and is_package(part(m)) and is_package(part(dep))
+    )
+
+
+def test_no_two_packages_of_one_layer_import_each_other():
+    assert sideways(graph()) == []
+
+
 def test_the_checker_catches_a_cycle_and_an_upward_import(tmp_path):
     # the checker itself: a two-module cycle and an import from lake up to lessons are both reported
     pkg = tmp_path / PACKAGE
@@ -123,3 +149,16 @@ def test_the_checker_catches_a_cycle_and_an_upward_import(tmp_path):
     with pytest.raises(graphlib.CycleError):
         graphlib.TopologicalSorter(g).prepare()
     assert layer("ducklake_kit.lessons.c") > layer("ducklake_kit.lake.b")
+
+
+def test_the_checker_catches_lessons_and_bench_leaning_on_each_other():
+    # the tree before issue 24: lessons/flow.py imported bench.concurrency, bench/queries.py lessons.queries
+    g = {
+        "ducklake_kit.lessons.flow": {"ducklake_kit.bench.concurrency", "ducklake_kit.lake"},
+        "ducklake_kit.bench.queries": {"ducklake_kit.lessons.queries"},
+        "ducklake_kit.all": {"ducklake_kit.bench.concurrency", "ducklake_kit.lessons.queries"},
+    }
+    assert sideways(g) == [
+        "ducklake_kit.bench.queries imports ducklake_kit.lessons.queries (both layer 5)",
+        "ducklake_kit.lessons.flow imports ducklake_kit.bench.concurrency (both layer 5)",
+    ]

@@ -85,7 +85,7 @@ def test_percentile_is_nearest_rank():
 
 
 def test_every_checked_query_is_benchmarked():
-    from ducklake_kit.lessons import queries
+    from ducklake_kit.taxi import lesson_queries as queries
 
     names = [q.name for q in bq.bench_query_list()]
     assert names and set(names) <= set(queries.REFERENCE_SQL)

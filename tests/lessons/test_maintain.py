@@ -189,8 +189,8 @@ def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack):
     lock in the catalog for its whole life and names its files for itself: `--dead-loads` removes now the files of
     a load whose lock is free, and never those of a load that is running (here: files written, commit paused)."""
 
+    from ducklake_kit.lake.locks import load_id_of
     from ducklake_kit.lessons.maintain import unreferenced_files
-    from ducklake_kit.taxi.load import load_id_of
 
     fresh_stack.platform.up()
     ep = fresh_stack.platform.endpoints()

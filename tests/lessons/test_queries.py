@@ -18,7 +18,7 @@ from ducklake_kit.checks import CheckRun
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lessons import queries
-from ducklake_kit.taxi import flow, reference
+from ducklake_kit.taxi import flow, lesson_queries, reference
 from ducklake_kit.taxi.schema import TLC_ERAS
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -350,7 +350,7 @@ def test_bad_sql_in_a_query_file_names_the_file(lake, tmp_path, monkeypatch):
     (tmp_path / "01_broken.sql").write_text(
         "-- a query with a typo\n-- in a column name\nSELECT vendor_idd FROM trips;\n"
     )
-    monkeypatch.setattr(queries, "QUERIES_DIR", tmp_path)
+    monkeypatch.setattr(lesson_queries, "QUERIES_DIR", tmp_path)
     with pytest.raises(KitError) as err:
         queries.run_query(lake, "broken")
     assert err.value.what.startswith("query broken (01_broken.sql): SQL failed:") and "vendor_idd" in err.value.what

@@ -39,10 +39,10 @@ from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.profile import catalog_statements
 from ducklake_kit.lake.sql import quote_literal, table_exists
-from ducklake_kit.lessons import queries as queries_mod
 from ducklake_kit.platforms import s3
 from ducklake_kit.platforms.base import RAW_BUCKET, Platform
 from ducklake_kit.platforms.state import State
+from ducklake_kit.taxi import lesson_queries as queries_mod
 from ducklake_kit.taxi import sources
 from ducklake_kit.taxi import spark as spark_mod
 from ducklake_kit.taxi.load import run_load

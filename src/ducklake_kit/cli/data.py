@@ -375,11 +375,11 @@ def all_(
     as_json: JsonOpt = False,
 ) -> None:
     """The whole flow with checks (what `just ducklake-test` runs): foundation, load, queries, time travel, maintenance, a short benchmark. Exit 0 only if every check holds."""
-    from ducklake_kit.lessons import flow  # start-up: loads only for this command
+    from ducklake_kit import all as all_flow  # start-up: loads only for this command
 
     c: Ctx = ctx.obj
     run = CheckRun()
-    result = flow.run_all(
+    result = all_flow.run_all(
         c.platform(),
         c.state,
         run,

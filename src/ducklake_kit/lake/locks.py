@@ -3,6 +3,7 @@ holder never leaves a lock behind."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -47,6 +48,37 @@ def load_life_key(load_id: str) -> int:
     if len(load_id) != 12:
         raise ValueError(f"a load id is 12 hex digits, not {load_id!r}")
     return LOAD_LIFE_NAMESPACE | int(load_id, 16)
+
+
+# the loads' commit lock (taxi.load holds it around its commit; maintain around deleting dead loads' files)
+COMMIT_LOCK_KEY = lock_key("dlk-load")
+COMMIT_LOCK_TIMEOUT_S = 300
+
+
+def data_file_prefix(load_id: str) -> str:
+    """Every data file a load writes is named `ducklake-<load id>-<uuid>.parquet`: an orphan says whose it is."""
+    return f"ducklake-{load_id}-"
+
+
+def load_id_of(path: str) -> str | None:
+    """The load that wrote a data file, from its name; None for a file of another writer (or an older kit)."""
+    m = re.fullmatch(r"ducklake-([0-9a-f]{12})-[0-9a-f-]{36}\.parquet", path.rsplit("/", 1)[-1])
+    return m.group(1) if m else None
+
+
+def commit_lock(ep: Endpoints):
+    """Hold the loads' commit lock. DuckLake appends never conflict, so without it two loads of the same file,
+    both planned before either committed, would both land; inside it, the second one's re-plan sees the first's
+    commit and stops. A killed load's session ends and PostgreSQL releases the lock."""
+    return advisory_lock(
+        ep,
+        COMMIT_LOCK_KEY,
+        timeout_s=COMMIT_LOCK_TIMEOUT_S,
+        busy=KitError(
+            f"another load held the commit lock for {COMMIT_LOCK_TIMEOUT_S}s; nothing was registered",
+            "wait for the other load to finish, then run this one again",
+        ),
+    )
 
 
 @contextmanager

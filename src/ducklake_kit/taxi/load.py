@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import signal
 import time
 import uuid
@@ -27,7 +26,13 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, load_statements, secret_statements
-from ducklake_kit.lake.locks import advisory_lock, held_for_life, load_life_key, lock_key
+from ducklake_kit.lake.locks import (
+    COMMIT_LOCK_KEY,  # noqa: F401 - read here by tests/taxi/test_load_race.py
+    commit_lock,
+    data_file_prefix,
+    held_for_life,
+    load_life_key,
+)
 from ducklake_kit.lake.sql import quote_ident, quote_literal, table_exists, tables
 from ducklake_kit.lake.transactions import last_committed_snapshot, rollback_quietly
 from ducklake_kit.platforms import s3
@@ -45,8 +50,6 @@ MODES = ("skip", "append", "replace")
 PARTITION_KEYS = ("pickup_year", "pickup_month")
 # A PostgreSQL advisory lock in the catalog database serialises the commit phase of concurrent loads
 # (a bigint key: the ASCII of "dlk-load"), so a load re-plans after any load that committed before it.
-COMMIT_LOCK_KEY = lock_key("dlk-load")
-COMMIT_LOCK_TIMEOUT_S = 300
 
 _DUCK_TYPES = {
     "DATE": "DATE",
@@ -173,17 +176,6 @@ def land_raw(ep: Endpoints, src: SourceFile) -> tuple[str, bool]:
 # -- the executors' writer -------------------------------------------------------------------------------
 
 WRITTEN_SCHEMA = "tbl string, path string, rows long, source_file string"
-
-
-def data_file_prefix(load_id: str) -> str:
-    """Every data file a load writes is named `ducklake-<load id>-<uuid>.parquet`: an orphan says whose it is."""
-    return f"ducklake-{load_id}-"
-
-
-def load_id_of(path: str) -> str | None:
-    """The load that wrote a data file, from its name; None for a file of another writer (or an older kit)."""
-    m = re.fullmatch(r"ducklake-([0-9a-f]{12})-[0-9a-f-]{36}\.parquet", path.rsplit("/", 1)[-1])
-    return m.group(1) if m else None
 
 
 def make_writer(
@@ -609,21 +601,6 @@ def _commit(
     except BaseException:
         rollback_quietly(con)
         raise
-
-
-def commit_lock(ep: Endpoints):
-    """Hold the loads' commit lock. DuckLake appends never conflict, so without it two loads of the same file,
-    both planned before either committed, would both land; inside it, the second one's re-plan sees the first's
-    commit and stops. A killed load's session ends and PostgreSQL releases the lock."""
-    return advisory_lock(
-        ep,
-        COMMIT_LOCK_KEY,
-        timeout_s=COMMIT_LOCK_TIMEOUT_S,
-        busy=KitError(
-            f"another load held the commit lock for {COMMIT_LOCK_TIMEOUT_S}s; nothing was registered",
-            "wait for the other load to finish, then run this one again",
-        ),
-    )
 
 
 def spark_job_failed(exc: BaseException, ep: Endpoints) -> KitError:

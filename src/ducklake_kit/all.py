@@ -1,4 +1,5 @@
-"""`all`, the whole flow with checks (what `just ducklake-test` runs), in stages:
+"""`all`, the whole flow with checks (what `just ducklake-test` runs), in stages; it sits above lessons and bench
+(the only module that reads both):
 
 foundation  up, buckets, a table, two inserts, snapshots, time travel by version, files on S3
 load        the NYC Taxi load through PySpark, checked against the raw files; the same load again is a no-op
