@@ -1,11 +1,20 @@
 """The dynamic-table language: a small prefix parser over sqlglot's DuckDB tokens (strings, comments and `;`
 inside them are sqlglot's business, never a regex's), with the defining query parsed by sqlglot itself.
 
-    CREATE [OR REPLACE] DYNAMIC TABLE [schema.]name
-      TARGET_LAG = '<n> seconds|minutes|hours|days' | DOWNSTREAM
+    CREATE [OR REPLACE] [TRANSIENT] DYNAMIC TABLE [lake.][schema.]name [(column, ...)]
+      TARGET_LAG = '<n> seconds|minutes|hours|days' | DOWNSTREAM   -- or LAG = (Snowflake's older spelling)
       [REFRESH_MODE = AUTO | FULL | INCREMENTAL]   -- default AUTO
       [INITIALIZE = ON_CREATE | ON_SCHEDULE]       -- default ON_CREATE
+      [COMMENT = '...']
     AS SELECT ...;
+
+Snowflake's DDL is taken as written: the properties that mean nothing on one DuckLake (WAREHOUSE,
+INITIALIZATION_WAREHOUSE, CLUSTER BY (...), DATA_RETENTION_TIME_IN_DAYS, MAX_DATA_EXTENSION_TIME_IN_DAYS, TRANSIENT,
+COPY GRANTS, [WITH] TAG (...), REQUIRE USER) are kept in `ignored` and said once at create; the ones whose meaning
+the kit would drop (row access and aggregation policies, IMMUTABLE WHERE, BACKFILL FROM, REFRESH_MODE = ADAPTIVE,
+column types) are refused in one line. sqlglot's Snowflake dialect reads most of this head too, but takes any
+`KEY = value` as a property and turns IMMUTABLE WHERE into an opaque command: the checks and their messages are ours
+(tests compare our reading with sqlglot's).
     ALTER DYNAMIC TABLE name SUSPEND | RESUME | REFRESH | SET TARGET_LAG = ...;
     DROP DYNAMIC TABLE [IF EXISTS] name;
     SHOW DYNAMIC TABLES;
@@ -21,6 +30,7 @@ from sqlglot.errors import ParseError, TokenError
 from sqlglot.tokens import Token, TokenType
 
 from ducklake_kit.errors import KitError
+from ducklake_kit.lake.connection import LAKE
 
 DIALECT = "duckdb"
 MODES = ("AUTO", "FULL", "INCREMENTAL")
@@ -141,6 +151,8 @@ class CreateDynamicTable:
     initialize: str = "ON_CREATE"
     or_replace: bool = False
     text: str = ""  # the whole statement, as written
+    comment: str | None = None
+    ignored: tuple[str, ...] = ()  # Snowflake's properties that mean nothing here, as written (WAREHOUSE = wh)
 
 
 @dataclass(frozen=True)
@@ -191,9 +203,10 @@ def _word(tok: Token | None) -> str:
 
 def is_dynamic(tokens: list[Token]) -> bool:
     """Whether a statement's tokens are dynamic-table DDL (CREATE [OR REPLACE] DYNAMIC, ALTER/DROP/SHOW DYNAMIC)."""
-    words = [_word(t) for t in tokens[:4]]
-    if words[:1] == ["CREATE"]:
-        return "DYNAMIC" in words[1:4] and (words[1] == "DYNAMIC" or words[1:3] == ["OR", "REPLACE"])
+    words = [_word(t) for t in tokens[:5]]
+    if words[:1] == ["CREATE"]:  # CREATE [OR REPLACE] [TRANSIENT] DYNAMIC
+        rest = words[3:] if words[1:3] == ["OR", "REPLACE"] else words[1:]
+        return rest[: 2 if rest[:1] == ["TRANSIENT"] else 1][-1:] == ["DYNAMIC"]
     return len(words) > 1 and words[0] in ("ALTER", "DROP", "SHOW") and words[1] == "DYNAMIC"
 
 
@@ -249,12 +262,29 @@ class _Reader:
             if _word(self.peek()) != ".":
                 break
             self.take()
+        if len(parts) == 3 and parts[0].lower() == LAKE:
+            parts = parts[1:]  # lake.schema.table: the lake is the only database here
         if len(parts) > 2:
             raise DdlError(
                 f"'{'.'.join(parts)}' is not a dynamic table name",
-                "name it as table or schema.table of the lake, e.g. main.daily_revenue",
+                f"name it as table, schema.table or {LAKE}.schema.table (the lake is the only database here), "
+                "e.g. main.daily_revenue",
             )
         return ".".join(parts if len(parts) == 2 else ["main", *parts]).lower()
+
+    def group(self) -> str:
+        """A parenthesised group (its brackets balanced, strings being tokens), as written."""
+        first = self.peek()
+        if _word(first) != "(":
+            raise DdlError(f"expected ( but found {first.text if first else 'the end'!r} in `{self.text[:80]}`")
+        depth = 0
+        while True:
+            tok = self.take()
+            if tok is None:
+                raise DdlError(f"a ( is not closed in `{self.text[:80]}`", "close it with )")
+            depth += {"(": 1, ")": -1}.get(_word(tok), 0)
+            if depth == 0:
+                return self.text[first.start - self.tokens[0].start : tok.end - self.tokens[0].start + 1]
 
     def value(self) -> Token:
         self.expect("=")
@@ -300,26 +330,27 @@ def parse_statement(text: str, tokens: list[Token] | None = None) -> Statement:
         return AlterDynamicTable(name, "SET_LAG", lag)
     r.expect("CREATE")
     or_replace = r.accept("OR", "REPLACE")
+    ignored = ["TRANSIENT"] if r.accept("TRANSIENT") else []  # Snowflake's Fail-safe: no such thing here
     r.expect("DYNAMIC", "TABLE")
+    if r.accept("IF", "NOT", "EXISTS"):
+        raise DdlError(
+            "CREATE DYNAMIC TABLE IF NOT EXISTS is not supported",
+            "write CREATE DYNAMIC TABLE (an error when it exists) or CREATE OR REPLACE DYNAMIC TABLE",
+        )
     name = r.name()
-    props: dict[str, Token] = {}
-    while not r.accept("AS"):
-        tok = r.take()
-        key = _word(tok)
-        if key not in ("TARGET_LAG", "REFRESH_MODE", "INITIALIZE"):
-            raise DdlError(
-                f"unknown property {tok.text if tok else 'nothing'!r} of dynamic table {name} (expected "
-                "TARGET_LAG, REFRESH_MODE, INITIALIZE or AS SELECT ...)"
-            )
-        if key in props:
-            raise DdlError(f"{key} is given twice for dynamic table {name}")
-        props[key] = r.value()
+    columns = _column_list(r, name) if _word(r.peek()) == "(" else None
+    props, comment = _properties(r, name, ignored)
     if "TARGET_LAG" not in props:
         raise DdlError(
             f"dynamic table {name} has no TARGET_LAG", "add TARGET_LAG = '5 minutes' (or DOWNSTREAM) before AS SELECT"
         )
     mode = _word(props.get("REFRESH_MODE")) or "AUTO"
     init = _word(props.get("INITIALIZE")) or "ON_CREATE"
+    if mode == "ADAPTIVE":
+        raise DdlError(
+            "REFRESH_MODE = ADAPTIVE is not supported yet",
+            "use AUTO: it refreshes incrementally when the query allows, and in full when most keys changed",
+        )
     if mode not in MODES:
         raise DdlError(f"REFRESH_MODE = {props['REFRESH_MODE'].text} is not a mode", "use AUTO, FULL or INCREMENTAL")
     if init not in INITIALIZE:
@@ -347,7 +378,112 @@ def parse_statement(text: str, tokens: list[Token] | None = None) -> Statement:
             "(a new answer on every run): no refresh could equal the query run in full",
             f"keep {random[0]} out of a dynamic table: store its values in a table the query reads",
         )
-    return CreateDynamicTable(name, _lag(props["TARGET_LAG"]), query.strip(), select, mode, init, or_replace, text)
+    if columns is not None:
+        query, select = _named(query.strip(), select, columns, name)
+    return CreateDynamicTable(
+        name, _lag(props["TARGET_LAG"]), query.strip(), select, mode, init, or_replace, text, comment, tuple(ignored)
+    )
+
+
+# Snowflake's properties that mean nothing on one DuckLake: kept as written, said once at create
+IGNORED = {"WAREHOUSE", "INITIALIZATION_WAREHOUSE", "DATA_RETENTION_TIME_IN_DAYS", "MAX_DATA_EXTENSION_TIME_IN_DAYS"}
+# ... and the ones whose meaning the kit would drop without a word: refused, with why
+REFUSED = {
+    "IMMUTABLE": "IMMUTABLE WHERE is not supported yet (every row is kept fresh)",
+    "BACKFILL": "BACKFILL FROM is not supported (a dynamic table is filled from its query)",
+    "ROW": "row access policies are not supported: the kit would show every row",
+    "AGGREGATION": "aggregation policies are not supported: the kit would not enforce them",
+    "MASKING": "masking policies are not supported: the kit would not mask",
+    "EXECUTE": "EXECUTE AS USER is not supported: refreshes run as the kit's own catalog user",
+}
+
+
+def _properties(r: _Reader, name: str, ignored: list[str]) -> tuple[dict[str, Token], str | None]:
+    """The properties up to AS: TARGET_LAG (or LAG), REFRESH_MODE, INITIALIZE, COMMENT; Snowflake's others are
+    appended to `ignored` as written, or refused (see REFUSED)."""
+    props: dict[str, Token] = {}
+    comment = None
+    while not r.accept("AS"):
+        start, tok = r.peek(), r.take()
+        key = {"LAG": "TARGET_LAG"}.get(_word(tok), _word(tok))
+        if key == "WITH" and _word(r.peek()) in ("TAG", "ROW", "AGGREGATION", "MASKING"):
+            key = _word(r.take())
+        if key in REFUSED:
+            raise DdlError(
+                f"{REFUSED[key]}: dynamic table {name}", "leave it out of the statement (and say so to its readers)"
+            )
+        if key in ("CLUSTER", "CLUSTER BY"):  # sqlglot's tokenizer reads CLUSTER BY as one token
+            if key == "CLUSTER":
+                r.expect("BY")
+            ignored.append(f"CLUSTER BY {r.group()}")
+        elif key == "TAG":
+            ignored.append(f"TAG {r.group()}")
+        elif (key == "COPY" and r.accept("GRANTS")) or (key == "REQUIRE" and r.accept("USER")):
+            ignored.append(_written(r, start))
+        elif key in IGNORED:
+            r.value()
+            ignored.append(_written(r, start))
+        elif key == "COMMENT":
+            value = r.value()
+            if value.token_type != TokenType.STRING:
+                raise DdlError(f"COMMENT = {value.text} is not a string", "quote it: COMMENT = 'what it holds'")
+            comment = value.text
+        elif key in ("TARGET_LAG", "REFRESH_MODE", "INITIALIZE"):
+            if key in props:
+                raise DdlError(f"{key} is given twice for dynamic table {name}")
+            props[key] = r.value()
+        else:
+            raise DdlError(
+                f"unknown property {tok.text if tok else 'nothing'!r} of dynamic table {name} (expected "
+                "TARGET_LAG, REFRESH_MODE, INITIALIZE, COMMENT, one of Snowflake's or AS SELECT ...)"
+            )
+    return props, comment
+
+
+def _written(r: _Reader, start: Token) -> str:
+    """The text from `start` to the last token taken, as written."""
+    last = r.tokens[r.i - 1]
+    return r.text[start.start - r.tokens[0].start : last.end - r.tokens[0].start + 1]
+
+
+def _column_list(r: _Reader, name: str) -> list[str]:
+    """Snowflake's column list after the name: names only (the query's columns renamed in order)."""
+    text = r.group()
+    try:
+        names = sqlglot.parse_one(f"SELECT * FROM t AS t{text}", read=DIALECT).find(exp.TableAlias).columns
+    except ParseError:
+        names = None
+    if not names or any(not isinstance(c, exp.Identifier) for c in names):
+        raise DdlError(
+            f"the column list of dynamic table {name} is not a list of names ({text[:60]})",
+            "give names only, e.g. (day, revenue), or name the columns in the SELECT with AS (types come from the query)",
+        )
+    return [c.name for c in names]
+
+
+def _named(query: str, select: exp.Expression, columns: list[str], name: str) -> tuple[str, exp.Expression]:
+    """The query with its output columns named as the column list says, each projection aliased in place (the
+    query keeps its shape, so it refreshes as incrementally as it would without the list)."""
+    if not isinstance(select, exp.Select) or any(isinstance(e, exp.Star) for e in select.expressions):
+        raise DdlError(
+            f"the column list of dynamic table {name} names the columns of a query that is not a plain SELECT of "
+            "listed columns",
+            "name the columns in the SELECT with AS instead of the list after the table name",
+        )
+    if len(columns) != len(select.expressions):
+        raise DdlError(
+            f"the column list of dynamic table {name} has {len(columns)} names for {len(select.expressions)} columns",
+            "give one name per column of the SELECT",
+        )
+    named = select.copy()
+    named.set(
+        "expressions",
+        [
+            exp.alias_(e.unalias() if isinstance(e, exp.Alias) else e, c, quoted=True)
+            for e, c in zip(named.expressions, columns)
+        ],
+    )
+    return named.sql(DIALECT), named
 
 
 def parse(text: str) -> list[Statement]:
