@@ -27,6 +27,12 @@ test *args: setup
 test-fast *args: setup
     {{uv}} run --frozen pytest -m "not service" {{args}}
 
+# build the manual in docs/ as a site into site/ (--strict: a broken link or anchor, or a page missing from the nav, fails it) and check that docs/cli.md matches --help
+[group('main')]
+docs: setup
+    {{uv}} run --frozen python -m ducklake_kit.cli.reference --check
+    NO_MKDOCS_2_WARNING=1 {{uv}} run --frozen mkdocs build --strict
+
 # lint and format check with ruff (pinned in uv.lock; its rules and the reasons for the ones left out are in pyproject.toml)
 [group('main')]
 lint: setup
