@@ -24,6 +24,9 @@ from ducklake_kit.platforms.spark_cluster import PORT_OPTIONS, SparkCluster
 from ducklake_kit.platforms.state import State
 from ducklake_kit.workers import plane
 
+# pytester runs the test tiers' own tests (tests/test_tiers.py): a small pytest session with this conftest
+pytest_plugins = ["pytester"]
+
 BACKEND = os.environ.get("DUCKLAKE_TEST_BACKEND", "local")
 # `all` loads three synthetic months; small ones keep the suite quick on 2 cores
 os.environ.setdefault("DUCKLAKE_ALL_ROWS_PER_MONTH", "20000")
@@ -45,6 +48,56 @@ for _var in (
 PG_IMAGE = "postgres:16.6"
 RCLONE_IMAGE = "rclone/rclone:1.75.2"
 
+# -- test tiers -----------------------------------------------------------------------------------------------
+# The fixtures that start or reach a service, and the markers a test using one gets. `item.fixturenames` is the
+# closure of what a test requests, so a fixture built on these (`time_zone` on `spark`, a module's `lake` on
+# `stack`) marks its tests too. `service` is every test that starts or uses a service; `pytest -m "not service"`
+# (just test-fast) runs the others. A test that starts services without one of these fixtures (it runs the
+# CLI's `up` in a home of its own, a notebook, a Dask client) says so with `pytestmark = pytest.mark.service`.
+SERVICE_FIXTURES = {
+    "stack": ("integration",),
+    "fresh_stack": ("integration",),
+    "lab_stack": ("integration",),
+    "spark": ("spark",),
+}
+SERVICE_MARKS = {"service", "integration", "spark"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ())) & SERVICE_FIXTURES.keys()
+        for mark in sorted({m for name in used for m in SERVICE_FIXTURES[name]}):
+            item.add_marker(mark)
+        if used or any(item.get_closest_marker(name) for name in SERVICE_MARKS):
+            item.add_marker("service")
+
+
+_running: list[pytest.Item] = []  # the test being run, for the stacks to ask whether it may start services
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    # a hook, not an autouse fixture: session and module fixtures (the stacks, Spark) are set up before any
+    # function fixture runs, and they must know which test asked for them
+    _running.append(item)
+    try:
+        return (yield)
+    finally:
+        _running.remove(item)
+
+
+def refuse_unless_service(what: str) -> None:
+    """Fail the running test when it starts `what` but is not marked `service`: the fast tier must start nothing.
+    Collection marks the tests that request a stack; this catches the ones that reach one any other way
+    (`request.getfixturevalue("stack")`, a LocalStack built in the test) before a process starts."""
+    for item in _running:
+        if item.get_closest_marker("service") is None:
+            pytest.fail(
+                f"{item.nodeid} starts {what} but is not marked `service`: request its fixture by name "
+                "(tests/conftest.py marks it) or mark the module with `pytestmark = pytest.mark.service`",
+                pytrace=False,
+            )
+
 
 def make_home() -> Path:
     # Not pytest's tmp_path: its parents are 0700, and as root PostgreSQL runs as another user who must traverse them.
@@ -57,6 +110,7 @@ class LocalStack:
     """A LocalPlatform in its own state folder on free ports, plus the env a CLI run needs to find it."""
 
     def __init__(self) -> None:
+        refuse_unless_service("PostgreSQL and rclone S3 (a LocalStack)")
         self.home = make_home()
         self.pg_port, self.s3_port = free_port(), free_port()
         self.state = State(self.home)
@@ -88,6 +142,7 @@ class ContainerStack:
     """PostgreSQL and rclone in containers, reached through --platform external."""
 
     def __init__(self) -> None:
+        refuse_unless_service("PostgreSQL and rclone S3 in containers")
         try:
             import docker
 
@@ -200,6 +255,8 @@ def spark():
     from pyspark.sql import SparkSession
 
     from ducklake_kit.taxi.transforms import SPARK_CONF
+
+    refuse_unless_service("a SparkSession")
 
     # the Python workers run this interpreter (with pyarrow and duckdb), whatever `python3` is on PATH: the loads the
     # tests run in this process reuse this session, and Spark reads PYSPARK_PYTHON when the session starts

@@ -14,7 +14,6 @@ import pytest
 
 from ducklake_kit.cli import app
 
-pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
