@@ -55,13 +55,13 @@ def refused(objects: list[dict[str, Any]], **kwargs: Any) -> str:
 # ------------------------------------------------------------------------------------------- translations
 
 
-def test_every_translation_is_listed(plan: adapter.PodmanPlan) -> None:
+def test_every_translation_is_listed(rendered: Render, plan: adapter.PodmanPlan) -> None:
     rules = [(t.rule, t.source) for t in plan.translations]
-    secret = next(s.name for s in plan.secrets if s.name.startswith(k8s.SECRET_NAME + "-"))
+    secret = next(s["metadata"]["name"] for s in rendered.secrets())
     pg, s3 = "StatefulSet/postgres", "StatefulSet/rclone-s3"
     assert sorted(rules) == sorted(
         [
-            ("namespace-dropped", f"Namespace/{k8s.NAMESPACE}"),
+            ("namespace-to-prefix", f"Namespace/{k8s.NAMESPACE}"),
             ("secret-to-podman-secret", f"Secret/{secret}"),
             ("statefulset-to-pod", pg),
             ("statefulset-to-pod", s3),
@@ -96,8 +96,8 @@ def test_statefulsets_become_pods_named_as_the_controller_names_them(
     rendered: Render, plan: adapter.PodmanPlan
 ) -> None:
     assert [(p.name, p.workload) for p in plan.pods] == [
-        ("postgres-0", "StatefulSet/postgres"),
-        ("rclone-s3-0", "StatefulSet/rclone-s3"),
+        ("ducklake-postgres-0", "StatefulSet/postgres"),
+        ("ducklake-rclone-s3-0", "StatefulSet/rclone-s3"),
     ]
     for p in plan.pods:
         sts = rendered.find(*p.workload.split("/"))
@@ -105,6 +105,21 @@ def test_statefulsets_become_pods_named_as_the_controller_names_them(
         assert p.containers() == [f"{p.name}-{c['name']}" for c in sts["spec"]["template"]["spec"]["containers"]]
     # kube play gets pods only: it would skip the rest, or mishandle the Secret
     assert [d["kind"] for d in yaml.safe_load_all(plan.kube_yaml())] == ["Pod", "Pod"]
+
+
+def test_the_namespace_becomes_a_prefix_so_two_kits_share_no_name(rendered: Render, plan: adapter.PodmanPlan) -> None:
+    other = adapter.translate(copy.deepcopy(rendered.objects), host_ports=HOST_PORTS, prefix="ducklake-t1-")
+
+    def names(p: adapter.PodmanPlan) -> set[str]:
+        return {x.name for x in (*p.pods, *p.volumes, *p.secrets)} | {c for x in p.pods for c in x.containers()}
+
+    assert all(n.startswith(f"{k8s.NAMESPACE}-") for n in names(plan))
+    assert all(n.startswith("ducklake-t1-") for n in names(other))
+    assert not names(plan) & names(other)
+    assert "ducklake-t1-postgres-0-env" not in names(other)  # only rclone's env draws on a Secret
+    assert container(other, "ducklake-t1-rclone-s3-0")["env"][-1]["valueFrom"]["secretKeyRef"]["name"] == (
+        "ducklake-t1-rclone-s3-0-rclone-s3-env"
+    )
 
 
 def test_played_pods_are_valid_pods(plan: adapter.PodmanPlan) -> None:
@@ -115,8 +130,15 @@ def test_played_pods_are_valid_pods(plan: adapter.PodmanPlan) -> None:
 def test_the_secret_becomes_podman_secret_json_of_exactly_its_values(
     rendered: Render, plan: adapter.PodmanPlan
 ) -> None:
-    secret = next(s for s in plan.secrets if s.name.startswith(k8s.SECRET_NAME + "-"))
-    assert secret.name == next(o for o in rendered.secrets())["metadata"]["name"]  # the workloads' secretKeyRef name
+    secret = next(s for s in plan.secrets if s.source.startswith("Secret/"))
+    assert secret.name == "ducklake-" + next(o for o in rendered.secrets())["metadata"]["name"]
+    refs = {
+        e["valueFrom"]["secretKeyRef"]["name"]
+        for c in ("ducklake-postgres-0",)
+        for e in container(plan, c)["env"]
+        if "valueFrom" in e
+    }
+    assert refs == {secret.name}  # the workloads read it under its podman name
     as_stored = json.loads(secret.stdin())
     assert {k: base64.b64decode(v).decode() for k, v in as_stored.items()} == rendered.env_values
 
@@ -129,7 +151,7 @@ def test_no_credential_in_the_played_yaml_or_a_printed_plan(rendered: Render, pl
 
 
 def test_env_is_expanded_as_kubernetes_does(rendered: Render, plan: adapter.PodmanPlan) -> None:
-    env = container(plan, "rclone-s3-0")["env"]
+    env = container(plan, "ducklake-rclone-s3-0")["env"]
     assert [e["name"] for e in env] == [e["name"] for e in manifest_container(rendered, k8s.S3_STATEFULSET)["env"]]
     auth = next(e for e in env if e["name"] == "RCLONE_AUTH_KEY")
     derived = next(s for s in plan.secrets if s.name == auth["valueFrom"]["secretKeyRef"]["name"])
@@ -137,7 +159,7 @@ def test_env_is_expanded_as_kubernetes_does(rendered: Render, plan: adapter.Podm
     assert derived.data == {"RCLONE_AUTH_KEY": expected.encode()}
     assert json.loads(derived.stdin()) == {"RCLONE_AUTH_KEY": base64.b64encode(expected.encode()).decode()}
     # literal values without a reference pass through as written
-    pg_env = {e["name"]: e for e in container(plan, "postgres-0")["env"]}
+    pg_env = {e["name"]: e for e in container(plan, "ducklake-postgres-0")["env"]}
     assert pg_env["PGDATA"] == {"name": "PGDATA", "value": "/var/lib/postgresql/data/pgdata"}
 
 
@@ -166,15 +188,15 @@ def test_expansion_reads_only_earlier_entries(rendered: Render) -> None:
     env.insert(0, {"name": "EARLY", "value": "$(POSTGRES_DB)/x"})  # POSTGRES_DB comes later: not expanded
     env.append({"name": "LATE", "value": "$(POSTGRES_DB)/x $$(POSTGRES_DB)"})
     plan = adapter.translate(objects, host_ports=HOST_PORTS)
-    values = {e["name"]: e.get("value") for e in container(plan, "postgres-0")["env"]}
+    values = {e["name"]: e.get("value") for e in container(plan, "ducklake-postgres-0")["env"]}
     assert values["EARLY"] == "$(POSTGRES_DB)/x"
     assert values["LATE"] == "ducklake_catalog/x $(POSTGRES_DB)"
 
 
 def test_services_publish_on_loopback_only(rendered: Render, plan: adapter.PodmanPlan) -> None:
     assert [(p.service, p.pod, p.container_port, p.host_ip, p.host_port) for p in plan.ports] == [
-        (k8s.POSTGRES_SERVICE, "postgres-0", k8s.POSTGRES_PORT, "127.0.0.1", HOST_PORTS[k8s.POSTGRES_SERVICE]),
-        (k8s.S3_SERVICE, "rclone-s3-0", k8s.S3_PORT, "127.0.0.1", HOST_PORTS[k8s.S3_SERVICE]),
+        (k8s.POSTGRES_SERVICE, "ducklake-postgres-0", k8s.POSTGRES_PORT, "127.0.0.1", HOST_PORTS[k8s.POSTGRES_SERVICE]),
+        (k8s.S3_SERVICE, "ducklake-rclone-s3-0", k8s.S3_PORT, "127.0.0.1", HOST_PORTS[k8s.S3_SERVICE]),
     ]
     # kube play publishes a port without hostPort on 0.0.0.0: every port it gets has a loopback hostIP
     for doc in yaml.safe_load_all(plan.kube_yaml()):
@@ -188,12 +210,15 @@ def test_a_port_no_service_targets_is_not_published(rendered: Render) -> None:
     sts = next(o for o in objects if o["kind"] == "StatefulSet" and o["metadata"]["name"] == k8s.S3_STATEFULSET)
     sts["spec"]["template"]["spec"]["containers"][0]["ports"].append({"name": "metrics", "containerPort": 5572})
     plan = adapter.translate(objects, host_ports=HOST_PORTS)
-    assert [p["containerPort"] for p in container(plan, "rclone-s3-0")["ports"]] == [k8s.S3_PORT]
+    assert [p["containerPort"] for p in container(plan, "ducklake-rclone-s3-0")["ports"]] == [k8s.S3_PORT]
     assert any(t.rule == "port-not-published" and "5572" in t.source for t in plan.translations)
 
 
 def test_probes_are_the_manifests_argv_run_by_the_kit(rendered: Render, plan: adapter.PodmanPlan) -> None:
-    for sts, pod_name in ((k8s.POSTGRES_STATEFULSET, "postgres-0"), (k8s.S3_STATEFULSET, "rclone-s3-0")):
+    for sts, pod_name in (
+        (k8s.POSTGRES_STATEFULSET, "ducklake-postgres-0"),
+        (k8s.S3_STATEFULSET, "ducklake-rclone-s3-0"),
+    ):
         written = manifest_container(rendered, sts)
         probes = [p for p in plan.probes() if p.pod == pod_name]
         assert [p.kind for p in probes] == ["startup", "readiness", "liveness"]
@@ -227,13 +252,13 @@ def test_probe_commands_expand_like_the_kubelet(rendered: Render) -> None:
 
 def test_claims_become_named_volumes_at_the_manifests_mount(rendered: Render, plan: adapter.PodmanPlan) -> None:
     assert [(v.name, v.pod, v.requested) for v in plan.volumes] == [
-        ("data-postgres-0", "postgres-0", "2Gi"),
-        ("data-rclone-s3-0", "rclone-s3-0", "10Gi"),
+        ("ducklake-data-postgres-0", "ducklake-postgres-0", "2Gi"),
+        ("ducklake-data-rclone-s3-0", "ducklake-rclone-s3-0", "10Gi"),
     ]
-    pgdata = next(e["value"] for e in container(plan, "postgres-0")["env"] if e["name"] == "PGDATA")
+    pgdata = next(e["value"] for e in container(plan, "ducklake-postgres-0")["env"] if e["name"] == "PGDATA")
     pg_volume = plan.volumes[0]
     assert pgdata.startswith(pg_volume.mount_path + "/")  # PGDATA sits on the volume, in a subdirectory
-    assert container(plan, "rclone-s3-0")["args"][2] == plan.volumes[1].mount_path  # rclone serves the volume
+    assert container(plan, "ducklake-rclone-s3-0")["args"][2] == plan.volumes[1].mount_path  # rclone serves the volume
     for v in plan.volumes:
         assert pod(plan, v.pod)["spec"]["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": v.name}}]
         assert v.labels["app.kubernetes.io/part-of"] == "ducklake-kit"
@@ -243,7 +268,9 @@ def test_images_are_never_pulled_and_can_be_the_local_builds(rendered: Render, p
     assert {c["imagePullPolicy"] for p in plan.pods for c in p.manifest["spec"]["containers"]} == {"Never"}
     images = {"postgres:16.15": "localhost/ducklake-postgres:16.15", "rclone/rclone:1.75.2": "localhost/rclone:1.75.2"}
     built = adapter.translate(copy.deepcopy(rendered.objects), host_ports=HOST_PORTS, images=images)
-    assert [container(built, p)["image"] for p in ("postgres-0", "rclone-s3-0")] == list(images.values())
+    assert [container(built, p)["image"] for p in ("ducklake-postgres-0", "ducklake-rclone-s3-0")] == list(
+        images.values()
+    )
     assert sum(t.rule == "image-built-locally" for t in built.translations) == 2
     line = refused(copy.deepcopy(rendered.objects), images={"postgres:16.15": "x"})
     assert "no local build of the image rclone/rclone:1.75.2" in line

@@ -115,7 +115,7 @@ class PodmanSecret:
 class PodmanVolume:
     """A podman named volume standing in for a StatefulSet's PersistentVolumeClaim."""
 
-    name: str  # <claim template>-<statefulset>-<ordinal>, the PVC's name on a cluster
+    name: str  # <prefix><claim template>-<statefulset>-<ordinal>: the PVC's name on a cluster, prefixed
     pod: str
     mount_path: str
     requested: str  # the claim's storage request: informative only, a named volume has no size
@@ -237,9 +237,12 @@ def translate(
     *,
     host_ports: Mapping[str, int],
     images: Mapping[str, str] | None = None,
+    prefix: str | None = None,
 ) -> PodmanPlan:
     """The plan for podman: `host_ports` maps each Service's name to its loopback port; `images` maps a manifest's
-    image to the locally built one (None: keep the manifests' names, which must then exist locally)."""
+    image to the locally built one (None: keep the manifests' names, which must then exist locally). `prefix`
+    begins the name of every pod, volume and secret (podman's names are machine-wide; None: the overlay's
+    namespace and a dash, e.g. `ducklake-`), so two kits (a user's and a test's) never share one."""
     by_kind: dict[str, list[Mapping[str, Any]]] = {}
     for obj in objects:
         by_kind.setdefault(obj["kind"], []).append(obj)
@@ -258,30 +261,33 @@ def translate(
             f"host ports are given for {extra or 'no unknown Service'} and missing for {missing or 'none'}",
             "give a loopback port for each Service of the overlay, and only for those",
         )
+    namespaces = by_kind.get("Namespace", [])
+    if prefix is None:
+        prefix = f"{namespaces[0]['metadata']['name']}-" if len(namespaces) == 1 else ""
     translations: list[Translation] = []
-    for ns in by_kind.get("Namespace", []):
+    for ns in namespaces:
         translations.append(
             Translation(
-                "namespace-dropped",
+                "namespace-to-prefix",
                 _ref(ns),
-                "nothing (pods keep their names and labels)",
-                "podman has no namespaces; kube play skips them",
+                f"the name prefix {prefix!r} on pods, volumes and secrets",
+                "podman has one machine-wide namespace and kube play skips Namespaces",
             )
         )
     secrets = {s["metadata"]["name"]: _secret_data(s) for s in by_kind.get("Secret", [])}
-    plan_secrets = [PodmanSecret(name, f"Secret/{name}", data) for name, data in secrets.items()]
+    plan_secrets = [PodmanSecret(prefix + name, f"Secret/{name}", data) for name, data in secrets.items()]
     for name in secrets:
         translations.append(
             Translation(
                 "secret-to-podman-secret",
                 f"Secret/{name}",
-                f"podman secret {name} (JSON of base64 values, created from stdin)",
+                f"podman secret {prefix}{name} (JSON of base64 values, created from stdin)",
                 "kube play 4.3 stores a played Secret as YAML, then fails to read it as JSON (podman #16269)",
             )
         )
     pods, volumes = [], []
     for sts in by_kind.get("StatefulSet", []):
-        pod, vols, derived, notes = _statefulset(sts, secrets, images or {})
+        pod, vols, derived, notes = _statefulset(sts, secrets, images or {}, prefix)
         pods.append(pod)
         volumes += vols
         plan_secrets += derived
@@ -296,13 +302,13 @@ def translate(
 
 
 def _statefulset(
-    sts: Mapping[str, Any], secrets: Mapping[str, Mapping[str, bytes]], images: Mapping[str, str]
+    sts: Mapping[str, Any], secrets: Mapping[str, Mapping[str, bytes]], images: Mapping[str, str], prefix: str
 ) -> tuple[PlayedPod, list[PodmanVolume], list[PodmanSecret], list[Translation]]:
     name, ref = sts["metadata"]["name"], _ref(sts)
     spec = sts["spec"]
     if spec.get("replicas", 1) != 1:
         raise AdapterError(f"{ref} asks for {spec['replicas']} replicas; on podman a StatefulSet runs one pod")
-    pod_name = f"{name}-0"  # a StatefulSet's first pod, as a cluster names it
+    pod_name = f"{prefix}{name}-0"  # a StatefulSet's first pod, as a cluster names it (after the prefix)
     template = copy.deepcopy(spec["template"])
     pod_spec = template["spec"]
     unknown = sorted(set(pod_spec) - POD_SPEC_FIELDS)
@@ -313,7 +319,7 @@ def _statefulset(
     claims = {t["metadata"]["name"]: t for t in spec.get("volumeClaimTemplates", [])}
     volumes, pod_volumes = [], []
     for claim_name, claim in claims.items():
-        volume = f"{claim_name}-{name}-0"
+        volume = f"{prefix}{claim_name}-{name}-0"
         mounts = [m for c in pod_spec["containers"] for m in c.get("volumeMounts", []) if m["name"] == claim_name]
         requested = claim.get("spec", {}).get("resources", {}).get("requests", {}).get("storage", "")
         claim_labels = {**claim.get("metadata", {}).get("labels", {}), **labels}
@@ -342,7 +348,7 @@ def _statefulset(
                 raise AdapterError(f"{cref} mounts {mount['name']}, which is not a volumeClaimTemplate")
         # Probes first: the kubelet expands their $(VAR) from the env as written, before _env rewrites it.
         container_probes, probe_note = _probes(container, pod_name, cref)
-        secret, env_notes = _env(container, pod_name, cref, secrets)
+        secret, env_notes = _env(container, pod_name, cref, secrets, prefix)
         if secret is not None:
             derived.append(secret)
         notes += env_notes
@@ -369,7 +375,7 @@ def _statefulset(
 
 
 def _env(
-    container: dict[str, Any], pod: str, cref: str, secrets: Mapping[str, Mapping[str, bytes]]
+    container: dict[str, Any], pod: str, cref: str, secrets: Mapping[str, Mapping[str, bytes]], prefix: str
 ) -> tuple[PodmanSecret | None, list[Translation]]:
     """Expand `$(VAR)` in env values as the kubelet does: from the container's earlier entries only. A value that
     draws on a Secret goes into a podman secret of its own, so the played YAML never holds a credential."""
@@ -392,7 +398,7 @@ def _env(
                 raise AdapterError(f"{cref}: env {name} reads {ref['name']}/{ref['key']}, which the overlay lacks")
             resolved[name] = secrets[ref["name"]][ref["key"]].decode()
             from_secret.add(name)
-            new_env.append(entry)
+            new_env.append({"name": name, "valueFrom": {"secretKeyRef": {**ref, "name": prefix + ref["name"]}}})
             continue
         raw = entry.get("value", "")
         value, used = expand(raw, resolved)
