@@ -95,7 +95,7 @@ def cluster(stack):
 class RunningLoad:
     """A load in its own process, as a user starts it, its progress lines read as they come."""
 
-    def __init__(self, stack, month: str, master: str, rows: int = 20000):
+    def __init__(self, stack, month: str, master: str, rows: int = 20000, extra_env: dict[str, str] | None = None):
         argv = [
             sys.executable,
             str(ROOT / "ducklake_test.py"),
@@ -116,7 +116,7 @@ class RunningLoad:
             stderr=subprocess.PIPE,
             text=True,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **stack.env, "COLUMNS": "200"},
+            env={**os.environ, **stack.env, **(extra_env or {}), "COLUMNS": "200"},
         )
         self.lines: list[str] = []
         self.stderr = ""
@@ -273,11 +273,13 @@ def test_a_connect_server_killed_mid_load_ends_it_with_one_line_and_the_lake_unc
     r = kit(stack.env, "spark", "up", "--mode", "connect", "--json")  # after `spark down`: on local[*]
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     snapshots = lake_snapshots(stack)
-    load = RunningLoad(stack, "2019-08", "connect", rows=200000)
+    # the retries of a call end RETRY_S after its first failure: 60 s by default (a minute of the suite's time), 15 s
+    # here, so the load must end well before the default would have let it
+    load = RunningLoad(stack, "2019-08", "connect", rows=200000, extra_env={"DUCKLAKE_SPARK_CONNECT_RETRY_S": "15"})
     load.wait_for_line("Spark: conform")  # the load's job has started on the server
     connect_server(cluster).kill()
     # PySpark's own retries kept such a load silent for 14.6 minutes, Ctrl-C or not
-    took = load.ends_within(120)
+    took = load.ends_within(50)
     assert load.proc.returncode == 3, (took, load.lines[-3:], load.stderr[-2000:])
     assert load.stderr.splitlines() == [
         f"Error: the Spark Connect server at {cluster.connect_url} stopped answering during the load; nothing was "
