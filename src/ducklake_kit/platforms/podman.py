@@ -1,0 +1,338 @@
+"""The podman platform: the overlay the k3d platform applies, played as real pods by podman (no Docker, no cluster).
+
+`up` renders overlays/local with `kubectl kustomize` (one source of truth), builds or reuses the images
+(podman_images), translates the objects (podman_adapter: every change listed), creates the podman secrets (data on
+stdin) and volumes, runs `podman kube play`, then waits on the manifests' own startup and readiness probe commands
+(`podman exec`, never a sleep) and on a real round trip through each port published on 127.0.0.1. Every podman call
+reads the kit's containers.conf (CONTAINERS_CONF). Pods, volumes and secrets carry a prefix of their own per state
+folder, so a test's kit and a user's never share one. `down` removes the pods (the volumes keep the data); `reset`
+removes the volumes too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ducklake_kit.errors import KitError
+from ducklake_kit.platforms import k8s, podman_adapter, podman_doctor, podman_images, postgres, procs, s3
+from ducklake_kit.platforms.base import CATALOG_DB, Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
+from ducklake_kit.platforms.k3d import tool_path
+from ducklake_kit.platforms.state import Credentials, State, default_home, project_root, write_private
+
+DEFAULT_PG_PORT = 15434  # beside local's 15432 and k3d's 15433, so all three can run at once
+DEFAULT_S3_PORT = 19002
+PART_OF = "app.kubernetes.io/part-of=ducklake-kit"  # the label base/ puts on every pod and volume
+PLAN_LABEL = "io.ducklake-kit.plan"  # a hash of what was played: an unchanged plan reuses running pods
+COMMAND_TIMEOUT = 120.0
+READY_TIMEOUT = float(os.environ.get("DUCKLAKE_READY_TIMEOUT", "60"))  # a round trip through a published port
+
+
+class PodmanPlatform(Platform):
+    name = "podman"
+
+    def __init__(
+        self,
+        state: State | None = None,
+        *,
+        pg_port: int | None = None,
+        s3_port: int | None = None,
+        root: Path | None = None,
+    ):
+        base = state or State()
+        self.state = State(base.home / "podman")
+        self._root = root
+        saved = self.state.settings()
+        self.pg_port = int(pg_port or os.environ.get("DUCKLAKE_PG_PORT") or saved.get("pg_port") or DEFAULT_PG_PORT)
+        self.s3_port = int(s3_port or os.environ.get("DUCKLAKE_S3_PORT") or saved.get("s3_port") or DEFAULT_S3_PORT)
+        # The default state folder's objects read `ducklake-postgres-0`; any other folder's add a hash of its path.
+        own = base.home.resolve() != default_home().resolve()
+        self.prefix = f"{k8s.NAMESPACE}-" + (
+            hashlib.sha256(str(base.home).encode()).hexdigest()[:6] + "-" if own else ""
+        )
+
+    @property
+    def root(self) -> Path:
+        root = self._root or project_root()
+        if root is None or not k8s.repo_path(root, k8s.OVERLAY).exists():
+            raise KitError(
+                "the podman platform needs the kit's checkout (overlays/local)", "run it from a clone of the repository"
+            )
+        return root
+
+    def endpoints(self) -> Endpoints:
+        creds = self.state.credentials()
+        if creds is None:
+            raise KitError(
+                f"the podman lake has not been set up in {self.state.home}",
+                "run `python ducklake_test.py --platform podman up` first",
+            )
+        return Endpoints(
+            pg=PgEndpoint("127.0.0.1", self.pg_port, creds.pg_user, creds.pg_password),
+            s3=S3Endpoint(f"127.0.0.1:{self.s3_port}", creds.s3_key_id, creds.s3_secret),
+        )
+
+    # -- podman ----------------------------------------------------------------------------------------
+    def _podman(self, *args: str, stdin: bytes | None = None, check: bool = True, timeout: float = COMMAND_TIMEOUT):
+        argv = ["podman", *args]
+        try:
+            out = subprocess.run(
+                argv,
+                input=stdin,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+                capture_output=True,
+                timeout=timeout,
+                env=podman_doctor.podman_env(),
+            )
+        except subprocess.TimeoutExpired:
+            raise KitError(f"`podman {' '.join(args[:3])}` did not finish in {timeout:.0f}s", "run `status`") from None
+        except OSError as exc:
+            raise KitError(f"podman could not run ({exc.strerror})", podman_doctor.INSTALL) from None
+        if check and out.returncode != 0:
+            err = out.stderr.decode(errors="replace").strip()
+            last = err.splitlines()[-1] if err else "no output"
+            raise KitError(f"`podman {' '.join(args[:3])}` failed: {last}", "read the output below", detail=err[-3000:])
+        return out
+
+    def _require(self) -> None:
+        missing = [t for t in podman_doctor.check(required=True) if not t.ok]
+        if tool_path("kubectl") is None:
+            raise KitError("kubectl not found (--platform podman renders the overlay with it)", "run `just setup`")
+        if missing:
+            raise KitError(
+                f"{', '.join(f'{t.name} ({t.version})' for t in missing)}: --platform podman needs them",
+                missing[0].hint,
+            )
+
+    # -- the plan --------------------------------------------------------------------------------------
+    def _render(self, creds: Credentials) -> list[dict]:
+        """`kubectl kustomize overlays/local` on a private copy holding this platform's secrets.env (0600)."""
+        with tempfile.TemporaryDirectory(prefix="ducklake-podman-render-") as tmp:
+            for top in ("base", "databases", "overlays"):
+                shutil.copytree(self.root / top, Path(tmp) / top, ignore=shutil.ignore_patterns("secrets.env"))
+            values = {
+                "POSTGRES_USER": creds.pg_user,
+                "POSTGRES_PASSWORD": creds.pg_password,
+                "S3_KEY_ID": creds.s3_key_id,
+                "S3_SECRET": creds.s3_secret,
+            }
+            write_private(k8s.repo_path(Path(tmp), k8s.SECRETS_ENV), k8s.secrets_env_text(values))
+            out = subprocess.run(
+                [tool_path("kubectl") or "kubectl", "kustomize", str(k8s.repo_path(Path(tmp), k8s.OVERLAY))],
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT,
+            )
+        if out.returncode != 0:
+            raise KitError("`kubectl kustomize overlays/local` failed", "read the output below", detail=out.stderr)
+        return podman_adapter.parse(out.stdout)
+
+    def plan(self, creds: Credentials, *, build: bool = True) -> podman_adapter.PodmanPlan:
+        objects = self._render(creds)
+        images = None
+        if build:
+            wanted = [
+                c["image"]
+                for o in objects
+                if o["kind"] == "StatefulSet"
+                for c in o["spec"]["template"]["spec"]["containers"]
+            ]
+            images = podman_images.images_map(podman_images.build(wanted))
+        host_ports = {k8s.POSTGRES_SERVICE: self.pg_port, k8s.S3_SERVICE: self.s3_port}
+        return podman_adapter.translate(objects, host_ports=host_ports, images=images, prefix=self.prefix)
+
+    @staticmethod
+    def _digest(plan: podman_adapter.PodmanPlan) -> str:
+        h = hashlib.sha256(plan.kube_yaml().encode())
+        for secret in plan.secrets:
+            h.update(secret.name.encode() + secret.stdin())
+        return h.hexdigest()[:16]
+
+    def _names(self) -> podman_adapter.PodmanPlan | None:
+        """The plan without building images: the exact names of this kit's pods, volumes and secrets (None before
+        the first `up`). Exact names, not a prefix: another state folder's names may begin with ours."""
+        creds = self.state.credentials()
+        return self.plan(creds, build=False) if creds else None
+
+    def _pods(self, names: set[str]) -> dict[str, dict]:
+        """Those of these pods that exist, by name, as `podman pod ps` reports them."""
+        out = self._podman("pod", "ps", "--filter", f"label={PART_OF}", "--format", "json").stdout
+        pods = json.loads(out or b"[]") or []
+        return {p["Name"]: p for p in pods if p["Name"] in names}
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def up(self) -> list[ServiceStatus]:
+        """Build or reuse the images, play the pods (or reuse them when nothing changed), wait on their probes and on
+        a round trip through each published port. Idempotent: safe to re-run."""
+        self._require()
+        self.state.ensure_dirs()
+        creds = self.state.credentials(create=True)
+        self.state.save_settings(pg_port=self.pg_port, s3_port=self.s3_port)
+        plan = self.plan(creds)
+        digest = self._digest(plan)
+        for pod in plan.pods:
+            pod.manifest["metadata"]["labels"][PLAN_LABEL] = digest
+        running = self._pods({p.name for p in plan.pods})
+        reuse = all(
+            p.name in running
+            and running[p.name].get("Status") == "Running"
+            and (running[p.name].get("Labels") or {}).get(PLAN_LABEL) == digest
+            for p in plan.pods
+        )
+        if not reuse:
+            self._check_ports(plan, running)
+            self._play(plan)
+        for kind in ("startup", "readiness"):
+            for probe in plan.probes(kind):
+                self._wait_probe(probe)
+        ep = self.endpoints()
+        self._wait_port("PostgreSQL", self.pg_port, lambda: postgres.ping(ep.pg, CATALOG_DB))
+        self._wait_port("S3 (rclone)", self.s3_port, lambda: s3.list_buckets(ep.s3))
+        postgres.ensure_database(ep.pg)  # made by the image on first start; idempotent
+        s3.ensure_buckets(ep.s3)
+        played = "running and unchanged, reused" if reuse else "played"
+        rows = [
+            ServiceStatus(
+                "pods",
+                True,
+                f"{', '.join(p.name for p in plan.pods)}: {played}; {len(plan.translations)} translations "
+                "of the overlay (see `status`)",
+                extra={"translations": [t.line() for t in plan.translations]},
+            )
+        ]
+        for port in plan.ports:
+            name = "postgres" if port.service == k8s.POSTGRES_SERVICE else "s3"
+            rows.append(
+                ServiceStatus(
+                    name,
+                    True,
+                    f"pod {port.pod} ready (startup and readiness probes passed); {port.host_ip}:{port.host_port} answers",
+                    None,
+                    port.host_port,
+                )
+            )
+        return rows
+
+    def _check_ports(self, plan: podman_adapter.PodmanPlan, running: dict[str, dict]) -> None:
+        if running:
+            return  # our own pods hold them; `kube play --replace` frees them first
+        for port in plan.ports:
+            option = "--pg-port or DUCKLAKE_PG_PORT" if port.service == k8s.POSTGRES_SERVICE else "--s3-port"
+            busy = procs.busy_port(port.host_port, f"the podman {port.service} pod", option)
+            if busy:
+                raise busy
+
+    def _play(self, plan: podman_adapter.PodmanPlan) -> None:
+        for secret in plan.secrets:  # recreated: a changed credential must not be read from an old one
+            self._podman("secret", "rm", secret.name, check=False)
+            self._podman("secret", "create", secret.name, "-", stdin=secret.stdin())
+        for volume in plan.volumes:
+            if self._podman("volume", "exists", volume.name, check=False).returncode != 0:
+                labels = [arg for k, v in volume.labels.items() for arg in ("--label", f"{k}={v}")]
+                self._podman("volume", "create", *labels, volume.name)
+        self._podman("kube", "play", "--replace", "-", stdin=plan.kube_yaml().encode(), timeout=300)
+
+    def _wait_probe(self, probe: podman_adapter.Probe) -> None:
+        def check() -> bool | None:
+            out = self._podman("exec", probe.container, *probe.argv, check=False, timeout=probe.timeout_seconds + 5)
+            if out.returncode == 0:
+                return True
+            raise RuntimeError((out.stderr or out.stdout).decode(errors="replace").strip()[-300:] or "failed")
+
+        # the probe's own budget: as long as the kubelet would wait before giving up on the pod
+        budget = probe.initial_delay_seconds + probe.period_seconds * probe.failure_threshold + probe.timeout_seconds
+        try:
+            procs.wait_until(check, what=f"the {probe.kind} probe of {probe.container}", timeout=budget)
+        except KitError as exc:
+            logs = self._podman("logs", "--tail", "30", probe.container, check=False)
+            raise KitError(
+                exc.what,
+                f"read the container's log below, or `podman logs {probe.container}`",
+                detail=(logs.stdout + logs.stderr).decode(errors="replace"),
+            ) from None
+
+    @staticmethod
+    def _wait_port(label: str, port: int, probe) -> None:
+        def check() -> bool | None:
+            try:
+                probe()  # it raises until it answers (an empty bucket list is an answer)
+                return True
+            except KitError as exc:
+                if "refused the" in exc.what:
+                    raise procs.GiveUp(exc) from None
+                raise
+
+        procs.wait_until(check, what=f"{label} at 127.0.0.1:{port}", timeout=READY_TIMEOUT)
+
+    def down(self) -> list[str]:
+        """Remove the pods and their secrets; the volumes keep the catalog and the lake (`reset` removes them)."""
+        plan = self._names()
+        if plan is None:
+            return ["never set up here: nothing to stop"]
+        msgs = []
+        for name in self._pods({p.name for p in plan.pods}):
+            self._podman("pod", "rm", "--force", name)
+            msgs.append(f"pod {name}: removed (its volume keeps the data; `up` plays it again)")
+        msgs += self._remove("secret", {s.name for s in plan.secrets})
+        return msgs or ["no pods of this kit running: nothing to stop"]
+
+    def _remove(self, kind: str, names: set[str]) -> list[str]:
+        msgs = []
+        for name in sorted(names):
+            if self._podman(kind, "rm", name, check=False).returncode == 0:
+                msgs.append(f"{kind} {name}: removed")
+        return msgs
+
+    def status(self) -> list[ServiceStatus]:
+        plan = self._names()
+        pods = self._pods({p.name for p in plan.pods}) if plan else {}
+        creds = self.state.credentials()
+        rows = []
+        for service, name, port in (
+            (k8s.POSTGRES_SERVICE, "postgres", self.pg_port),
+            (k8s.S3_SERVICE, "s3", self.s3_port),
+        ):
+            pod_name = f"{self.prefix}{service}-0"
+            pod = pods.get(pod_name)
+            if pod is None or creds is None:
+                rows.append(ServiceStatus(name, False, f"pod {pod_name} not running: run `up`", None, port))
+                continue
+            ep = self.endpoints()
+            try:
+                postgres.ping(ep.pg, CATALOG_DB) if name == "postgres" else s3.list_buckets(ep.s3)
+                rows.append(ServiceStatus(name, True, f"pod {pod_name} {pod.get('Status')}; 127.0.0.1:{port} answers"))
+            except KitError as exc:
+                rows.append(ServiceStatus(name, False, f"pod {pod_name} {pod.get('Status')}; {exc.what}", None, port))
+        if plan is not None:
+            rows.append(
+                ServiceStatus(
+                    "adapter",
+                    True,
+                    f"{len(plan.translations)} translations of the overlay for podman",
+                    extra={"translations": [t.line() for t in plan.translations]},
+                )
+            )
+        rows.append(
+            ServiceStatus(
+                "podman does not exercise",
+                True,
+                "; ".join(f"{n.what} ({n.instead})" for n in podman_adapter.NOT_EXERCISED),
+            )
+        )
+        return rows
+
+    def reset(self) -> list[str]:
+        """Remove the pods, their secrets and volumes (the catalog and the lake data) and this platform's state."""
+        plan = self._names()
+        msgs = [m for m in self.down() if not m.startswith(("no pods", "never set up"))]
+        if plan is not None:
+            msgs += self._remove("volume", {v.name for v in plan.volumes})
+        if self.state.home.exists():
+            shutil.rmtree(self.state.home)
+            msgs.append(f"deleted {self.state.home}")
+        return msgs
