@@ -62,7 +62,10 @@ def test_up_plays_the_pods_and_their_probes_pass(platform: PodmanPlatform) -> No
     for probe in plan.probes():  # the manifests' own commands, run again now: all pass
         out = podman("exec", probe.container, *probe.argv)
         assert out.returncode == 0, (probe.kind, probe.container, out.stderr)
-    assert {r.name: r.healthy for r in platform.status()}["postgres"] is True
+    status = {r.name: r for r in platform.status()}
+    for name in ("postgres", "s3"):
+        assert status[name].healthy and "readiness probe passes" in status[name].detail, status[name].detail
+    assert len(status["adapter"].extra["translations"]) == len(plan.translations)
     # up again: nothing changed, the running pods are reused
     rows = platform.up()
     assert "reused" in rows[0].detail, rows[0].detail

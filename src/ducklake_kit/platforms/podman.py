@@ -302,12 +302,15 @@ class PodmanPlatform(Platform):
             if pod is None or creds is None:
                 rows.append(ServiceStatus(name, False, f"pod {pod_name} not running: run `up`", None, port))
                 continue
+            ready, ready_text = self._readiness(plan, pod_name)
             ep = self.endpoints()
             try:
                 postgres.ping(ep.pg, CATALOG_DB) if name == "postgres" else s3.list_buckets(ep.s3)
-                rows.append(ServiceStatus(name, True, f"pod {pod_name} {pod.get('Status')}; 127.0.0.1:{port} answers"))
+                answers, port_text = True, f"127.0.0.1:{port} answers"
             except KitError as exc:
-                rows.append(ServiceStatus(name, False, f"pod {pod_name} {pod.get('Status')}; {exc.what}", None, port))
+                answers, port_text = False, exc.what
+            detail = f"pod {pod_name} {pod.get('Status')}; {ready_text}; {port_text}"
+            rows.append(ServiceStatus(name, ready and answers, detail, None, port))
         if plan is not None:
             rows.append(
                 ServiceStatus(
@@ -325,6 +328,15 @@ class PodmanPlatform(Platform):
             )
         )
         return rows
+
+    def _readiness(self, plan: podman_adapter.PodmanPlan | None, pod: str) -> tuple[bool, str]:
+        """The pod's readiness probe, run once now (no kubelet runs it between commands)."""
+        probes = [p for p in plan.probes("readiness") if p.pod == pod] if plan else []
+        for probe in probes:
+            out = self._podman("exec", probe.container, *probe.argv, check=False, timeout=probe.timeout_seconds + 5)
+            if out.returncode != 0:
+                return False, f"readiness probe fails ({(out.stderr or out.stdout).decode().strip()[-200:]})"
+        return True, "readiness probe passes" if probes else "no readiness probe"
 
     def reset(self) -> list[str]:
         """Remove the pods, their secrets and volumes (the catalog and the lake data) and this platform's state."""
