@@ -51,6 +51,14 @@ def test_missing_tools_are_reported_with_the_install_hint(tmp_path: Path, monkey
     assert all(t.ok for t in podman_doctor.check(required=False))
 
 
+def test_each_item_is_what_doctor_prints() -> None:
+    from ducklake_kit.platforms.doctor import Tool
+
+    for item in podman_doctor.check(required=True):
+        tool = Tool(**vars(item))  # how doctor takes them
+        assert (tool.name, tool.ok) == (item.name, item.ok)
+
+
 def test_podman_env_points_at_the_conf() -> None:
     assert podman_doctor.podman_env()["CONTAINERS_CONF"] == str(podman_doctor.CONTAINERS_CONF)
 
@@ -58,5 +66,5 @@ def test_podman_env_points_at_the_conf() -> None:
 @pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed (apt-get install podman runc)")
 def test_podman_reads_the_conf_and_runs_runc() -> None:
     tools = {t.name: t for t in podman_doctor.check(required=True)}
-    assert all(t.found for t in tools.values()), [t.as_dict() for t in tools.values() if not t.found]
+    assert all(t.found for t in tools.values()), [vars(t) for t in tools.values() if not t.found]
     assert tools["containers.conf"].version == "read by podman: runtime runc"
