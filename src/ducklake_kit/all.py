@@ -21,15 +21,14 @@ Exit 0 only if every check of every stage holds.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from ducklake_kit.bench import concurrency as bench_concurrency
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
 from ducklake_kit.lessons import dynamic, foundation, maintain, pipeline, queries, steps, timetravel, workers
-from ducklake_kit.platforms.base import Platform
-from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import flow as taxi_flow
 from ducklake_kit.taxi import sources
 
@@ -44,41 +43,18 @@ def all_rows_per_month() -> int:
 
 
 def run_all(
-    platform: Platform,
-    state: State,
-    checks: CheckRun,
-    *,
-    source: str = "synthetic",
-    mode: str = "skip",
-    bench: bool = True,
-    scheduler: str | None = None,
-    on_step: Callable[[str], None] = lambda _m: None,
+    kit: Kit, checks: CheckRun, *, source: str = "synthetic", mode: str = "skip", bench: bool = True
 ) -> dict[str, Any]:
     with checks.stage("foundation"):
-        on_step("foundation: services, buckets, a table, two inserts, time travel")
-        result = foundation.run(platform, checks)
+        kit.say("foundation: services, buckets, a table, two inserts, time travel")
+        result = foundation.run(kit, checks)
 
     with checks.stage("load"):
-        first, _ = taxi_flow.load_and_verify(
-            platform,
-            state,
-            source=source,
-            months=ALL_MONTHS,
-            rows_per_month=all_rows_per_month(),
-            mode=mode,
-            on_step=on_step,
-            checks=checks,
-        )
-        on_step("the same load again: every file must be skipped")
-        again, _ = taxi_flow.load_and_verify(
-            platform,
-            state,
-            source=source,
-            months=ALL_MONTHS,
-            rows_per_month=all_rows_per_month(),
-            on_step=on_step,
-            checks=checks,
-            verify_skipped=False,
+        spec = taxi_flow.LoadSpec(source=source, months=ALL_MONTHS, rows_per_month=all_rows_per_month(), mode=mode)
+        first, _ = taxi_flow.load_checked(kit, spec, checks)
+        kit.say("the same load again: every file must be skipped")
+        again, _ = taxi_flow.load_checked(
+            kit, replace(spec, mode="skip"), checks, verify_skipped=False
         )  # the figures were just checked
         checks.equal(
             "re-running the load skips every file", [f.status for f in again.files], ["skipped"] * len(first.files)
@@ -86,24 +62,22 @@ def run_all(
     result["load"] = first.as_dict()
 
     with checks.stage("queries"):
-        on_step("aggregations: every query in queries/, checked against the raw files")
-        with Lake(platform.endpoints()) as lake:
+        kit.say("aggregations: every query in queries/, checked against the raw files")
+        with Lake(kit.platform.endpoints()) as lake:
             answers = queries.check_queries(lake, checks)
         result["queries"] = {
             name: {"rows": len(rows), "seconds": round(sec, 4)} for name, (_c, rows, sec) in answers.items()
         }
 
     with checks.stage("timetravel"):
-        lesson = timetravel.run_timetravel(
-            platform, state, checks, rows_per_month=timetravel.ROWS_PER_MONTH, on_step=on_step
-        )
+        lesson = timetravel.run_timetravel(kit, checks, rows_per_month=timetravel.ROWS_PER_MONTH)
         result["timetravel"] = {"snapshots": [r["snapshot_id"] for r in lesson["counts_at_version"]]}
 
     with checks.stage("maintain"):
         # expire the lesson's first snapshot (its story is told and checked): shows an expired version is gone
         # while everything current answers as before; the learner's own history is left alone
         first_snapshot = lesson["counts_at_version"][0]["snapshot_id"]
-        done = maintain.run_maintain(platform, checks, versions=[first_snapshot], on_step=on_step)
+        done = maintain.run_maintain(kit, checks, versions=[first_snapshot])
         result["maintain"] = {
             "expired": done.get("done", {}).get("expired"),
             "before": done["before"],
@@ -111,33 +85,29 @@ def run_all(
         }
 
     with checks.stage("workers"):
-        result["workers"] = workers.run_workers(platform, state, checks, scheduler=scheduler, on_step=on_step)
+        result["workers"] = workers.run_workers(kit, checks)
 
     with checks.stage("pipeline"):
-        result["pipeline"] = pipeline.run_pipeline(platform, state, checks, scheduler=scheduler, on_step=on_step)
+        result["pipeline"] = pipeline.run_pipeline(kit, checks)
 
     with checks.stage("steps"):
-        result["steps"] = steps.run_steps(platform, state, checks, scheduler=scheduler, on_step=on_step)
+        result["steps"] = steps.run_steps(kit, checks)
 
     with checks.stage("dynamic"):
-        result["dynamic"] = dynamic.run_dynamic(
-            platform, state, checks, source=source, rows_per_month=all_rows_per_month(), on_step=on_step
-        )
+        result["dynamic"] = dynamic.run_dynamic(kit, checks, source=source, rows_per_month=all_rows_per_month())
 
     if bench:
         with checks.stage("bench"):
-            on_step(
+            kit.say(
                 "a short benchmark: 3 writers x 100 inserts into DuckLake (processes, worker plane tasks) and into one DuckDB file"
             )
-            figures = bench_concurrency.bench_concurrency(
-                platform, state, workers=3, ops=100, on_step=on_step, scheduler=scheduler
-            )
+            figures = bench_concurrency.bench_concurrency(kit, workers=3, ops=100)
             for mode, label in (("ducklake", "DuckLake"), ("workers", "DuckLake from the worker plane")):
                 lake_side = figures.results[mode]
                 checks.equal(f"bench: {label} lost no rows (3 x 100 inserts)", lake_side.rows_lost, 0)
                 checks.equal(f"bench: {label} reported no errors", lake_side.errors, 0)
             result["bench"] = figures.as_dict()
 
-    with Lake(platform.endpoints()) as lake:
-        result["catalog_info"] = lake.catalog_info(platform.name)  # after everything, not before
+    with Lake(kit.platform.endpoints()) as lake:
+        result["catalog_info"] = lake.catalog_info(kit.platform.name)  # after everything, not before
     return result

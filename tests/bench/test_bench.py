@@ -11,6 +11,9 @@ import pytest
 
 from ducklake_kit.bench import concurrency as bc
 from ducklake_kit.bench import queries as bq
+from ducklake_kit.bench.results import Outputs
+from ducklake_kit.platforms.kit import Kit
+from ducklake_kit.platforms.report import CallbackReporter
 
 # -- unit: comparing answers and the Spark dialect fix -------------------------------------------------------
 
@@ -263,16 +266,8 @@ def test_the_lake_defect_is_a_lost_or_duplicated_row():
 def test_queries_suite_end_to_end(stack, tmp_path):
     json_path, png_path = tmp_path / "q.json", tmp_path / "q.png"
     steps: list[str] = []
-    result = bq.bench_queries(
-        stack.platform,
-        stack.state,
-        rows=5000,
-        runs=1,
-        warmup=1,
-        on_step=steps.append,
-        json_path=json_path,
-        png_path=png_path,
-    )
+    kit = Kit.on(stack.platform, stack.state, reporter=CallbackReporter(steps.append))
+    result = bq.bench_queries(kit, rows=5000, runs=1, warmup=1, outputs=Outputs(json_path, png_path))
     names = [q.name for q in bq.bench_query_list()]
     assert [q.name for q in result.queries] == names
     assert 0 < result.table_rows <= 5000  # the quarantine keeps the rows that fail a quality rule
@@ -303,7 +298,9 @@ def test_queries_suite_end_to_end(stack, tmp_path):
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # a second run finds the same data in the lake and both exports: nothing is reloaded or rewritten
-    again = bq.bench_queries(stack.platform, stack.state, rows=5000, runs=1, warmup=1, names=["q1_trips_by_vendor"])
+    again = bq.bench_queries(
+        Kit.on(stack.platform, stack.state), rows=5000, runs=1, warmup=1, names=["q1_trips_by_vendor"]
+    )
     assert again.data["reused"] is True
     assert again.data["parquet_local"]["written"] is False
     assert [q.name for q in again.queries] == ["q1_trips_by_vendor"]
@@ -316,7 +313,7 @@ def test_concurrency_suite_counts_add_up(stack, tmp_path):
     json_path, png_path = tmp_path / "c.json", tmp_path / "c.png"
     had_plane, had_workers = plane.scheduler_running(stack.state), plane.running_workers(stack.state)
     result = bc.bench_concurrency(
-        stack.platform, stack.state, workers=2, ops=20, json_path=json_path, png_path=png_path
+        Kit.on(stack.platform, stack.state), workers=2, ops=20, outputs=Outputs(json_path, png_path)
     )
     file, lake, tasks = result.results["file"], result.results["ducklake"], result.results["workers"]
     assert list(result.results) == list(bc.MODES)  # both commit gates, in one run
@@ -385,9 +382,9 @@ def test_concurrency_rejects_nonsense_sizes(stack):
     from ducklake_kit.errors import KitError
 
     with pytest.raises(KitError, match="at least 1"):
-        bc.bench_concurrency(stack.platform, stack.state, workers=0, ops=10)
+        bc.bench_concurrency(Kit.on(stack.platform, stack.state), workers=0, ops=10)
     with pytest.raises(KitError, match="unknown concurrency mode"):
-        bc.bench_concurrency(stack.platform, stack.state, modes=("sqlite",))
+        bc.bench_concurrency(Kit.on(stack.platform, stack.state), modes=("sqlite",))
 
 
 # -- the load suite: side (c) writes what the load writes; the figures' shape ----------------------------------
@@ -401,14 +398,13 @@ def test_duckdb_alone_writes_the_rows_the_spark_load_wrote(stack):
     from ducklake_kit.bench.load import remove_prefix
     from ducklake_kit.lake import Lake
     from ducklake_kit.taxi import sources
-    from ducklake_kit.taxi.load import run_load
+    from ducklake_kit.taxi.load import LoadInput, run_load
 
     ep = stack.platform.endpoints()
     files = sources.synthetic_files(stack.state.cache_dir, [(2023, 5), (2023, 6)], 3000, seed=11)
     zones, _ = sources.zone_lookup(stack.state.cache_dir)
-    result = run_load(
-        ep, files, zones_path=zones, zones_note="", source_note="test", mode="replace", schema_name="bench_c_test"
-    )
+    kit = Kit.on(stack.platform, stack.state)
+    result = run_load(kit, LoadInput(files, zones, "", "test"), mode="replace", schema_name="bench_c_test")
     out = dd.duckdb_load(ep, files, zones, "bench-duckdb-test", result.load_id)
     try:
         accepted, rejected = sum(f.rows_accepted for f in result.files), sum(f.rows_rejected for f in result.files)
@@ -446,7 +442,7 @@ def test_duckdb_alone_writes_the_rows_the_spark_load_wrote(stack):
 def test_load_suite_on_local_spark_has_every_side_and_ratio(stack):
     from ducklake_kit.bench import load as bl
 
-    r = bl.bench_load(stack.platform, stack.state, [4000], cluster=False)
+    r = bl.bench_load(Kit.on(stack.platform, stack.state), [4000], cluster=False)
     (size,) = r.sizes
     assert size.rows == 4000 and size.sides["a_cluster"] is None
     for side in ("a", "b", "c"):

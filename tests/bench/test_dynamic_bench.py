@@ -12,11 +12,12 @@ import pytest
 from ducklake_kit.bench.dynamic import INC, TRIPS, bench_dynamic
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import table_exists
+from ducklake_kit.platforms.kit import Kit
 
 
 def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp_path):
     out = tmp_path / "dynamic.json"
-    r = bench_dynamic(stack.platform, stack.state, months=1, rows_per_month=2000, runs=1, json_path=out)
+    r = bench_dynamic(Kit.on(stack.platform, stack.state), months=1, rows_per_month=2000, runs=1, json_path=out)
     assert [(b.months, b.base_rows) for b in r.bases] == [(1, 2000), (2, 4000)]
     for b in r.bases:
         assert b.change_rows == 2000 and len(b.incremental_s) == len(b.full_s) == 1

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from ducklake_kit.bench.pipeline import bench_pipeline, dag_source
+from ducklake_kit.bench.pipeline import DagShape, bench_pipeline, dag_source
 from ducklake_kit.pipelines.dag import build
+from ducklake_kit.platforms.kit import Kit
 
 
 def test_the_generated_dag_is_k_independent_nodes_and_a_chain():
@@ -19,7 +20,10 @@ def test_the_generated_dag_is_k_independent_nodes_and_a_chain():
 def test_pipeline_bench_figures_hold_together(stack, tmp_path):
     out = tmp_path / "pipeline.json"
     r = bench_pipeline(
-        stack.platform, stack.state, workers=2, independent=3, chain=2, node_s=0.1, scheduling_nodes=6, json_path=out
+        Kit.on(stack.platform, stack.state),
+        workers=2,
+        shape=DagShape(independent=3, chain=2, node_s=0.1, scheduling_nodes=6),
+        json_path=out,
     )
     p, s = r.parallel, r.serial
     assert (p.nodes, s.nodes) == (5, 5) and r.order_held

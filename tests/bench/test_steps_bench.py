@@ -10,11 +10,12 @@ import pytest
 
 from ducklake_kit.bench.steps import bench_steps
 from ducklake_kit.lake import Lake
+from ducklake_kit.platforms.kit import Kit
 
 
 def test_steps_bench_counts_every_iteration_and_compares_in_one_run(stack, tmp_path):
     out = tmp_path / "steps.json"
-    r = bench_steps(stack.platform, stack.state, workers=2, iterations=12, json_path=out)
+    r = bench_steps(Kit.on(stack.platform, stack.state), workers=2, iterations=12, json_path=out)
     f = r.runner
     assert (f.iterations, f.errors, f.rows_lost, f.duplicate_rows, f.rows_counted) == (12, 0, 0, 0, 12)
     with Lake(stack.platform.endpoints()) as lake:  # independently of the runner's report

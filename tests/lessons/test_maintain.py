@@ -17,6 +17,7 @@ from ducklake_kit.checks import CheckRun
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lessons.maintain import fingerprint, referenced_files, run_maintain, s3_objects
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import flow
 
 pytestmark = [pytest.mark.integration]
@@ -61,10 +62,10 @@ def test_dry_run_changes_nothing_then_a_real_run_keeps_answers_and_expires(fresh
         assert fp["main.events"][0] == rows + 1
 
     with pytest.raises(KitError, match="cannot read the age"):
-        run_maintain(fresh_stack.platform, CheckRun(), older_than="seven days")
+        run_maintain(Kit.on(fresh_stack.platform), CheckRun(), older_than="seven days")
 
     checks = CheckRun()
-    dry = run_maintain(fresh_stack.platform, checks, older_than=cutoff, dry_run=True)
+    dry = run_maintain(Kit.on(fresh_stack.platform), checks, older_than=cutoff, dry_run=True)
     assert checks.ok, [c.as_dict() for c in checks.failed]
     would = dry["would"]
     assert would["expire_snapshots"] == [0, *snaps]  # everything committed before the cutoff
@@ -79,12 +80,12 @@ def test_dry_run_changes_nothing_then_a_real_run_keeps_answers_and_expires(fresh
         restored = lake.current_snapshot()
 
     checks = CheckRun()
-    done = run_maintain(fresh_stack.platform, checks, versions=[after_cutoff])  # exactly one version
+    done = run_maintain(Kit.on(fresh_stack.platform), checks, versions=[after_cutoff])  # exactly one version
     assert checks.ok, [c.as_dict() for c in checks.failed]
     assert done["done"]["expired"] == [after_cutoff]
 
     checks = CheckRun()
-    real = run_maintain(fresh_stack.platform, checks, older_than=cutoff)
+    real = run_maintain(Kit.on(fresh_stack.platform), checks, older_than=cutoff)
     assert checks.ok, [c.as_dict() for c in checks.failed]
     assert real["done"]["expired"] == [0, *snaps]
     assert real["done"]["flushed"] == {}  # the versions run already flushed them
@@ -131,11 +132,11 @@ def test_orphaned_files_from_a_killed_load_are_removed_and_answers_unchanged(fre
     assert any("pickup_month=6" in o for o in orphans), orphans  # the killed load's trips file
 
     checks = CheckRun()
-    dry = run_maintain(fresh_stack.platform, checks, older_than="7 days", dry_run=True)
+    dry = run_maintain(Kit.on(fresh_stack.platform), checks, older_than="7 days", dry_run=True)
     assert checks.ok and dry["would"]["orphaned_files"] == []  # younger than the cutoff: a running load is safe
 
     checks = CheckRun()
-    real = run_maintain(fresh_stack.platform, checks, older_than=datetime.now(UTC))
+    real = run_maintain(Kit.on(fresh_stack.platform), checks, older_than=datetime.now(UTC))
     assert checks.ok, [c.as_dict() for c in checks.failed]
     assert orphans <= set(real["done"]["orphans_deleted"])
     assert not orphans & set(s3_objects(ep))
@@ -170,7 +171,7 @@ def test_maintain_beside_another_writer_checks_its_own_commits(fresh_stack):
         while len(inserted) < 3:  # the writer is committing before maintain starts, and goes on during it
             stop.wait(0.05)
         checks = CheckRun()
-        result = run_maintain(fresh_stack.platform, checks, versions=[])
+        result = run_maintain(Kit.on(fresh_stack.platform), checks, versions=[])
     finally:
         stop.set()
         writer.join(30)
@@ -226,14 +227,14 @@ def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack):
         alive = left["running"]
         assert alive, left
         checks = CheckRun()
-        plain = run_maintain(fresh_stack.platform, checks)  # without the option: they stay, and it says why
+        plain = run_maintain(Kit.on(fresh_stack.platform), checks)  # without the option: they stay, and it says why
         assert checks.ok and plain["unreferenced_left"] == {
             "running": len(alive),
             "dead": len(dead),
             "other": len(other),
         }
         checks = CheckRun()
-        result = run_maintain(fresh_stack.platform, checks, dead_loads=True)
+        result = run_maintain(Kit.on(fresh_stack.platform), checks, dead_loads=True)
         assert checks.ok, [c.as_dict() for c in checks.failed]
         assert result["done"]["dead_load_files_deleted"] == dead
         objects = set(s3_objects(ep))

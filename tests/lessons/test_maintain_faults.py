@@ -17,6 +17,8 @@ from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
 from ducklake_kit.lessons.maintain import run_maintain
 from ducklake_kit.platforms import postgres
+from ducklake_kit.platforms.kit import Kit
+from ducklake_kit.platforms.report import CallbackReporter
 
 pytestmark = [pytest.mark.integration]
 FILES, ROWS_PER_FILE = 120, 2000
@@ -84,7 +86,7 @@ def test_maintain_during_an_insert_stream_on_a_catalog_that_ends_idle_transactio
             time.sleep(1)  # the writers are inserting before maintain starts
             checks = CheckRun()
             start = time.monotonic()
-            result = run_maintain(fresh_stack.platform, checks)
+            result = run_maintain(Kit.on(fresh_stack.platform), checks)
             seconds = time.monotonic() - start
             time.sleep(0.5)  # and still after it
     finally:
@@ -124,17 +126,9 @@ def test_maintain_during_a_load_on_a_catalog_that_ends_idle_transactions(fresh_s
 
     def load() -> None:
         try:
-            loaded.append(
-                flow.load_and_verify(
-                    fresh_stack.platform,
-                    fresh_stack.state,
-                    source="synthetic",
-                    months="2023-01..2023-02",
-                    rows_per_month=5000,
-                    seed=3,
-                    on_step=on_step,
-                )
-            )
+            kit = Kit.on(fresh_stack.platform, reporter=CallbackReporter(on_step))
+            spec = flow.LoadSpec(source="synthetic", months="2023-01..2023-02", rows_per_month=5000, seed=3)
+            loaded.append(flow.load_checked(kit, spec))
         except Exception as exc:  # noqa: BLE001 - the load's failure is the finding
             loaded.append(exc)
         load_ended.append(time.monotonic())
@@ -145,7 +139,7 @@ def test_maintain_during_a_load_on_a_catalog_that_ends_idle_transactions(fresh_s
         assert paused.wait(300), "the load never reached its pause before the commit"
         checks = CheckRun()
         maintain_started = time.monotonic()
-        result = run_maintain(fresh_stack.platform, checks)
+        result = run_maintain(Kit.on(fresh_stack.platform), checks)
         loader.join(600)
     finally:
         admin.execute(f"ALTER DATABASE {ep.pg.dbname} RESET idle_in_transaction_session_timeout")

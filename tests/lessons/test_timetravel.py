@@ -9,6 +9,7 @@ import pytest
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
 from ducklake_kit.lessons.timetravel import SCHEMA, build_story, check_story, run_timetravel
+from ducklake_kit.platforms.kit import Kit
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 ROWS = 4000  # per month: small, every figure is checked exactly anyway
@@ -26,7 +27,7 @@ def test_the_lesson_checks_every_figure_and_a_rerun_tells_the_same_story(stack):
     runs = []
     for _ in range(2):
         checks = CheckRun()
-        runs.append(run_timetravel(stack.platform, stack.state, checks, rows_per_month=ROWS))
+        runs.append(run_timetravel(Kit.on(stack.platform, stack.state), checks, rows_per_month=ROWS))
         assert checks.ok, [c.as_dict() for c in checks.failed]
     first, second = runs
     # the same story, in later snapshots: the same counts and changes per step
@@ -62,7 +63,7 @@ def test_the_lesson_checks_every_figure_and_a_rerun_tells_the_same_story(stack):
 
 def test_tampered_expectations_and_a_changed_table_fail_the_checks(stack):
     checks = CheckRun()
-    story = build_story(stack.platform, stack.state, checks, rows_per_month=ROWS)
+    story = build_story(Kit.on(stack.platform, stack.state), checks, rows_per_month=ROWS)
     with Lake(stack.platform.endpoints()) as lake:
         honest = CheckRun()
         check_story(lake, story, honest)

@@ -40,7 +40,7 @@ class Books:
 
     def run(self, body_or_path: str | Path, **overrides) -> PlaybookRun:
         path = body_or_path if isinstance(body_or_path, Path) else self.file(body_or_path)
-        return runner.run(runner.load(path, overrides), self.plane, self.ep, self.stack.home, overrides=overrides)
+        return runner.run(runner.load(path, overrides), self.plane, self.stack.home, overrides=overrides)
 
 
 @pytest.fixture(scope="module")

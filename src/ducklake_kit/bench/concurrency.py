@@ -52,19 +52,20 @@ import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
-from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average, write_outputs
+from ducklake_kit.bench.results import BENCH_SCHEMA, NOT_WRITTEN, Machine, Outputs, load_average, write_outputs
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import RETRY_SETTINGS, SMALL_WRITER_SETTINGS, Lake, execute_retrying
 from ducklake_kit.lake.gate import ADVISORY, OPTIMISTIC
 from ducklake_kit.lake.profile import catalog_statements
 from ducklake_kit.platforms import postgres, procs
-from ducklake_kit.platforms.base import Endpoints, Platform
+from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.platforms.state import State
 
 MODES = ("file", "ducklake", "ducklake-optimistic", "workers", "workers-optimistic")
@@ -579,21 +580,31 @@ def _lake_figures(
     return out
 
 
+@dataclass(frozen=True)
+class WriterTuning:
+    """How the DuckLake writers are set up: data inlining on the bench table; `settings`, DuckDB settings of every
+    writer (over SMALL_WRITER_SETTINGS, before the ATTACH); `catalog_settings`, PostgreSQL settings of their
+    catalog connections (e.g. synchronous_commit); `calibrate_ops`, inserts of one writer alone measured first
+    (0: none); `profile`, the catalog round trips of one INSERT."""
+
+    inlining: bool = True
+    settings: dict[str, Any] | None = None
+    catalog_settings: dict[str, str] | None = None
+    calibrate_ops: int = 0
+    profile: bool = True
+
+
 def run_ducklake(
     ep: Endpoints,
     workers: int,
     ops: int,
-    inlining: bool = True,
-    settings: dict[str, Any] | None = None,
-    catalog_settings: dict[str, str] | None = None,
+    tuning: WriterTuning = WriterTuning(),
     catalog_cpu: Callable[[], float | None] = lambda: None,
-    profile: bool = True,
-    calibrate_ops: int = 0,
     mode: str = "ducklake",
 ) -> WriterFigures:
-    """`settings`: DuckDB settings of every worker (over SMALL_WRITER_SETTINGS, before the ATTACH);
-    `catalog_settings`: PostgreSQL settings of the workers' catalog connections (e.g. synchronous_commit);
-    `mode`: `ducklake` (commits through the commit gate) or `ducklake-optimistic` (without it)."""
+    """`mode`: `ducklake` (commits through the commit gate) or `ducklake-optimistic` (without it)."""
+    inlining, settings, catalog_settings = tuning.inlining, tuning.settings, tuning.catalog_settings
+    profile, calibrate_ops = tuning.profile, tuning.calibrate_ops
     gate = commit_gate_of(mode)
     table = f"{BENCH_SCHEMA}.{TABLE}"
     worker_settings = {**SMALL_WRITER_SETTINGS, **(settings or {})}
@@ -702,13 +713,11 @@ def _wait_ready(wp, ready, futures) -> None:
 
 
 def run_plane(
-    state: State,
-    ep: Endpoints,
+    kit: Kit,
     workers: int,
     ops: int,
     inlining: bool = True,
     catalog_cpu: Callable[[], float | None] = lambda: None,
-    scheduler: str | None = None,
     modes: tuple[str, ...] = ("workers",),
 ) -> dict[str, WriterFigures]:
     """The inserts as worker plane tasks, one writer per worker w1..wN, once per mode (`workers`: through the
@@ -724,7 +733,8 @@ def run_plane(
     from ducklake_kit.workers.plugin import WORKER_SETTINGS
 
     out: dict[str, WriterFigures] = {}
-    with plane_mod.borrowed(state, ep, workers, scheduler) as status, WorkerPlane(status.address, ep) as wp:
+    ep = kit.platform.endpoints()
+    with plane_mod.borrowed(kit.state, ep, workers, kit.scheduler) as status, WorkerPlane(status.address, ep) as wp:
         names = sorted(wp.names(), key=name_order)[:workers]
         if len(names) < workers:
             raise KitError(
@@ -893,62 +903,47 @@ def contention_reachable(lower_bounds: Floor) -> dict[str, bool]:
 
 
 def bench_concurrency(
-    platform: Platform,
-    state: State,
+    kit: Kit,
     *,
     workers: int = 3,
     ops: int = 100,
-    on_step: Callable[[str], None] = lambda _m: None,
     modes: tuple[str, ...] = MODES,
-    inlining: bool = True,
-    settings: dict[str, Any] | None = None,
-    catalog_settings: dict[str, str] | None = None,
-    calibrate_ops: int = CALIBRATE_OPS,
-    json_path: Path | None = None,
-    png_path: Path | None = None,
-    scheduler: str | None = None,
+    tuning: WriterTuning = WriterTuning(calibrate_ops=CALIBRATE_OPS),
+    outputs: Outputs = NOT_WRITTEN,
 ) -> ConcurrencyRun:
-    """`settings`/`catalog_settings`: see run_ducklake. `calibrate_ops`: inserts of one writer alone, measured
-    first, from which the lower bounds of `floor` are computed (0: skip)."""
+    """`tuning`: see WriterTuning; its `calibrate_ops` (inserts of one writer alone, measured first) give the lower
+    bounds of `floor` (0: skip)."""
+    state, say = kit.state, kit.say
     if workers < 1 or ops < 1:
         raise KitError("--workers and --ops must be at least 1", "e.g. --workers 3 --ops 100")
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise KitError(f"unknown concurrency mode '{unknown[0]}'", f"choose from: {', '.join(MODES)}")
-    ep = platform.endpoints()
+    ep = kit.platform.endpoints()
     load_before = load_average()
     results: dict[str, WriterFigures] = {}
     if "file" in modes:
-        on_step(f"(a) one DuckDB file, opened per operation: {workers} workers x {ops} inserts")
+        say(f"(a) one DuckDB file, opened per operation: {workers} workers x {ops} inserts")
         state.home.mkdir(parents=True, exist_ok=True)
         results["file"] = run_file(state.home, workers, ops)
     cpu_reader = catalog_cpu_reader(state)
     lake_modes = [m for m in modes if m.startswith("ducklake")]
     for i, mode in enumerate(lake_modes):
         gate = commit_gate_of(mode)
-        on_step(
+        say(
             f"(b) DuckLake, PostgreSQL catalog, one connection per worker, commit gate {gate}: {workers} workers x "
             f"{ops} inserts"
         )
         # the lone writer is measured once, before the first DuckLake mode (as the kit commits by default)
-        results[mode] = run_ducklake(
-            ep,
-            workers,
-            ops,
-            inlining,
-            settings,
-            catalog_settings,
-            cpu_reader,
-            calibrate_ops=min(calibrate_ops, max(ops, 20)) if i == 0 else 0,
-            mode=mode,
-        )
+        calibrate = min(tuning.calibrate_ops, max(ops, 20)) if i == 0 else 0
+        results[mode] = run_ducklake(ep, workers, ops, replace(tuning, calibrate_ops=calibrate), cpu_reader, mode)
     plane_modes = tuple(m for m in modes if m.startswith("workers"))
     if plane_modes:
-        on_step(
+        say(
             f"(c) DuckLake from the worker plane (Dask), one task per writer, commit gate "
             f"{' then '.join(commit_gate_of(m) for m in plane_modes)}: {workers} workers x {ops} inserts"
         )
-        results.update(run_plane(state, ep, workers, ops, inlining, cpu_reader, scheduler, plane_modes))
+        results.update(run_plane(kit, workers, ops, tuning.inlining, cpu_reader, plane_modes))
     out = ConcurrencyRun(workers, ops, Machine.since(load_before), results)
     single = next((r.single_writer for r in results.values() if r.single_writer is not None), None)
     if single is not None:
@@ -962,7 +957,7 @@ def bench_concurrency(
             out.goals.contention_reachable_here = contention_reachable(out.floor)
     if out.floor is not None and out.floor.total_s_at_least:
         out.vs_floor = {m: round(r.total_s / out.floor.total_s_at_least, 2) for m, r in results.items() if m != "file"}
-    write_outputs(out, json_path, png_path, chart_concurrency)
+    write_outputs(out, outputs.json, outputs.png, chart_concurrency)
     return out
 
 

@@ -30,8 +30,7 @@ from ducklake_kit.dynamic_tables.refresh import FULL, INCREMENTAL, Refresher
 from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import quote_literal
-from ducklake_kit.platforms.base import Platform
-from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import synthetic
 
 GOAL_RATIO = 0.10  # incremental / full, at 12M base rows
@@ -121,9 +120,7 @@ class DynamicBench:
         }
 
 
-def _month_files(
-    cache: Path, months: list[int], rows_per_month: int, on_step: Callable[[str], None]
-) -> dict[int, Path]:
+def _month_files(cache: Path, months: list[int], rows_per_month: int, say: Callable[[str], None]) -> dict[int, Path]:
     folder = cache / "bench-dynamic" / f"{rows_per_month}"
     folder.mkdir(parents=True, exist_ok=True)
     out = {}
@@ -131,7 +128,7 @@ def _month_files(
         year, month = month_of(i)
         path = folder / synthetic.month_file_name(year, month)
         if not path.exists():
-            on_step(f"generating {path.name} ({rows_per_month:,} synthetic trips)")
+            say(f"generating {path.name} ({rows_per_month:,} synthetic trips)")
             synthetic.generate_month(path, year, month, rows_per_month, seed=i)
         out[i] = path
     return out
@@ -151,14 +148,12 @@ def _drop(lake: Lake, meta: Metadata) -> None:
 
 
 def bench_dynamic(
-    platform: Platform,
-    state: State,
+    kit: Kit,
     *,
     months: int = 12,
     rows_per_month: int = 100_000,
     runs: int = 2,
     file_cache: bool = False,
-    on_step: Callable[[str], None] = lambda _m: None,
     json_path: Path | None = None,
 ) -> DynamicBench:
     if months < 1 or rows_per_month < 1000 or runs < 1:
@@ -168,10 +163,11 @@ def bench_dynamic(
         )
     before = load_average()
     appended = list(range(2 * months, 2 * months + runs))
-    files = _month_files(state.cache_dir, list(range(2 * months)) + appended, rows_per_month, on_step)
+    state, say = kit.state, kit.say
+    files = _month_files(state.cache_dir, list(range(2 * months)) + appended, rows_per_month, say)
     zones_csv = synthetic.write_zone_lookup(state.cache_dir / "bench-dynamic" / "taxi_zone_lookup.csv")
     bases = []
-    ep = platform.endpoints()
+    ep = kit.platform.endpoints()
     with Lake(ep) as lake, Metadata(ep) as meta:
         lake.con.execute(f"CREATE SCHEMA IF NOT EXISTS lake.{BENCH_SCHEMA}")
         # every refresh reads its files from S3, as a fresh process does: with DuckDB's external file cache on, the
@@ -181,7 +177,7 @@ def bench_dynamic(
         refresher = Refresher(lake, meta)
         try:
             for n in (months, 2 * months):
-                on_step(f"base of {n} months: writing {TRIPS} with DuckDB")
+                say(f"base of {n} months: writing {TRIPS} with DuckDB")
                 _drop(lake, meta)
                 union = " UNION ALL ".join(_month_rows(files[i]) for i in range(n))
                 lake.con.execute(f"CREATE OR REPLACE TABLE lake.{TRIPS} AS {union}")
@@ -190,7 +186,7 @@ def bench_dynamic(
                     f"Borough AS borough FROM read_csv({quote_literal(str(zones_csv))}, header = true)"
                 )
                 base_rows = int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}"))
-                on_step(f"base of {n} months: {base_rows:,} trips; creating {INC} (AUTO) and {FULL_TABLE} (FULL)")
+                say(f"base of {n} months: {base_rows:,} trips; creating {INC} (AUTO) and {FULL_TABLE} (FULL)")
                 for name, mode in ((INC, "AUTO"), (FULL_TABLE, "FULL")):
                     [stmt] = ddl.parse(
                         f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 day' REFRESH_MODE = {mode} AS {QUERY}"
@@ -214,7 +210,7 @@ def bench_dynamic(
                             )
                         if name == INC:
                             fig.incremental_how = r.reason or ""
-                        on_step(f"  +{changes[-1]:,} trips: {name} {r.mode.lower()} in {times[-1]} s ({r.reason})")
+                        say(f"  +{changes[-1]:,} trips: {name} {r.mode.lower()} in {times[-1]} s ({r.reason})")
                 for name in (INC, FULL_TABLE):
                     wrong = manage.check(lake, meta, name)
                     if wrong != (0, 0):

@@ -19,9 +19,9 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,12 @@ import psutil
 
 from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average
 from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
-from ducklake_kit.platforms.base import Endpoints, Platform
-from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.platforms.kit import Kit
+from ducklake_kit.platforms.report import Reporter
 from ducklake_kit.taxi import sources
 from ducklake_kit.taxi import spark as spark_mod
-from ducklake_kit.taxi.load import PARTITION_KEYS, build_frame, run_load
+from ducklake_kit.taxi.load import PARTITION_KEYS, LoadInput, build_frame, run_load
 
 ROWS_PER_FILE = 2_500_000  # a TLC month holds about 3M trips: bigger N means more months
 DEFAULT_ROWS = (1_000_000, 10_000_000)
@@ -251,21 +252,14 @@ def _figures(rows: int, seconds: float, m: PeakMemory, load_before: float, **ext
 
 
 def _lake_side(
-    ep: Endpoints, files, zones_path: Path, total: int, memory: PeakMemory, spark_master
+    kit: Kit, files, zones_path: Path, total: int, memory: PeakMemory, spark_master
 ) -> tuple[PathFigures, Any]:
-    """(a) or (a'): the load itself, into the bench schema (replace: a re-run supersedes the last one's rows)."""
+    """(a) or (a'): the load itself, into the bench schema (replace: a re-run supersedes the last one's rows); its
+    own progress is not reported (the bench says which side runs)."""
     before = os.getloadavg()[0]
+    quiet = replace(kit, spark_master=spark_master, reporter=Reporter())
     with memory.phase() as m:
-        result = run_load(
-            ep,
-            files,
-            zones_path=zones_path,
-            zones_note="",
-            source_note="bench",
-            mode="replace",
-            schema_name=BENCH_SCHEMA,
-            spark_master=spark_master,
-        )
+        result = run_load(quiet, LoadInput(files, zones_path, "", "bench"), mode="replace", schema_name=BENCH_SCHEMA)
     seconds = result.timings["spark"] + result.timings["commit"]  # landing the raw files is part of no side
     loaded = sum(f.rows_read for f in result.files)
     if loaded != total:
@@ -315,27 +309,21 @@ def _s3_bytes(ep: Endpoints, prefix: str) -> int:
     return sum(o["Size"] for o in _objects(ep, prefix)[2])
 
 
-def bench_load(
-    platform: Platform,
-    state: State,
-    sizes: list[int] | tuple[int, ...] = DEFAULT_ROWS,
-    on_step: Callable[[str], None] = lambda _m: None,
-    cluster: bool = True,
-) -> LoadBench:
+def bench_load(kit: Kit, sizes: list[int] | tuple[int, ...] = DEFAULT_ROWS, cluster: bool = True) -> LoadBench:
     """Sides (a), (b), (c) on local[*] for each size, then (a') on the standalone cluster for each size.
     `cluster=False` leaves (a') out (its figures are None)."""
     sizes = list(sizes)
     for rows in sizes:
         if rows < 1000:
             raise KitError(f"--rows {rows} is too small to measure", "use --rows 1000000 or more")
-    ep = platform.endpoints()
+    ep, say = kit.platform.endpoints(), kit.say
     load_before = load_average()
-    cache = state.cache_dir
+    cache = kit.state.cache_dir
     zones_path, _ = sources.zone_lookup(cache)
     inputs = []
     for rows in sizes:
         files = bench_files(cache, rows)
-        on_step(f"{rows:,} rows: {len(files)} synthetic month(s) of {files[0].rows:,} rows (generated once, cached)")
+        say(f"{rows:,} rows: {len(files)} synthetic month(s) of {files[0].rows:,} rows (generated once, cached)")
         inputs.append((files, sum(f.rows or 0 for f in files)))
     memory = PeakMemory()
     local = spark_mod.target("local[*]")
@@ -343,14 +331,14 @@ def bench_load(
     out = Path(tempfile.mkdtemp(prefix="ducklake-bench-parquet-"))
     figures: list[SizeFigures] = []
     try:
-        on_step("warm-up: a small load through every side (JIT, Python workers, extensions)")
+        say("warm-up: a small load through every side (JIT, Python workers, extensions)")
         warm = sources.synthetic_files(cache, [(2019, 1)], 20_000, seed=42)
         _plain_parquet(spark, warm, zones_path, out / "warm")
-        _, warm_result = _lake_side(ep, warm, zones_path, 20_000, memory, local)
+        _, warm_result = _lake_side(kit, warm, zones_path, 20_000, memory, local)
         _duckdb_side(ep, warm, zones_path, 20_000, memory, warm_result)
-        for files, total in inputs:
+        for files, total in kit.reporter.track(inputs, "bench --suite load: sizes", "sizes"):
             sides: dict[str, PathFigures | None] = {}
-            on_step(f"(b) {total:,} rows: plain Parquet with Spark's writer")
+            say(f"(b) {total:,} rows: plain Parquet with Spark's writer")
             before = os.getloadavg()[0]
             with memory.phase() as m:
                 t = time.perf_counter()
@@ -360,9 +348,9 @@ def bench_load(
                 total, seconds, m, before, bytes=sum(p.stat().st_size for p in (out / "run").rglob("*.parquet"))
             )
             shutil.rmtree(out / "run", ignore_errors=True)
-            on_step(f"(a) {total:,} rows: Spark on local[*] -> DuckLake")
-            sides["a"], result = _lake_side(ep, files, zones_path, total, memory, local)
-            on_step(f"(c) {total:,} rows: DuckDB alone, the same rules, Parquet to the lake's S3")
+            say(f"(a) {total:,} rows: Spark on local[*] -> DuckLake")
+            sides["a"], result = _lake_side(kit, files, zones_path, total, memory, local)
+            say(f"(c) {total:,} rows: DuckDB alone, the same rules, Parquet to the lake's S3")
             sides["c"] = _duckdb_side(ep, files, zones_path, total, memory, result)
             sides["a_cluster"] = None
             figures.append(SizeFigures(total, len(files), sides))
@@ -370,7 +358,7 @@ def bench_load(
         shutil.rmtree(out, ignore_errors=True)
     how = "not run"
     if cluster:
-        how = _cluster_sides(ep, state, inputs, figures, zones_path, memory, on_step)
+        how = _cluster_sides(kit, inputs, figures, zones_path, memory)
     return LoadBench(
         figures,
         Machine.since(load_before),
@@ -384,24 +372,17 @@ def bench_load(
     )
 
 
-def _cluster_sides(
-    ep: Endpoints,
-    state: State,
-    inputs,
-    figures: list[SizeFigures],
-    zones_path: Path,
-    memory: PeakMemory,
-    on_step: Callable[[str], None],
-) -> str:
+def _cluster_sides(kit: Kit, inputs, figures: list[SizeFigures], zones_path: Path, memory: PeakMemory) -> str:
     """(a') for every size on the standalone cluster: the one `spark up` started, else one started here and stopped
     afterwards (the session on it too)."""
     from ducklake_kit.platforms.spark_cluster import SparkCluster
 
+    state, say = kit.state, kit.say
     cluster = SparkCluster(state)
     status = cluster.status()
     started = not (status.master_url and status.alive_workers > 0)
     if started:
-        on_step(f"starting a standalone Spark cluster (master + {CLUSTER_WORKERS} workers of 1 core) for (a')")
+        say(f"starting a standalone Spark cluster (master + {CLUSTER_WORKERS} workers of 1 core) for (a')")
         status = cluster.up("standalone", CLUSTER_WORKERS)
     how = f"{status.alive_workers} worker(s) of 1 core, " + (
         "started for this run and stopped after it" if started else "the cluster `spark up` started"
@@ -409,12 +390,12 @@ def _cluster_sides(
     try:
         target = spark_mod.target("standalone", state)
         spark_mod.session(target)
-        on_step("warm-up on the cluster: a small load (executors' JIT, Python workers, extensions)")
+        say("warm-up on the cluster: a small load (executors' JIT, Python workers, extensions)")
         warm = sources.synthetic_files(state.cache_dir, [(2019, 1)], 20_000, seed=42)
-        _lake_side(ep, warm, zones_path, 20_000, memory, target)
+        _lake_side(kit, warm, zones_path, 20_000, memory, target)
         for (files, total), size in zip(inputs, figures):
-            on_step(f"(a') {total:,} rows: Spark on the standalone cluster -> DuckLake")
-            size.sides["a_cluster"], _ = _lake_side(ep, files, zones_path, total, memory, target)
+            say(f"(a') {total:,} rows: Spark on the standalone cluster -> DuckLake")
+            size.sides["a_cluster"], _ = _lake_side(kit, files, zones_path, total, memory, target)
     finally:
         from pyspark.sql import SparkSession
 

@@ -12,7 +12,6 @@ the runner: (makespan - the nodes' own time) / (N - 1), the N - 1 hand-overs fro
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,7 @@ from ducklake_kit.bench.results import Machine, load_average, write_outputs
 from ducklake_kit.errors import KitError
 from ducklake_kit.pipelines.dag import Pipeline, build
 from ducklake_kit.pipelines.runner import PipelineRun, run
-from ducklake_kit.platforms.base import Platform
-from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms.kit import Kit
 
 GOAL_VS_BOUND = 1.15  # makespan / max(critical path, total / workers), on 2 workers
 GOAL_SCHEDULING_MS = 10.0  # per node
@@ -135,53 +133,55 @@ def _run_ok(pipeline: Pipeline, wp, **kw) -> PipelineRun:
     return r
 
 
+@dataclass(frozen=True)
+class DagShape:
+    """The benchmark's DAG: `independent` nodes and a chain of `chain`, each about `node_s` seconds of work; and a
+    chain of `scheduling_nodes` trivial nodes for the scheduling cost."""
+
+    independent: int = 12
+    chain: int = 4
+    node_s: float = 0.4
+    scheduling_nodes: int = 50
+
+
 def bench_pipeline(
-    platform: Platform,
-    state: State,
-    *,
-    workers: int = 2,
-    independent: int = 12,
-    chain: int = 4,
-    node_s: float = 0.4,
-    scheduling_nodes: int = 50,
-    scheduler: str | None = None,
-    on_step: Callable[[str], None] = lambda _m: None,
-    json_path: Path | None = None,
+    kit: Kit, *, workers: int = 2, shape: DagShape = DagShape(), json_path: Path | None = None
 ) -> PipelineBench:
     from ducklake_kit.workers import WorkerPlane
     from ducklake_kit.workers import plane as plane_mod
     from ducklake_kit.workers.client import name_order
 
+    independent, chain, node_s, scheduling_nodes = shape.independent, shape.chain, shape.node_s, shape.scheduling_nodes
     if workers < 1 or independent < 0 or chain < 1:
         raise KitError(
             "the pipeline benchmark needs at least one worker and a chain of at least one node", "use --workers >= 1"
         )
     load_before = load_average()
-    ep = platform.endpoints()
-    with plane_mod.borrowed(state, ep, workers, scheduler) as status, WorkerPlane(status.address, ep) as wp:
+    ep, say = kit.platform.endpoints(), kit.say
+    with plane_mod.borrowed(kit.state, ep, workers, kit.scheduler) as status, WorkerPlane(status.address, ep) as wp:
         names = sorted(wp.names(), key=name_order)[:workers]
         if len(names) < workers:
             raise KitError(
                 f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {workers}",
                 f"start more workers there, or run with --workers {len(names)}",
             )
-        on_step("calibrating one node on w1")
+        say("calibrating one node on w1")
         probe = wp.run(busy_sql(ROWS_PER_S // 2), worker=names[0])
         if not probe.ok:
             raise KitError(f"the calibration query failed ({probe.error.line()})", "run `workers`")
         rows = max(10_000, int(node_s * (ROWS_PER_S // 2) / max(probe.statements[0].seconds, 1e-3)))
         dag = build(dag_source(independent, chain, rows), "<bench dag>", name="bench_dag")
         only = set(dag.nodes)
-        on_step(
+        say(
             f"the DAG: {independent} independent nodes + a chain of {chain}, about {node_s}s each, on {workers} workers"
         )
         parallel = _run_ok(dag, wp, only=only, among=names)  # on exactly `workers` workers, whatever else runs
-        on_step("the same DAG serially (every node pinned to one worker)")
+        say("the same DAG serially (every node pinned to one worker)")
         serial_dag = build(dag_source(independent, chain, rows), "<bench dag>", name="bench_dag_serial")
         for node in serial_dag.nodes.values():
             node.pin = names[0]
         serial = _run_ok(serial_dag, wp)
-        on_step(f"scheduling cost: a chain of {scheduling_nodes} trivial nodes")
+        say(f"scheduling cost: a chain of {scheduling_nodes} trivial nodes")
         trivial = build(chain_source(scheduling_nodes), "<bench chain>", name="bench_chain")
         chained = _run_ok(trivial, wp, among=names)
     par, ser = figures(dag, parallel, workers), figures(serial_dag, serial, 1)

@@ -34,18 +34,18 @@ from typing import Any
 
 import duckdb
 
-from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average, write_outputs
+from ducklake_kit.bench.results import BENCH_SCHEMA, NOT_WRITTEN, Machine, Outputs, load_average, write_outputs
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.profile import catalog_statements
 from ducklake_kit.lake.sql import quote_literal, table_exists
 from ducklake_kit.platforms import s3
 from ducklake_kit.platforms.base import RAW_BUCKET, Platform
-from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import lesson_queries as queries_mod
 from ducklake_kit.taxi import sources
 from ducklake_kit.taxi import spark as spark_mod
-from ducklake_kit.taxi.load import run_load
+from ducklake_kit.taxi.load import LoadInput, run_load
 
 ROWS_PER_FILE = 2_500_000  # as `bench --suite load`, so both suites share the generated months (and the cache)
 SEED = 42
@@ -229,46 +229,35 @@ def _bench_shas(lake: Lake) -> set[str]:
     return {r[0] for r in lake.con.execute(f"SELECT sha256 FROM {lake.alias}.{BENCH_SCHEMA}.load_log").fetchall()}
 
 
-def ensure_lake_data(platform: Platform, state: State, rows: int, on_step: Callable[[str], None]) -> dict[str, Any]:
+def ensure_lake_data(kit: Kit, rows: int) -> dict[str, Any]:
     """bench.trips holds exactly the generated months for `rows` (loaded through the kit's Spark load), or is
     reloaded: a bench schema with other content (another size, the load suite's warm-up) is dropped first."""
-    ep = platform.endpoints()
-    cache = state.cache_dir
+    ep, say = kit.platform.endpoints(), kit.say
+    cache = kit.state.cache_dir
     n_files = math.ceil(rows / ROWS_PER_FILE)
     per_file = rows // n_files
-    on_step(f"generating {n_files} synthetic month(s) of {per_file:,} rows (cached after the first run)")
+    say(f"generating {n_files} synthetic month(s) of {per_file:,} rows (cached after the first run)")
     files = sources.synthetic_files(cache, months(n_files), per_file, seed=SEED)
     want = {f.sha256 for f in files}
     with Lake(ep) as lake:
         have = _bench_shas(lake)
         reused = have == want
         if have and not reused:
-            on_step(f"lake.{BENCH_SCHEMA} holds other data: dropping its tables")
+            say(f"lake.{BENCH_SCHEMA} holds other data: dropping its tables")
             lake.con.execute("BEGIN TRANSACTION")
             for t in _BENCH_TABLES:
                 lake.con.execute(f"DROP TABLE IF EXISTS {BENCH_SCHEMA}.{t}")
             lake.con.execute("COMMIT")
     load_s = None
     if not reused:
-        on_step(
-            f"loading {sum(f.rows or 0 for f in files):,} rows into lake.{BENCH_SCHEMA}.trips through the Spark load"
-        )
+        say(f"loading {sum(f.rows or 0 for f in files):,} rows into lake.{BENCH_SCHEMA}.trips through the Spark load")
         zones_path, _ = sources.zone_lookup(cache)
         t = time.perf_counter()
         # replace: the tables may have just been dropped on purpose (above), which `skip` refuses to load over
-        run_load(
-            ep,
-            files,
-            zones_path=zones_path,
-            zones_note="",
-            source_note="bench queries",
-            mode="replace",
-            schema_name=BENCH_SCHEMA,
-            on_step=on_step,
-        )
+        run_load(kit, LoadInput(files, zones_path, "", "bench queries"), mode="replace", schema_name=BENCH_SCHEMA)
         load_s = round(time.perf_counter() - t, 1)
     else:
-        on_step(f"lake.{BENCH_SCHEMA} already holds these {len(files)} month(s): not reloaded")
+        say(f"lake.{BENCH_SCHEMA} already holds these {len(files)} month(s): not reloaded")
     digest = hashlib.sha256("".join(sorted(want)).encode()).hexdigest()[:12]
     return {"digest": digest, "source_files": len(files), "reused": reused, "load_s": load_s}
 
@@ -289,12 +278,12 @@ def _clear_s3_prefix(platform: Platform, prefix: str) -> None:
             client.delete_object(Bucket=RAW_BUCKET, Key=obj["Key"])
 
 
-def export_parquet(platform: Platform, lake: Lake, root: str, expected: int, on_step: Callable[[str], None]) -> bool:
+def export_parquet(platform: Platform, lake: Lake, root: str, expected: int, say: Callable[[str], None]) -> bool:
     """`trips` (hive-partitioned like the lake) and `zones` as plain Parquet under `root`; skipped when the
     same number of rows is already there (`root` names the data by its content). True when it wrote."""
     if _parquet_count(lake.con, root) == expected:
         return False
-    on_step(f"exporting lake.{BENCH_SCHEMA}.trips as plain Parquet to {root}")
+    say(f"exporting lake.{BENCH_SCHEMA}.trips as plain Parquet to {root}")
     if root.startswith("s3://"):
         _clear_s3_prefix(platform, root.removeprefix(f"s3://{RAW_BUCKET}/") + "/")
     else:
@@ -410,16 +399,13 @@ def totals(entries: list[QueryFigures]) -> Totals:
 
 
 def bench_queries(
-    platform: Platform,
-    state: State,
+    kit: Kit,
     *,
     rows: int,
     runs: int = 5,
     warmup: int = 1,
-    on_step: Callable[[str], None] = lambda _m: None,
-    json_path: Path | None = None,
-    png_path: Path | None = None,
     names: list[str] | None = None,
+    outputs: Outputs = NOT_WRITTEN,
 ) -> QueriesRun:
     """Run the benchmark queries on the three engines; figures per query and in total, answers checked."""
     if rows < 1000:
@@ -427,13 +413,14 @@ def bench_queries(
     if runs < 1 or warmup < 1:
         raise KitError("--runs and --warmup must be at least 1", "the warm-up answers are the ones compared")
     load_before = load_average()
-    data = ensure_lake_data(platform, state, rows, on_step)
+    platform, state, say = kit.platform, kit.state, kit.say
+    data = ensure_lake_data(kit, rows)
     query_list = [q for q in bench_query_list() if not names or q.name in names]
     local_root = str(state.cache_dir / "bench-parquet" / data["digest"])
     spark = spark_mod.session()
     with Lake(platform.endpoints()) as lake:
         table_rows = int(lake.scalar(f"SELECT count(*) FROM {BENCH_SCHEMA}.trips"))
-        wrote_local = export_parquet(platform, lake, local_root, table_rows, on_step)
+        wrote_local = export_parquet(platform, lake, local_root, table_rows, say)
         files = {t: lake_files(lake, t) for t in ("trips", "zones")}
         data["ducklake"] = {
             **layout(lake.con, files["trips"]),
@@ -451,7 +438,7 @@ def bench_queries(
             "written": wrote_local,
         }
 
-        on_step("engines: DuckDB on lake.bench, DuckDB views over read_parquet(the lake's files), Spark temp views")
+        say("engines: DuckDB on lake.bench, DuckDB views over read_parquet(the lake's files), Spark temp views")
         on_lake = lake.con.cursor()
         on_lake.execute(f"USE {lake.alias}.{BENCH_SCHEMA}")
         on_parquet = lake.con.cursor()  # same DuckDB instance: same threads, same caches as (a)
@@ -477,12 +464,12 @@ def bench_queries(
                 return [tuple(r) for r in spark.sql(spark_sql(sql)).collect()]
             return (on_lake if engine == "ducklake" else on_parquet).execute(sql).fetchall()
 
-        on_step("fixed cost of a DuckLake query: SELECT 1 FROM trips LIMIT 0 on both DuckDB engines")
+        say("fixed cost of a DuckLake query: SELECT 1 FROM trips LIMIT 0 on both DuckDB engines")
         fixed = fixed_cost(on_lake, on_parquet, runs, query_list[0].sql)
 
         results = []
         for q in query_list:
-            on_step(f"{q.name}: {warmup} warm-up + {runs} timed run(s) on each engine")
+            say(f"{q.name}: {warmup} warm-up + {runs} timed run(s) on each engine")
             answers: dict[str, list[tuple]] = {}
             for engine in ENGINES:
                 for _ in range(warmup):
@@ -514,7 +501,7 @@ def bench_queries(
         on_parquet.close()
 
     out = QueriesRun(rows, table_rows, Machine.since(load_before), runs, warmup, data, results, totals(results), fixed)
-    write_outputs(out, json_path, png_path, chart_queries)
+    write_outputs(out, outputs.json, outputs.png, chart_queries)
     return out
 
 

@@ -37,6 +37,17 @@ class Machine:
         }
 
 
+@dataclass(frozen=True)
+class Outputs:
+    """Where a suite writes its result: JSON (`--out`) and a chart (`--png`); None: not written."""
+
+    json: Path | None = None
+    png: Path | None = None
+
+
+NOT_WRITTEN = Outputs()
+
+
 def write_outputs(
     result: Any, json_path: Path | None, png_path: Path | None, chart: Callable[[Any, Path], None] | None = None
 ) -> None:

@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ducklake_kit.bench.concurrency import bench_concurrency
+from ducklake_kit.bench.concurrency import WriterTuning, bench_concurrency
 from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average, write_outputs
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
-from ducklake_kit.platforms.base import Platform
-from ducklake_kit.platforms.state import State, project_root
+from ducklake_kit.platforms.kit import Kit
+from ducklake_kit.platforms.state import project_root
 from ducklake_kit.steps import runner
 from ducklake_kit.workers import plane as plane_mod
 
@@ -95,22 +94,19 @@ def _p95(values: list[float]) -> float | None:
 
 
 def bench_steps(
-    platform: Platform,
-    state: State,
+    kit: Kit,
     *,
     workers: int = 3,
     iterations: int = 100,
-    on_step: Callable[[str], None] = lambda _m: None,
     json_path: Path | None = None,
-    scheduler: str | None = None,
 ) -> StepsBench:
     if workers < 1 or iterations < 1:
         raise KitError("--workers and --ops must be at least 1", "e.g. --workers 3 --ops 100")
-    ep = platform.endpoints()
+    ep, state, say = kit.platform.endpoints(), kit.state, kit.say
     load_before = load_average()
-    with plane_mod.borrowed(state, ep, workers, scheduler) as status:
-        on_step(f"the step runner: {PLAYBOOK.name}, {iterations} iterations on {len(status.workers)} workers")
-        run = runner.run_file(PLAYBOOK, status.address, ep, state.home, overrides={"iterations": iterations})
+    with plane_mod.borrowed(state, ep, workers, kit.scheduler) as status:
+        say(f"the step runner: {PLAYBOOK.name}, {iterations} iterations on {len(status.workers)} workers")
+        run = runner.run_file(PLAYBOOK, kit, scheduler=status.address, overrides={"iterations": iterations})
     loop = next((s for s in run.steps if s.iterations is not None), None)
     if loop is None:  # the playbook failed before its loop (the table could not be made)
         first = next((s for s in run.steps if s.error), None)
@@ -137,9 +133,9 @@ def bench_steps(
         int(counted) - int(distinct),
     )
     ops = math.ceil(iterations / workers)
-    on_step(f"the direct bench of the same shape: {workers} writers x {ops} inserts, no runner")
+    say(f"the direct bench of the same shape: {workers} writers x {ops} inserts, no runner")
     both = bench_concurrency(
-        platform, state, workers=workers, ops=ops, modes=("ducklake", "workers"), calibrate_ops=0, scheduler=scheduler
+        kit, workers=workers, ops=ops, modes=("ducklake", "workers"), tuning=WriterTuning()
     ).results
     direct, plane_direct = both["ducklake"], both["workers"]
     scale = iterations / (workers * ops)

@@ -13,8 +13,9 @@ import typer
 
 # each registers its commands on `app`, in this order (the order of `--help`)
 from ducklake_kit.cli import core, workers, spark, data, steps, pipeline, dynamic, bench  # noqa: F401  # isort: skip
-from ducklake_kit.cli.common import Ctx, app
+from ducklake_kit.cli.common import app
 from ducklake_kit.platforms import PLATFORMS
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT, K3D_PG_PORT, K3D_S3_PORT
 
 
@@ -56,7 +57,7 @@ def main_options(
         raise typer.BadParameter(
             "give the scheduler's address as tcp://host:port or tls://host:port", param_hint="--scheduler"
         )
-    ctx.obj = Ctx(platform, home, pg_port, s3_port, scheduler)
+    ctx.obj = Kit.build(platform, home, pg_port=pg_port, s3_port=s3_port, scheduler=scheduler)
 
 
 def main() -> None:

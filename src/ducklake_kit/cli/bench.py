@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
+from ducklake_kit.bench.results import Outputs
+from ducklake_kit.cli.common import JsonOpt, Kit, app, command, reporter
 from ducklake_kit.cli.output import console, print_json, table
 from ducklake_kit.errors import EXIT_CHECK_FAILED, EXIT_USAGE, KitError
 
@@ -68,22 +69,14 @@ def bench(
     suites = ("load", "queries", "concurrency", "pipeline", "steps", "dynamic")
     if suite not in suites:
         raise KitError(f"unknown suite '{suite}'", f"choose one of: {', '.join(suites)}")
-    c: Ctx = ctx.obj
-    step = step_printer(as_json)
+    c: Kit = ctx.obj.with_reporter(reporter(as_json))
+    step = c.say
     out = console(stderr=as_json)  # with --json, stdout carries only the envelope
     if suite == "queries":
         # each suite loads only when asked for (Spark, matplotlib)
         from ducklake_kit.bench.queries import GOAL_LAKE_TO_PARQUET, GOAL_SPEEDUP_VS_SPARK, bench_queries
 
-        r = bench_queries(
-            c.platform(),
-            c.state,
-            rows=_sizes(rows, [1_000_000])[0],
-            runs=runs or 5,
-            on_step=step,
-            json_path=out_file,
-            png_path=png_file,
-        )
+        r = bench_queries(c, rows=_sizes(rows, [1_000_000])[0], runs=runs or 5, outputs=Outputs(out_file, png_file))
         t = r.totals
         out.print(
             table(
@@ -154,17 +147,7 @@ def bench(
 
         workers = workers or 3
         chosen = tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else MODES
-        r = bench_concurrency(
-            c.platform(),
-            c.state,
-            workers=workers,
-            ops=ops,
-            on_step=step,
-            json_path=out_file,
-            png_path=png_file,
-            scheduler=c.scheduler,
-            modes=chosen,
-        )
+        r = bench_concurrency(c, workers=workers, ops=ops, modes=chosen, outputs=Outputs(out_file, png_file))
         out.print(
             table(
                 f"bench --suite concurrency: {workers} writers x {ops} inserts ({r.machine.cores} cores; load average "
@@ -271,7 +254,7 @@ def _sizes(rows: list[str] | None, default: list[int]) -> list[int]:
         ) from None
 
 
-def _bench_load(c: Ctx, rows: list[str] | None, step, out, out_file: Path | None, as_json: bool) -> None:
+def _bench_load(c: Kit, rows: list[str] | None, step, out, out_file: Path | None, as_json: bool) -> None:
     from ducklake_kit.bench.load import (
         DEFAULT_ROWS,
         GOAL_ROWS,
@@ -279,7 +262,7 @@ def _bench_load(c: Ctx, rows: list[str] | None, step, out, out_file: Path | None
     )  # each suite loads only when asked for (Spark)
     from ducklake_kit.bench.results import write_outputs
 
-    r = bench_load(c.platform(), c.state, _sizes(rows, list(DEFAULT_ROWS)), on_step=step)
+    r = bench_load(c, _sizes(rows, list(DEFAULT_ROWS)))
 
     def rate(f) -> str:
         return f"{f.rows_per_s:,}" if f else "-"
@@ -340,10 +323,10 @@ def _bench_load(c: Ctx, rows: list[str] | None, step, out, out_file: Path | None
         print_json("ok", doc)
 
 
-def _bench_pipeline(c: Ctx, workers: int, step, out, out_file: Path | None, as_json: bool) -> None:
+def _bench_pipeline(c: Kit, workers: int, step, out, out_file: Path | None, as_json: bool) -> None:
     from ducklake_kit.bench.pipeline import GOAL_SCHEDULING_MS, GOAL_VS_BOUND, bench_pipeline
 
-    r = bench_pipeline(c.platform(), c.state, workers=workers, scheduler=c.scheduler, on_step=step, json_path=out_file)
+    r = bench_pipeline(c, workers=workers, json_path=out_file)
     p, s = r.parallel, r.serial
     out.print(
         table(
@@ -379,18 +362,10 @@ def _bench_pipeline(c: Ctx, workers: int, step, out, out_file: Path | None, as_j
         )
 
 
-def _bench_steps(c: Ctx, workers: int, iterations: int, step, out, out_file: Path | None, as_json: bool) -> None:
+def _bench_steps(c: Kit, workers: int, iterations: int, step, out, out_file: Path | None, as_json: bool) -> None:
     from ducklake_kit.bench.steps import GOAL_VS_DIRECT, SEED, bench_steps  # each suite loads only when asked for
 
-    r = bench_steps(
-        c.platform(),
-        c.state,
-        workers=workers,
-        iterations=iterations,
-        on_step=step,
-        json_path=out_file,
-        scheduler=c.scheduler,
-    )
+    r = bench_steps(c, workers=workers, iterations=iterations, json_path=out_file)
     f = r.runner
     out.print(
         table(
@@ -439,7 +414,7 @@ def _bench_steps(c: Ctx, workers: int, iterations: int, step, out, out_file: Pat
 
 
 def _bench_dynamic(
-    c: Ctx,
+    c: Kit,
     months: int,
     rows_per_month: int,
     runs: int,
@@ -452,14 +427,7 @@ def _bench_dynamic(
     from ducklake_kit.bench.dynamic import bench_dynamic  # each suite loads only when asked for
 
     r = bench_dynamic(
-        c.platform(),
-        c.state,
-        months=months,
-        rows_per_month=rows_per_month,
-        runs=runs,
-        file_cache=file_cache,
-        on_step=step,
-        json_path=out_file,
+        c, months=months, rows_per_month=rows_per_month, runs=runs, file_cache=file_cache, json_path=out_file
     )
     g = r.goals()
     out.print(

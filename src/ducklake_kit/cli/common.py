@@ -1,4 +1,4 @@
-"""What every command shares: the app, the context (platform and state folder), the error edge (one line on
+"""What every command shares: the app, the context (the Kit: platform, state folder, worker plane), the error edge (one line on
 stderr or a JSON error envelope, and its exit code), `--json`, and the progress printer."""
 
 from __future__ import annotations
@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import functools
 from collections.abc import Callable
-from pathlib import Path
 from typing import Annotated, Any
 
 import duckdb
@@ -16,8 +15,8 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ducklake_kit.cli.output import console, print_json
 from ducklake_kit.errors import KitError, first_line
-from ducklake_kit.platforms import get_platform
-from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms.kit import Kit as Kit  # ctx.obj: what the global options built
+from ducklake_kit.platforms.report import LineReporter, Reporter, reporter_for
 
 app = typer.Typer(
     help="ducklake-kit: a DuckLake learning lab (DuckDB engine, PostgreSQL catalog, Parquet on S3).\n\n"
@@ -28,19 +27,6 @@ app = typer.Typer(
 )
 
 JsonOpt = Annotated[bool, typer.Option("--json", help='Print {"status", "result", "catalog_info"} as JSON.')]
-
-
-class Ctx:
-    def __init__(
-        self, platform: str, home: Path | None, pg_port: int | None, s3_port: int | None, scheduler: str | None = None
-    ):
-        self.platform_name = platform
-        self.state = State(home)
-        self.scheduler = scheduler  # a user's Dask scheduler (tcp://host:port); None: the kit's own worker plane
-        self.options = {"pg_port": pg_port, "s3_port": s3_port} if platform in ("local", "k3d") else {}
-
-    def platform(self):
-        return get_platform(self.platform_name, self.state, **self.options)
 
 
 def command(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -93,7 +79,7 @@ def _fail(exc: KitError, as_json: bool) -> None:
     raise typer.Exit(exc.exit_code)
 
 
-def step_printer(as_json: bool) -> Callable[[str], None]:
-    """Progress lines: on stdout, or on stderr when stdout carries the JSON envelope."""
-    out = console(stderr=as_json)
-    return lambda msg: out.print(f"[dim]•[/] {msg}", markup=True, highlight=False)
+def reporter(as_json: bool) -> Reporter:
+    """Where a command's progress goes: bars and lines when stdout is a terminal, lines in a pipe; under `--json`
+    lines on stderr, so stdout carries only the envelope."""
+    return LineReporter(console(stderr=True)) if as_json else reporter_for(console())

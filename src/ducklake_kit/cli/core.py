@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import click
 import typer
 
-from ducklake_kit.cli.common import Ctx, JsonOpt, app, command
+from ducklake_kit.cli.common import JsonOpt, Kit, app, command
 from ducklake_kit.cli.output import console, print_json, table
 from ducklake_kit.cli.spark import print_cluster
 from ducklake_kit.cli.workers import print_plane
@@ -39,7 +39,7 @@ def _size(n: int | None) -> str:
 @command
 def doctor(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Check prerequisites (Python, Java 17+, uv, just; docker, k3d, kubectl for k3d) with versions and install hints."""
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     tools = doctor_mod.check(c.platform_name)
     ok = all(t.ok for t in tools)
     if as_json:
@@ -82,8 +82,8 @@ def up(ctx: typer.Context, workers: WorkersOpt = None, as_json: JsonOpt = False)
     plane (a Dask scheduler and N DuckDB workers, each with the lake attached). Idempotent."""
     from ducklake_kit.workers import plane as plane_mod  # Dask loads only with the commands that use it
 
-    c: Ctx = ctx.obj
-    platform = c.platform()
+    c: Kit = ctx.obj
+    platform = c.platform
     statuses = platform.up()
     plane = plane_mod.up(c.state, platform.endpoints(), workers, c.scheduler)
     if as_json:
@@ -99,12 +99,12 @@ def down(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Stop the worker plane, the Spark cluster (`spark up`) and the services the kit started. Data stays (see `reset`)."""
     from ducklake_kit.workers import plane as plane_mod
 
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     from ducklake_kit.platforms.spark_cluster import SparkCluster
 
     msgs = [] if c.scheduler else plane_mod.down(c.state)  # a user's Dask cluster is theirs to stop
     msgs += SparkCluster(c.state).down()
-    msgs += c.platform().down()
+    msgs += c.platform.down()
     if as_json:
         print_json("ok", {"stopped": msgs})
     else:
@@ -119,8 +119,8 @@ def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     `spark up`. Exit 1 when one is down."""
     from ducklake_kit.workers import plane as plane_mod
 
-    c: Ctx = ctx.obj
-    platform = c.platform()
+    c: Kit = ctx.obj
+    platform = c.platform
     statuses = platform.status()
     healthy = all(s.healthy for s in statuses)
     plane = plane_mod.status(c.state, platform.endpoints(), c.scheduler) if healthy else None
@@ -161,7 +161,7 @@ def reset(
     as_json: JsonOpt = False,
 ) -> None:
     """Stop the services and delete all their data and credentials (asks first)."""
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     if not yes and not _confirmed(f"Delete the catalog, the lake data and the credentials in {c.state.home}?"):
         raise KitError("reset cancelled; nothing was deleted", "pass --yes to reset without asking")
     from ducklake_kit.platforms.spark_cluster import SparkCluster
@@ -169,7 +169,7 @@ def reset(
 
     msgs = [] if c.scheduler else plane_mod.down(c.state)
     msgs += SparkCluster(c.state).down()
-    msgs += c.platform().reset()
+    msgs += c.platform.reset()
     if as_json:
         print_json("ok", {"reset": msgs})
     else:
@@ -190,8 +190,8 @@ def _confirmed(question: str) -> bool:
 def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Print how to reach the catalog (psql, DBeaver), the lake (DuckDB CLI with an init SQL file), the worker plane and
     the Spark cluster."""
-    c: Ctx = ctx.obj
-    info = connect_mod.describe(c.state, c.platform().endpoints())
+    c: Kit = ctx.obj
+    info = connect_mod.describe(c.state, c.platform.endpoints())
     info["worker_plane"] = _plane_address(c)
     info["spark"] = _spark_addresses(c)
     if as_json:
@@ -230,7 +230,7 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     out.print(f"  Spark Connect {sp['connect']} (the token: {sp['token_file']})", markup=False)
 
 
-def _plane_address(c: Ctx) -> dict[str, Any]:
+def _plane_address(c: Kit) -> dict[str, Any]:
     from ducklake_kit.workers.config import PlaneConfig  # no Dask import for printing an address
     from ducklake_kit.workers.tls import tls_dir
 
@@ -242,7 +242,7 @@ def _plane_address(c: Ctx) -> dict[str, Any]:
     }
 
 
-def _spark_addresses(c: Ctx) -> dict[str, Any]:
+def _spark_addresses(c: Kit) -> dict[str, Any]:
     from ducklake_kit.platforms.spark_cluster import SparkCluster
 
     cluster = SparkCluster(c.state)
@@ -258,8 +258,8 @@ def _spark_addresses(c: Ctx) -> dict[str, Any]:
 @command
 def shell(ctx: typer.Context) -> None:
     """Open the DuckDB CLI with the lake attached (the init SQL `connect` prints); extra arguments go to duckdb, e.g. -c "SQL"."""
-    c: Ctx = ctx.obj
-    argv = connect_mod.shell_argv(c.state, c.platform().endpoints(), list(ctx.args))
+    c: Kit = ctx.obj
+    argv = connect_mod.shell_argv(c.state, c.platform.endpoints(), list(ctx.args))
     try:
         code = subprocess.call(argv)
     except OSError as exc:

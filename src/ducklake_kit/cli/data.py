@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
 from ducklake_kit.checks import CheckRun
-from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
+from ducklake_kit.cli.common import JsonOpt, Kit, app, command, reporter
 from ducklake_kit.cli.output import console, print_checks, print_json, render_checks, render_statement, table
 from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 from ducklake_kit.lake import Lake, StatementFailed
@@ -47,9 +48,9 @@ def sql(
     as_json: JsonOpt = False,
 ) -> None:
     """Run SQL against the lake; rows for every statement that returns them, real affected-row counts. Dynamic-table DDL (CREATE DYNAMIC TABLE, ALTER / DROP / SHOW DYNAMIC ...) is accepted too."""
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     query = _sql_text(query, file)
-    ep = c.platform().endpoints()
+    ep = c.platform.endpoints()
     try:
         run = _dynamic_sql(c, ep, query, expect) or run_sql(ep, c.platform_name, query, expect)
     except StatementFailed as exc:
@@ -111,7 +112,7 @@ def _storage_down(exc: StatementFailed, ep: Endpoints) -> KitError | None:
     return None
 
 
-def _dynamic_sql(c: Ctx, ep: Endpoints, query: str, expect: str | None) -> SqlRun | None:
+def _dynamic_sql(c: Kit, ep: Endpoints, query: str, expect: str | None) -> SqlRun | None:
     """`sql` text with dynamic-table statements, run in order (None when it has none)."""
     from ducklake_kit.dynamic_tables import ddl, manage
     from ducklake_kit.dynamic_tables.metadata import Metadata
@@ -152,19 +153,11 @@ def load(
     """Load NYC taxi trips through PySpark into the lake: one load, one snapshot; re-running is a no-op."""
     from ducklake_kit.taxi import flow as taxi_flow  # Spark and pyarrow load only for the commands that use them
 
-    c: Ctx = ctx.obj
-    result, run = taxi_flow.load_and_verify(
-        c.platform(),
-        c.state,
-        source=source,
-        months=months,
-        paths=path or [],
-        rows_per_month=rows_per_month,
-        seed=seed,
-        mode=mode,
-        spark_master=spark_master,
-        on_step=step_printer(as_json),
+    kit = replace(ctx.obj, spark_master=spark_master, reporter=reporter(as_json))
+    spec = taxi_flow.LoadSpec(
+        source=source, months=months, paths=path or [], rows_per_month=rows_per_month, seed=seed, mode=mode
     )
+    result, run = taxi_flow.load_checked(kit, spec)
     if as_json:
         print_json("ok" if run.ok else "error", {**result.as_dict(), **run.as_dict()})
     else:
@@ -222,8 +215,8 @@ def query(
     """Run the named queries from queries/ and check each answer against an independent computation on the raw files."""
     from ducklake_kit.lessons import queries as q  # lessons load only for the command that runs them (start-up)
 
-    c: Ctx = ctx.obj
-    answers, run, info = q.run_queries(c.platform().endpoints(), c.platform_name, names or None, check=check)
+    c: Kit = ctx.obj
+    answers, run, info = q.run_queries(c.platform.endpoints(), c.platform_name, names or None, check=check)
     if as_json:
         print_json("ok" if run.ok else "error", {"queries": q.answers_as_dict(answers), **run.as_dict()}, info)
     else:
@@ -255,9 +248,9 @@ def timetravel(
     """The time-travel and change-feed lesson, checked: two loads, a correction, AT (VERSION/TIMESTAMP), table_changes, a restore."""
     from ducklake_kit.lessons import timetravel as tt  # start-up: loads only for this command
 
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     run = CheckRun()
-    result = tt.run_timetravel(c.platform(), c.state, run, rows_per_month=rows_per_month, on_step=step_printer(as_json))
+    result = tt.run_timetravel(c.with_reporter(reporter(as_json)), run, rows_per_month=rows_per_month)
     if as_json:
         print_json("ok" if run.ok else "error", {**result, **run.as_dict()})
     else:
@@ -322,16 +315,15 @@ def maintain(
     """Flush inlined data, merge adjacent files, expire snapshots, clean up old and orphaned files, CHECKPOINT; checked. Says how many unreferenced files it left, and why."""
     from ducklake_kit.lessons import maintain as mt  # start-up: loads only for this command
 
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     run = CheckRun()
     result = mt.run_maintain(
-        c.platform(),
+        c.with_reporter(reporter(as_json)),
         run,
         older_than=older_than,
         versions=version or None,
         dry_run=dry_run,
         dead_loads=dead_loads,
-        on_step=step_printer(as_json),
     )
     if as_json:
         print_json("ok" if run.ok else "error", {**result, **run.as_dict()})
@@ -377,18 +369,9 @@ def all_(
     """The whole flow with checks (what `just ducklake-test` runs): foundation, load, queries, time travel, maintenance, a short benchmark. Exit 0 only if every check holds."""
     from ducklake_kit import all as all_flow  # start-up: loads only for this command
 
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     run = CheckRun()
-    result = all_flow.run_all(
-        c.platform(),
-        c.state,
-        run,
-        source=source,
-        mode=mode,
-        bench=bench,
-        scheduler=c.scheduler,
-        on_step=step_printer(as_json),
-    )
+    result = all_flow.run_all(c.with_reporter(reporter(as_json)), run, source=source, mode=mode, bench=bench)
     info = result.pop("catalog_info")
     if as_json:
         print_json("ok" if run.ok else "error", {**result, **run.as_dict()}, info)

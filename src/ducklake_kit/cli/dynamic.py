@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ducklake_kit.cli.common import Ctx, JsonOpt, app, command
+from ducklake_kit.cli.common import JsonOpt, Kit, app, command, reporter
 from ducklake_kit.cli.output import console, print_json, table
 from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 
@@ -29,8 +29,8 @@ def _open(ctx: typer.Context) -> Iterator[tuple[Any, Any]]:
     from ducklake_kit.dynamic_tables.metadata import Metadata
     from ducklake_kit.lake import Lake
 
-    c: Ctx = ctx.obj
-    ep = c.platform().endpoints()
+    c: Kit = ctx.obj
+    ep = c.platform.endpoints()
     with Lake(ep) as lake, Metadata(ep) as meta:
         yield lake, meta
 
@@ -209,11 +209,13 @@ def refresh_cmd(
     """Refresh now, upstream first, each table in its own transaction. Exit 1 if one failed (its dependents are skipped)."""
     from ducklake_kit.dynamic_tables import manage
     from ducklake_kit.dynamic_tables.metadata import FAILED, SKIPPED
+    from ducklake_kit.dynamic_tables.refresh import Refresher
 
     checked: dict[str, tuple[int, int]] = {}
     not_compared: dict[str, str] = {}  # neither passed nor failed: the reason it cannot be compared
     with _open(ctx) as (lake, meta):
-        batch = manage.refresh_many(lake, meta, names or None)
+        refresher = Refresher(lake, meta, report=reporter(as_json))
+        batch = manage.refresh_many(lake, meta, names or None, refresher=refresher)
         for r in batch.refreshes if check else []:
             if r.status in (FAILED, SKIPPED):
                 continue

@@ -9,7 +9,7 @@ import typer
 from rich.text import Text
 from rich.tree import Tree
 
-from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
+from ducklake_kit.cli.common import JsonOpt, Kit, app, command, reporter
 from ducklake_kit.cli.output import console, print_json, table
 from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 from ducklake_kit.workers.config import PlaneConfig
@@ -65,9 +65,9 @@ def plan_cmd(
     """The DAG: its waves, every edge (declared or inferred), where each node runs. Runs nothing."""
     from ducklake_kit.pipelines import flow
 
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     pipeline = _read(file, select, strict)  # bad input is one line before any service is asked
-    plan = flow.plan(pipeline, PlaneConfig.of(c.state, c.scheduler).address, c.platform().endpoints(), select=select)
+    plan = flow.plan(pipeline, PlaneConfig.of(c.state, c.scheduler).address, c.platform.endpoints(), select=select)
     if png is not None:
         _draw_plan(plan, png)
     if as_json:
@@ -149,32 +149,40 @@ def run_cmd(
     """Run the pipeline on the worker plane: each node as soon as its dependencies are done; a failed node's descendants are skipped. Exit 1 if a node failed."""
     from ducklake_kit.pipelines import flow
 
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     if select and from_failed:
         raise typer.BadParameter("give --select or --from-failed, not both", param_hint="--from-failed")
     pipeline = _read(file, select, strict)  # bad input is one line before any service is asked
-    step = step_printer(as_json)
+    report = reporter(as_json)
+    step = report.say
+    # a bar of nodes in a terminal; how many run is known up front unless --select or --from-failed picks them
+    bar = report.open(f"pipeline {pipeline.name}", None if select or from_failed else len(pipeline.nodes), "nodes")
 
     def on_event(kind: str, node) -> None:
         if kind == "start":
             step(f"node {node.id}: started" + (f" on {node.pin}" if node.pin else ""))
-        elif node.status == "ok" and node.duration_ms is None:  # its worker died after the commit: the lake said ok
+            return
+        bar.advance()
+        if node.status == "ok" and node.duration_ms is None:  # its worker died after the commit: the lake said ok
             step(f"node {node.id}: ok ({node.reason})")
         elif node.status == "ok":
             step(f"node {node.id}: ok on {node.worker} in {node.duration_ms:.0f} ms")
         else:
             step(f"node {node.id}: {node.status.upper()}: {node.error or node.reason}")
 
-    outcome = flow.run(
-        pipeline,
-        PlaneConfig.of(c.state, c.scheduler).address,
-        c.platform().endpoints(),
-        select=select,
-        from_failed=from_failed,
-        timeout_s=timeout,
-        platform_name=c.platform_name,
-        on_event=on_event,
-    )
+    try:
+        outcome = flow.run(
+            pipeline,
+            PlaneConfig.of(c.state, c.scheduler).address,
+            c.platform.endpoints(),
+            select=select,
+            from_failed=from_failed,
+            timeout_s=timeout,
+            platform_name=c.platform_name,
+            on_event=on_event,
+        )
+    finally:
+        bar.close()
     if outcome is None:
         if as_json:
             print_json("ok", {"run_id": None, "nodes": [], "note": "the last run had no failed or skipped node"})
@@ -255,8 +263,8 @@ def lineage_cmd(
     """The tables (and with --columns the columns) a table was built from, recursively, as pipelines recorded them."""
     from ducklake_kit.pipelines import flow
 
-    c: Ctx = ctx.obj
-    view = flow.lineage(c.platform().endpoints(), table_name, columns=columns)
+    c: Kit = ctx.obj
+    view = flow.lineage(c.platform.endpoints(), table_name, columns=columns)
     if png is not None:
         _draw_lineage(view, png)
     if as_json:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from ducklake_kit.cli.common import Ctx, JsonOpt, app, command
+from ducklake_kit.cli.common import JsonOpt, Kit, app, command
 from ducklake_kit.cli.output import console, print_json, table
 from ducklake_kit.errors import EXIT_CHECK_FAILED
 
@@ -62,7 +62,7 @@ def spark_up(
     Connect client session answers a query."""
     from ducklake_kit.platforms.spark_cluster import SparkCluster
 
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     st = SparkCluster(c.state).up(mode, workers)
     if as_json:
         print_json("ok", st.as_dict())
@@ -77,7 +77,7 @@ def spark_status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     is gone or not answering."""
     from ducklake_kit.platforms.spark_cluster import SparkCluster
 
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     st = SparkCluster(c.state).status()
     if as_json:
         print_json("ok" if st.healthy else "error", st.as_dict())
@@ -93,7 +93,7 @@ def spark_down(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Stop the Connect server, the workers and the master, and any executor they left behind."""
     from ducklake_kit.platforms.spark_cluster import SparkCluster
 
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     msgs = SparkCluster(c.state).down()
     if as_json:
         print_json("ok", {"stopped": msgs})

@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
-from ducklake_kit.cli.common import Ctx, JsonOpt, app, command, step_printer
+from ducklake_kit.cli.common import JsonOpt, Kit, app, command, reporter
 from ducklake_kit.cli.output import console, print_json, table
 from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
-from ducklake_kit.workers.config import PlaneConfig
 
 if TYPE_CHECKING:
     from ducklake_kit.steps.results import PlaybookRun, StepRun
@@ -92,12 +91,20 @@ def run_cmd(
     """Run a playbook on the worker plane. Exit 1 if a step failed (its command index, SQL and DuckDB's error are shown) or the plane was lost."""
     from ducklake_kit.steps import runner
 
-    c: Ctx = ctx.obj
+    c: Kit = ctx.obj
     overrides = runner.parse_overrides(set_ or [])
     playbook = runner.load(file, overrides)  # bad input is one line before any service is asked
-    say = step_printer(as_json)
+    report = reporter(as_json)
+    say = report.say
+    loop: list = []  # the bar of the loop under way: iterations, in a terminal
+
+    def end_loop() -> None:
+        while loop:
+            loop.pop().close()
 
     def on_event(kind: str, data: dict[str, Any]) -> None:  # the playbook's text is escaped: never Rich markup
+        if kind != "iteration":
+            end_loop()
         if kind == "step":
             say(
                 escape(
@@ -108,6 +115,9 @@ def run_cmd(
             )
         elif kind == "iteration":
             it = data["iteration"]
+            if not loop:
+                loop.append(report.open(f"step {data['step']}: iterations", data["total"], "iterations"))
+            loop[0].advance()
             where = f" on {it['worker']}" if it["worker"] else ""
             say(
                 escape(
@@ -119,15 +129,10 @@ def run_cmd(
         elif kind == "skipped":
             say(escape(f"step {data['step']}: skipped ({data['reason']})"))
 
-    out = runner.run_file(
-        playbook,
-        PlaneConfig.of(c.state, c.scheduler).address,
-        c.platform().endpoints(),
-        c.state.home,
-        overrides=overrides,
-        on_event=on_event,
-        resume=resume,
-    )
+    try:
+        out = runner.run_file(playbook, c, overrides=overrides, on_event=on_event, resume=resume)
+    finally:
+        end_loop()
     if as_json:
         print_json("ok" if out.ok else "error", out.as_dict(), out.catalog_info)
     else:

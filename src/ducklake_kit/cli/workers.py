@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ducklake_kit.cli.common import Ctx, JsonOpt, app, command
+from ducklake_kit.cli.common import JsonOpt, Kit, app, command
 from ducklake_kit.cli.output import console, print_json, table
 from ducklake_kit.errors import EXIT_CHECK_FAILED
 
@@ -59,8 +59,8 @@ def workers(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     Exit 1 when one is gone or has no lake attached."""
     from ducklake_kit.workers import plane as plane_mod
 
-    c: Ctx = ctx.obj
-    plane = plane_mod.status(c.state, c.platform().endpoints(), c.scheduler)
+    c: Kit = ctx.obj
+    plane = plane_mod.status(c.state, c.platform.endpoints(), c.scheduler)
     if as_json:
         print_json("ok" if plane.healthy else "error", plane.as_dict())
     else:

@@ -274,7 +274,7 @@ def refresh_many(
     graph = graphlib.TopologicalSorter({n: [x for x in every[n].depends_on if x in chosen] for n in chosen})
     batch = Batch()
     broken: dict[str, str] = {}  # table -> why its dependents are skipped
-    for n in graph.static_order():
+    for n in refresher.report.track(list(graph.static_order()), "refreshing dynamic tables", "tables"):
         d = every[n]
         now = datetime.now(UTC)
         bad = [x for x in d.depends_on if x in broken]

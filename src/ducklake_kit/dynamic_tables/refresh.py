@@ -36,6 +36,7 @@ from ducklake_kit.lake.changes import change_counts, changes_sql
 from ducklake_kit.lake.locks import advisory_lock
 from ducklake_kit.lake.sql import quote_ident, quote_literal
 from ducklake_kit.lake.transactions import commit_with
+from ducklake_kit.platforms.report import Reporter
 
 FULL, INCREMENTAL = "FULL", "INCREMENTAL"
 # AUTO refreshes in full when the affected groups (or rows) to recompute exceed this share of the table's rows:
@@ -165,10 +166,14 @@ class Work:
 
 
 class Refresher:
-    """Refreshes dynamic tables of one lake; `full_share`: see FULL_REFRESH_SHARE."""
+    """Refreshes dynamic tables of one lake; `full_share`: see FULL_REFRESH_SHARE; `report`: where a batch of
+    refreshes shows its progress (a bar of tables in a terminal)."""
 
-    def __init__(self, lake: Lake, meta: Metadata, *, full_share: float = FULL_REFRESH_SHARE):
+    def __init__(
+        self, lake: Lake, meta: Metadata, *, full_share: float = FULL_REFRESH_SHARE, report: Reporter | None = None
+    ):
         self.lake, self.meta, self.full_share = lake, meta, full_share
+        self.report = report or Reporter()
         self.con = lake.con
         # where tests step in: right after the refresh read the lake's snapshot, and just before its COMMIT
         self.after_read: Callable[[int], None] | None = None

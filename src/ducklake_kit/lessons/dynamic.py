@@ -11,17 +11,16 @@ before and after the load, compared both ways. Each load also rewrites `zones` w
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.dynamic_tables import ddl, manage
 from ducklake_kit.dynamic_tables.metadata import Metadata
-from ducklake_kit.dynamic_tables.refresh import INCREMENTAL
+from ducklake_kit.dynamic_tables.refresh import INCREMENTAL, Refresher
 from ducklake_kit.lake import Lake
-from ducklake_kit.platforms.base import Platform
-from ducklake_kit.platforms.state import State, project_root
+from ducklake_kit.platforms.kit import Kit
+from ducklake_kit.platforms.state import project_root
 from ducklake_kit.taxi import flow as taxi_flow
 
 FOLDER = (project_root() or Path.cwd()) / "dynamic_tables"
@@ -37,20 +36,13 @@ def examples(folder: Path = FOLDER) -> list[ddl.CreateDynamicTable]:
 
 
 def run_dynamic(
-    platform: Platform,
-    state: State,
-    checks: CheckRun,
-    *,
-    source: str,
-    rows_per_month: int,
-    folder: Path = FOLDER,
-    on_step: Callable[[str], None] = lambda _m: None,
+    kit: Kit, checks: CheckRun, *, source: str, rows_per_month: int, folder: Path = FOLDER
 ) -> dict[str, Any]:
-    ep = platform.endpoints()
+    ep = kit.platform.endpoints()
     tables = examples(folder)
     names = [t.name for t in tables]
     with Lake(ep) as lake, Metadata(ep) as meta:
-        on_step(f"dynamic: create {', '.join(names)} from {folder.name}/")
+        kit.say(f"dynamic: create {', '.join(names)} from {folder.name}/")
         for name in reversed(names):  # readers first
             manage.drop(lake, meta, name, if_exists=True)
         for stmt in tables:
@@ -67,17 +59,9 @@ def run_dynamic(
                 (0, 0),
             )
         before = lake.current_snapshot()
-    on_step(f"dynamic: load {EXTRA_MONTH} through PySpark (mode replace)")
-    taxi_flow.load_and_verify(
-        platform,
-        state,
-        source=source,
-        months=EXTRA_MONTH,
-        rows_per_month=rows_per_month,
-        mode="replace",
-        on_step=on_step,
-        checks=checks,
-    )
+    kit.say(f"dynamic: load {EXTRA_MONTH} through PySpark (mode replace)")
+    spec = taxi_flow.LoadSpec(source=source, months=EXTRA_MONTH, rows_per_month=rows_per_month, mode="replace")
+    taxi_flow.load_checked(kit, spec, checks)
     with Lake(ep) as lake, Metadata(ep) as meta:
         # what the refreshes must do, decided independently of them: the month's trips before and after the load,
         # compared whole (but for the load's own bookkeeping columns) both ways
@@ -92,11 +76,11 @@ def run_dynamic(
             f"SELECT count(*) FROM (({month.format(at='')}) EXCEPT ALL "
             f"({month.format(at=f'AT (VERSION => {before})')}))"
         )
-        on_step(f"dynamic: {EXTRA_MONTH}'s trips differ in {changed} rows from before the load")
-        on_step("dynamic: refresh (upstream first), then compare each table with its full recompute")
-        batch = manage.refresh_many(lake, meta, names)
+        kit.say(f"dynamic: {EXTRA_MONTH}'s trips differ in {changed} rows from before the load")
+        kit.say("dynamic: refresh (upstream first), then compare each table with its full recompute")
+        batch = manage.refresh_many(lake, meta, names, refresher=Refresher(lake, meta, report=kit.reporter))
         for r in batch.refreshes:
-            on_step(f"dynamic: {r.name} {r.status} {r.mode or ''} +{r.rows_inserted} -{r.rows_deleted} ({r.reason})")
+            kit.say(f"dynamic: {r.name} {r.status} {r.mode or ''} +{r.rows_inserted} -{r.rows_deleted} ({r.reason})")
             # the same trips loaded again (a second `all`) are no net change: NO_DATA is then the right answer; a
             # table over another dynamic table may find that table's rows back unchanged even when trips changed
             upstream = bool(meta.get(r.name).depends_on)
@@ -136,5 +120,5 @@ def run_dynamic(
             for n in names
         }
     for name, rows in history.items():
-        on_step(f"dynamic: history of {name} (newest first): {rows}")
+        kit.say(f"dynamic: history of {name} (newest first): {rows}")
     return {"tables": names, "refreshes": [r.as_dict() for r in batch.refreshes], "history": history}

@@ -11,7 +11,8 @@ from typing import Any
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms import postgres, s3
-from ducklake_kit.platforms.base import BUCKETS, Platform
+from ducklake_kit.platforms.base import BUCKETS
+from ducklake_kit.platforms.kit import Kit
 
 TABLE = "foundation"  # lake.main.foundation: rebuilt by every run
 BATCHES = ((0, 1000), (1000, 1500))  # id ranges of the two inserts; > the inlining limit, so Parquet files are written
@@ -21,16 +22,16 @@ def _amount(i: int) -> int:
     return (i * 7) % 1000  # the same formula as the SQL below
 
 
-def run(platform: Platform, checks: CheckRun) -> dict[str, Any]:
+def run(kit: Kit, checks: CheckRun) -> dict[str, Any]:
     with checks.step("up"):
-        platform.up()
-    statuses = platform.status()  # measured after `up`, by a fresh round trip to each service
+        kit.platform.up()
+    statuses = kit.platform.status()  # measured after `up`, by a fresh round trip to each service
     checks.true(
         "services answer (PostgreSQL query, S3 ListBuckets)",
         all(s.healthy for s in statuses),
         actual=", ".join(f"{s.name}: {s.detail}" for s in statuses),
     )
-    ep = platform.endpoints()
+    ep = kit.platform.endpoints()
     with checks.step("buckets"):
         buckets = s3.list_buckets(ep.s3)
     checks.true("buckets exist", set(BUCKETS) <= set(buckets), expected=list(BUCKETS), actual=buckets)
@@ -94,5 +95,5 @@ def run(platform: Platform, checks: CheckRun) -> dict[str, Any]:
         with postgres.connect(ep.pg) as pg:
             pg_snapshots = pg.execute("SELECT count(*) FROM ducklake_snapshot").fetchone()[0]
         checks.equal("the catalog in PostgreSQL holds the same snapshots DuckDB sees", pg_snapshots, duck_snapshots)
-        info = lake.catalog_info(platform.name)
+        info = lake.catalog_info(kit.platform.name)
     return {"table": f"lake.main.{TABLE}", "snapshots": snapshots, "catalog_info": info}

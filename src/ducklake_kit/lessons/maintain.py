@@ -28,7 +28,8 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.lake import maintenance as ops
 from ducklake_kit.lake.inventory import fingerprint, inventory, referenced_files, s3_objects, snapshot_ids
 from ducklake_kit.lake.maintenance import CATALOG_SETTINGS, DEFAULT_OLDER_THAN, unreferenced_files
-from ducklake_kit.platforms.base import Endpoints, Platform
+from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.platforms.kit import Kit
 
 __all__ = [
     "DEFAULT_OLDER_THAN",
@@ -41,22 +42,21 @@ __all__ = [
 
 
 def run_maintain(
-    platform: Platform,
+    kit: Kit,
     checks: CheckRun,
     *,
     older_than: str | timedelta | datetime = DEFAULT_OLDER_THAN,
     versions: list[int] | None = None,
     dry_run: bool = False,
     dead_loads: bool = False,
-    on_step: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
     """`older_than`: snapshots committed before it expire, and orphaned files last written before it are deleted.
     `versions`: expire exactly these snapshots instead (orphans still use `older_than`). `dead_loads`: also delete
     now, whatever their age, the files of loads known dead (their life lock is free: see `unreferenced_files`)."""
-    ep = platform.endpoints()
+    ep = kit.platform.endpoints()
     with Lake(ep, catalog_settings=CATALOG_SETTINGS) as lake:
         cutoff = ops.resolve_cutoff(lake, older_than)
-        run = _Maintain(lake, ep, checks, on_step, cutoff, ops.expire_args(lake, cutoff, versions), versions)
+        run = _Maintain(lake, ep, checks, kit.say, cutoff, ops.expire_args(lake, cutoff, versions), versions)
         run.read_before()
         if dry_run:
             run.dry_run(dead_loads=dead_loads)
@@ -73,7 +73,7 @@ class _Maintain:
     lake: Lake
     ep: Endpoints
     checks: CheckRun
-    on_step: Callable[[str], None]
+    say: Callable[[str], None]
     cutoff: datetime
     args: ops.ExpireArgs
     versions: list[int] | None
@@ -97,7 +97,7 @@ class _Maintain:
     def dry_run(self, *, dead_loads: bool) -> None:
         lake, ep, checks = self.lake, self.ep, self.checks
         self.result["dry_run"] = True
-        self.on_step("dry run: listing what would go, changing nothing")
+        self.say("dry run: listing what would go, changing nothing")
         self.result["would"] = ops.would_do(lake, self.args, self.cutoff)
         left = unreferenced_files(lake, ep)
         self.result["unreferenced_left"] = {k: len(v) for k, v in left.items()}
@@ -123,37 +123,37 @@ class _Maintain:
         return rows
 
     def operations(self, *, dead_loads: bool) -> None:
-        lake, checks, on_step, done = self.lake, self.checks, self.on_step, {}
+        lake, checks, say, done = self.lake, self.checks, self.say, {}
         with checks.step("maintain: flush inlined data"):
-            on_step("flushing inlined data into Parquet files")
+            say("flushing inlined data into Parquet files")
             rows = self.answer_preserving("flushing inlined data", lambda: ops.flush(lake))
             done["flushed"] = {f"{s}.{t}": int(n) for s, t, n in rows}
         with checks.step("maintain: merge adjacent files"):
-            on_step("merging adjacent small files")
+            say("merging adjacent small files")
             rows = self.answer_preserving("merging adjacent files", lambda: ops.merge(lake))
             done["merged"] = {f"{s}.{t}": {"files_processed": int(p), "files_created": int(c)} for s, t, p, c in rows}
         with checks.step("maintain: expire snapshots"):
             which = "in " + str(self.versions) if self.versions else "older than " + self.cutoff.isoformat()
-            on_step(f"expiring snapshots {which}")
+            say(f"expiring snapshots {which}")
             done["expired"] = ops.expire(lake, self.args, dry_run=False)
         with checks.step("maintain: clean up old files"):
-            on_step("deleting the files only expired snapshots used")
+            say("deleting the files only expired snapshots used")
             done["cleaned"] = ops.cleanup_old_files(lake)
         with checks.step("maintain: delete orphaned files"):
-            on_step("deleting orphaned files (written but never committed, e.g. by a killed load)")
+            say("deleting orphaned files (written but never committed, e.g. by a killed load)")
             done["orphans_deleted"] = ops.delete_orphans(lake, self.cutoff)
         with checks.step("maintain: files of dead loads"):
             if dead_loads:
                 self._dead_loads(done)
             self._unreferenced_left()
         with checks.step("maintain: checkpoint"):
-            on_step("CHECKPOINT")
+            say("CHECKPOINT")
             self.answer_preserving("CHECKPOINT", lambda: ops.checkpoint(lake))
         self.result["done"] = done
         self.result["after"] = inventory(lake, self.ep)
 
     def _dead_loads(self, done: dict[str, Any]) -> None:
-        dead = ops.delete_dead_loads_files(self.lake, self.ep, on_delete=self.on_step)
+        dead = ops.delete_dead_loads_files(self.lake, self.ep, on_delete=self.say)
         done["dead_load_files_deleted"] = dead
         if dead:
             still = sorted(set(dead) & set(s3_objects(self.ep)))
@@ -171,7 +171,7 @@ class _Maintain:
         }
         for kind, files in left.items():
             if files:
-                self.on_step(f"{len(files)} unreferenced file(s) left: {reasons[kind]}")
+                self.say(f"{len(files)} unreferenced file(s) left: {reasons[kind]}")
 
     def check_after(self) -> None:
         lake, checks, done = self.lake, self.checks, self.result["done"]
@@ -183,7 +183,7 @@ class _Maintain:
         if not others:  # nobody else wrote: the whole lake's answers are as before, too
             checks.equal("current answers unchanged: every table's rows and row-hash sum", fp_after, self.fp_before)
         else:
-            self.on_step(
+            self.say(
                 f"{len(others)} snapshot(s) of other writers landed meanwhile: each of maintain's own commits was "
                 "checked against the snapshot it was built on instead"
             )

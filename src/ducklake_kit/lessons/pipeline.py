@@ -8,7 +8,6 @@ so equal means equal.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,8 @@ from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
 from ducklake_kit.lessons.workers import PLANE_OFF, plane_for
 from ducklake_kit.pipelines import dag, flow
-from ducklake_kit.platforms.base import Platform
-from ducklake_kit.platforms.state import State, project_root
+from ducklake_kit.platforms.kit import Kit
+from ducklake_kit.platforms.state import project_root
 
 PIPELINE_FILE = (project_root() or Path.cwd()) / "pipelines" / "taxi_marts.sql"
 
@@ -68,26 +67,18 @@ def differences(lake: Lake, mart: str, direct_at: str, snapshot: int) -> tuple[i
     return rows, only_mart, only_direct
 
 
-def run_pipeline(
-    platform: Platform,
-    state: State,
-    checks: CheckRun,
-    *,
-    scheduler: str | None = None,
-    path: Path = PIPELINE_FILE,
-    on_step: Callable[[str], None] = lambda _m: None,
-) -> dict[str, Any]:
-    ep = platform.endpoints()
-    status = plane_for(platform, state, "pipeline", scheduler, on_step)
+def run_pipeline(kit: Kit, checks: CheckRun, *, path: Path = PIPELINE_FILE) -> dict[str, Any]:
+    ep = kit.platform.endpoints()
+    status = plane_for(kit, "pipeline")
     if status is None:
         return {"skipped": PLANE_OFF}
-    on_step(f"pipeline: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
+    kit.say(f"pipeline: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
     outcome = flow.run(
         path,
         status.address,
         ep,
-        platform_name=platform.name,
-        on_event=lambda kind, n: on_step(f"pipeline: node {n.id} {'started' if kind == 'start' else n.status}"),
+        platform_name=kit.platform.name,
+        on_event=lambda kind, n: kit.say(f"pipeline: node {n.id} {'started' if kind == 'start' else n.status}"),
     )
     run = outcome.run
     checks.equal(

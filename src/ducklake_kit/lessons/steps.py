@@ -5,44 +5,34 @@ catalog's own record of that snapshot."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
 from ducklake_kit.lessons.workers import PLANE_OFF, plane_for
-from ducklake_kit.platforms.base import Platform
-from ducklake_kit.platforms.state import State, project_root
+from ducklake_kit.platforms.kit import Kit
+from ducklake_kit.platforms.state import project_root
 from ducklake_kit.steps import runner
 
 PLAYBOOK = (project_root() or Path.cwd()) / "steps" / "distributed_loop.yaml"
 BATCH_IDS = list(range(1, 9))
 
 
-def run_steps(
-    platform: Platform,
-    state: State,
-    checks: CheckRun,
-    *,
-    scheduler: str | None = None,
-    path: Path = PLAYBOOK,
-    on_step: Callable[[str], None] = lambda _m: None,
-) -> dict[str, Any]:
-    ep = platform.endpoints()
-    status = plane_for(platform, state, "steps", scheduler, on_step)
+def run_steps(kit: Kit, checks: CheckRun, *, path: Path = PLAYBOOK) -> dict[str, Any]:
+    ep = kit.platform.endpoints()
+    status = plane_for(kit, "steps")
     if status is None:
         return {"skipped": PLANE_OFF}
-    on_step(f"steps: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
+    kit.say(f"steps: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
     overrides = {"batch_ids": BATCH_IDS}
     playbook = runner.load(path, overrides)
     run = runner.run_file(
         playbook,
-        status.address,
-        ep,
-        state.home,
+        kit,
+        scheduler=status.address,
         overrides=overrides,
-        on_event=lambda kind, d: on_step(f"steps: step {d['step']}") if kind == "step" else None,
+        on_event=lambda kind, d: kit.say(f"steps: step {d['step']}") if kind == "step" else None,
     )
     checks.equal(
         "steps: every step of the playbook ran and succeeded",

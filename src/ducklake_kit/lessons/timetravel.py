@@ -28,7 +28,6 @@ DuckLake semantics this lesson shows (checked by experiment on DuckDB 1.5.5 / du
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -42,11 +41,10 @@ from ducklake_kit.lake.changes import change_counts, changes_sql
 from ducklake_kit.lake.sql import schema_exists
 from ducklake_kit.lake.transactions import commit
 from ducklake_kit.lessons import LESSON_ROWS_PER_MONTH
-from ducklake_kit.platforms.base import Platform
-from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import sources
 from ducklake_kit.taxi.flow import SPARK_LOG
-from ducklake_kit.taxi.load import QUARANTINE, TRIPS, LoadResult, run_load
+from ducklake_kit.taxi.load import QUARANTINE, TRIPS, LoadInput, LoadResult, run_load
 from ducklake_kit.taxi.verify import verify_file
 
 SCHEMA = "timetravel"
@@ -109,41 +107,27 @@ def _zero_distance_from_raw(lake: Lake, loads: list[LoadResult]) -> int:
     return total
 
 
-def build_story(
-    platform: Platform,
-    state: State,
-    checks: CheckRun,
-    *,
-    rows_per_month: int = ROWS_PER_MONTH,
-    seed: int = SEED,
-    spark_master: str | None = None,
-    on_step: Callable[[str], None] = lambda _m: None,
-) -> Story:
+def build_story(kit: Kit, checks: CheckRun, *, rows_per_month: int = ROWS_PER_MONTH, seed: int = SEED) -> Story:
     """Steps 1-4: reset the schema, two loads, the correction, the restore. Checks each load against its raw file."""
-    ep = platform.endpoints()
+    ep, state, say = kit.platform.endpoints(), kit.state, kit.say
     cache = state.cache_dir
     files = sources.synthetic_files(cache, list(MONTHS), rows_per_month, seed)
     zones_path, zones_note = sources.zone_lookup(cache)
     with Lake(ep) as lake:
-        on_step(f"dropping the schema `{SCHEMA}` so the lesson starts from scratch (`main` is untouched)")
+        say(f"dropping the schema `{SCHEMA}` so the lesson starts from scratch (`main` is untouched)")
         _reset(lake)
         before = lake.current_snapshot()
 
     loads: list[LoadResult] = []
     for f in files:
-        on_step(f"loading {f.period} into {TABLE} (one snapshot)")
+        say(f"loading {f.period} into {TABLE} (one snapshot)")
         with checks.step(f"timetravel: load {f.period}"):
             loads.append(
                 run_load(
-                    ep,
-                    [f],
-                    zones_path=zones_path,
-                    zones_note=zones_note,
-                    source_note=f"timetravel lesson {f.period}",
+                    kit,
+                    LoadInput([f], zones_path, zones_note, f"timetravel lesson {f.period}"),
                     mode="replace",
-                    spark_master=spark_master,
                     schema_name=SCHEMA,
-                    on_step=on_step,
                     spark_log=state.log_dir / SPARK_LOG,
                 )
             )
@@ -157,9 +141,9 @@ def build_story(
             lake.con.execute(f"USE {lake.alias}")
         zero = _zero_distance_from_raw(lake, loads)
 
-        on_step(f"correction in one transaction: DELETE FROM {TABLE} WHERE {RULE}")
+        say(f"correction in one transaction: DELETE FROM {TABLE} WHERE {RULE}")
         deleted, correction = _one_transaction(lake, f"DELETE FROM {TABLE} WHERE {RULE}", CORRECTION_MESSAGE)
-        on_step("restore: re-insert the rows the correction deleted, read from the change feed")
+        say("restore: re-insert the rows the correction deleted, read from the change feed")
         reinserted, restore = _one_transaction(
             lake,
             f"INSERT INTO {TABLE} SELECT * EXCLUDE (snapshot_id, rowid, change_type) "
@@ -330,17 +314,8 @@ def check_story(lake: Lake, story: Story, checks: CheckRun) -> dict[str, Any]:
 
 
 def run_timetravel(
-    platform: Platform,
-    state: State,
-    checks: CheckRun,
-    *,
-    rows_per_month: int = ROWS_PER_MONTH,
-    seed: int = SEED,
-    spark_master: str | None = None,
-    on_step: Callable[[str], None] = lambda _m: None,
+    kit: Kit, checks: CheckRun, *, rows_per_month: int = ROWS_PER_MONTH, seed: int = SEED
 ) -> dict[str, Any]:
-    story = build_story(
-        platform, state, checks, rows_per_month=rows_per_month, seed=seed, spark_master=spark_master, on_step=on_step
-    )
-    with checks.step("timetravel: checks"), Lake(platform.endpoints()) as lake:
+    story = build_story(kit, checks, rows_per_month=rows_per_month, seed=seed)
+    with checks.step("timetravel: checks"), Lake(kit.platform.endpoints()) as lake:
         return check_story(lake, story, checks)

@@ -9,13 +9,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
-from ducklake_kit.platforms.base import Platform
-from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.workers import WorkerPlane
 from ducklake_kit.workers import plane as plane_mod
 from ducklake_kit.workers.client import name_order
@@ -25,29 +23,20 @@ LOCAL_TABLE = "local.kit_check"
 PLANE_OFF = "the worker plane is off (`up --workers 0`)"  # a stage's result when its checks were skipped for that
 
 
-def plane_for(
-    platform: Platform, state: State, stage: str, scheduler: str | None, on_step: Callable[[str], None]
-) -> PlaneStatus | None:
-    """The worker plane for a stage of `all` (`up`: the kit's own, or --scheduler); None, said on `on_step`, when the
-    user turned it off (`up --workers 0`): the stage's checks are skipped, which is not a failure."""
-    status = plane_mod.up(state, platform.endpoints(), None, scheduler)
+def plane_for(kit: Kit, stage: str) -> PlaneStatus | None:
+    """The worker plane for a stage of `all` (`up`: the kit's own, or --scheduler); None, said to the reporter, when
+    the user turned it off (`up --workers 0`): the stage's checks are skipped, which is not a failure."""
+    status = plane_mod.up(kit.state, kit.platform.endpoints(), None, kit.scheduler)
     if status.off:
-        on_step(f"{stage}: {status.detail}; its checks are skipped")
+        kit.say(f"{stage}: {status.detail}; its checks are skipped")
         return None
     return status
 
 
-def run_workers(
-    platform: Platform,
-    state: State,
-    checks: CheckRun,
-    *,
-    scheduler: str | None = None,
-    on_step: Callable[[str], None] = lambda _m: None,
-) -> dict[str, Any]:
-    ep = platform.endpoints()
-    on_step("worker plane: the scheduler and the workers, each with the lake attached")
-    status = plane_for(platform, state, "worker plane", scheduler, on_step)
+def run_workers(kit: Kit, checks: CheckRun) -> dict[str, Any]:
+    ep = kit.platform.endpoints()
+    kit.say("worker plane: the scheduler and the workers, each with the lake attached")
+    status = plane_for(kit, "worker plane")
     if status is None:
         return {"workers": [], "skipped": PLANE_OFF}
     names = sorted((w.name for w in status.workers), key=name_order)
@@ -69,7 +58,7 @@ def run_workers(
         ]
         total = lake.scalar(f"SELECT count(*) FROM trips AT (VERSION => {snapshot})")
     with WorkerPlane(status.address, ep) as wp:
-        on_step(f"worker plane: the trips counted per month, {len(months)} tasks on {len(names)} workers")
+        kit.say(f"worker plane: the trips counted per month, {len(months)} tasks on {len(names)} workers")
         futures = [
             wp.submit(f"SELECT count(*) FROM trips AT (VERSION => {snapshot}) WHERE pickup_month = {m}") for m in months
         ]
@@ -79,7 +68,7 @@ def run_workers(
         counted = sum(r.rows[0][0] for r in results if r.ok)
         checks.equal("workers: the per-month counts sum to the lake's count", counted, total)
         ran_on = sorted({r.worker for r in results}, key=name_order)
-        on_step(f"worker plane: a worker-local table on {names[0]}, looked for on every worker")
+        kit.say(f"worker plane: a worker-local table on {names[0]}, looked for on every worker")
         made = wp.run(
             [f"CREATE OR REPLACE TABLE {LOCAL_TABLE} AS SELECT {total} AS trips", f"SELECT trips FROM {LOCAL_TABLE}"],
             worker=names[0],

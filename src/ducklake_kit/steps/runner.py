@@ -26,6 +26,7 @@ from typing import Any
 
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.steps import catalogs, noetl, once, sqltext, templates
 
 # the checks before a run are reached through the runner too (runner.load, runner.parse_overrides ...)
@@ -39,6 +40,7 @@ from ducklake_kit.steps.model import ASYNC, EXCLUSIVE, Playbook, Step
 from ducklake_kit.steps.results import ERROR, OK, SKIPPED, Attempt, Failure, Iteration, PlaybookRun, StepRun
 from ducklake_kit.steps.task import StepTask, Target, run_step
 from ducklake_kit.workers.client import WorkerPlane
+from ducklake_kit.workers.config import PlaneConfig
 from ducklake_kit.workers.tasks import TaskResult
 
 Event = Callable[[str, dict[str, Any]], None]
@@ -416,34 +418,35 @@ class Runner:
 def run(
     playbook: Playbook,
     plane: WorkerPlane,
-    endpoints: Endpoints,
     home: Path,
     *,
     overrides: dict[str, Any] | None = None,
     on_event: Event = lambda _k, _d: None,
     resume: str | None = None,
 ) -> PlaybookRun:
-    """Run a playbook read (and name-checked, with the same overrides) by `load`. `resume`: an earlier run's
-    execution id, run again: what the lake says that run committed is not run again (see `once`)."""
-    return Runner(playbook, plane, endpoints, home, overrides=overrides, on_event=on_event, resume=resume).run()
+    """Run a playbook read (and name-checked, with the same overrides) by `load` on `plane`, against the lake the
+    plane's workers attach (its endpoints); `home`: the state folder (a step's local catalogs live there). `resume`:
+    an earlier run's execution id, run again: what the lake says that run committed is not run again (see `once`)."""
+    return Runner(playbook, plane, plane.endpoints, home, overrides=overrides, on_event=on_event, resume=resume).run()
 
 
 def run_file(
     file: Path | Playbook,
-    scheduler: str,
-    endpoints: Endpoints,
-    home: Path,
+    kit: Kit,
     *,
+    scheduler: str | None = None,
     overrides: dict[str, Any] | None = None,
     on_event: Event = lambda _k, _d: None,
     resume: str | None = None,
 ) -> PlaybookRun:
-    """`steps run FILE`: the playbook on the worker plane at `scheduler`."""
+    """`steps run FILE`: the playbook on the kit's worker plane (`scheduler`: the address of a plane already
+    brought up; default, where the kit's settings say it is), against the kit's lake."""
     playbook = file if isinstance(file, Playbook) else load(file, overrides)
     if resume is not None and not re.fullmatch(r"[0-9a-f]{12}", resume):
         raise KitError(
             f"--resume {resume!r} is not a run's execution id",
             "give the 12 hex digits `steps run` printed as its run (execution_id in --json)",
         )
-    with WorkerPlane(scheduler, endpoints) as plane:
-        return run(playbook, plane, endpoints, home, overrides=overrides, on_event=on_event, resume=resume)
+    address = scheduler or PlaneConfig.of(kit.state, kit.scheduler).address
+    with WorkerPlane(address, kit.platform.endpoints()) as plane:
+        return run(playbook, plane, kit.state.home, overrides=overrides, on_event=on_event, resume=resume)

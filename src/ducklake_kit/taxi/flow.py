@@ -2,56 +2,67 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.base import Platform
+from ducklake_kit.platforms.kit import Kit
+from ducklake_kit.platforms.report import CallbackReporter, Reporter
 from ducklake_kit.platforms.state import State
 from ducklake_kit.taxi import sources
 from ducklake_kit.taxi import spark as spark_mod
-from ducklake_kit.taxi.load import MODES, LoadResult, load_snapshots, rows_snapshots, run_load
+from ducklake_kit.taxi.load import MODES, LoadInput, LoadResult, load_snapshots, rows_snapshots, run_load
 from ducklake_kit.taxi.verify import replace_kept_other_periods, verify_file
 
 SPARK_LOG = "spark.log"  # in the state folder's logs/: the JVM's own output when a load starts it
 
 
-def load_and_verify(
-    platform: Platform,
-    state: State,
-    *,
-    source: str = "auto",
-    months: str = sources.DEFAULT_MONTHS,
-    paths: list[str] | None = None,
-    rows_per_month: int = sources.DEFAULT_ROWS_PER_MONTH,
-    seed: int = 0,
-    mode: str = "skip",
-    spark_master: str | None = None,
-    on_step: Callable[[str], None] = lambda _m: None,
-    checks: CheckRun | None = None,
-    verify_skipped: bool = True,
+@dataclass(frozen=True)
+class LoadSpec:
+    """Which trips a load reads (see `sources.resolve`) and how it treats files already loaded (`MODES`)."""
+
+    source: str = "auto"
+    months: str = sources.DEFAULT_MONTHS
+    paths: list[str] = field(default_factory=list)
+    rows_per_month: int = sources.DEFAULT_ROWS_PER_MONTH
+    seed: int = 0
+    mode: str = "skip"
+
+
+def load_and_verify(platform: Platform, state: State, **spec: Any) -> tuple[LoadResult, CheckRun]:
+    """`load_checked` on a platform and state (its earlier signature, which tests/taxi call): `spec` holds the
+    LoadSpec fields, and `checks`, `verify_skipped`, `spark_master`, `on_step` (a function each progress line goes to)."""
+    options = {k: spec.pop(k) for k in ("checks", "verify_skipped") if k in spec}
+    on_step = spec.pop("on_step", None)
+    reporter = CallbackReporter(on_step) if on_step else Reporter()
+    kit = Kit.on(platform, state, spark_master=spec.pop("spark_master", None), reporter=reporter)
+    return load_checked(kit, LoadSpec(**{**spec, "paths": spec.get("paths") or []}), **options)
+
+
+def load_checked(
+    kit: Kit, spec: LoadSpec, checks: CheckRun | None = None, *, verify_skipped: bool = True
 ) -> tuple[LoadResult, CheckRun]:
+    """The load as `load` runs it: resolve the sources, run the Spark load, then check it against the source
+    (`verify_skipped`: the files it skipped too, against their earlier load's raw copy)."""
+    mode, state, report = spec.mode, kit.state, kit.reporter
     if mode not in MODES:  # before anything is downloaded or generated
         raise KitError(f"unknown mode '{mode}'", f"choose one of: {', '.join(MODES)}")
     checks = checks if checks is not None else CheckRun()
-    ep = platform.endpoints()
-    target = spark_mod.target(spark_master, state)  # before any file is made: `standalone` must be running
+    ep = kit.platform.endpoints()
+    target = spark_mod.target(kit.spark_master, state)  # before any file is made: `standalone` must be running
     cache = state.cache_dir
     files, note = sources.resolve(
-        source, cache, months=months, paths=paths or [], rows_per_month=rows_per_month, seed=seed
+        spec.source, cache, months=spec.months, paths=spec.paths, rows_per_month=spec.rows_per_month, seed=spec.seed
     )
-    on_step(f"source: {note}; {len(files)} file(s)")
+    report.say(f"source: {note}; {len(files)} file(s)")
     zones_path, zones_note = sources.zone_lookup(cache, [f.path for f in files])
     result = run_load(
-        ep,
-        files,
-        zones_path=zones_path,
-        zones_note=zones_note,
-        source_note=note,
+        replace(kit, spark_master=target),
+        LoadInput(files, zones_path, zones_note, note),
         mode=mode,
-        spark_master=target,
-        on_step=on_step,
         spark_log=state.log_dir / SPARK_LOG,
     )
     with Lake(ep) as lake:
@@ -72,6 +83,9 @@ def load_and_verify(
             replace_kept_other_periods(lake, result, checks)
         if verify_skipped or loaded:
             # a skipped file's rows are those of the earlier load: they are checked against its raw copy too
-            for fr in result.files if verify_skipped else loaded:
-                verify_file(lake, fr, fr.load_id, checks)
+            to_verify = result.files if verify_skipped else loaded
+            with report.progress("checking files against the source", len(to_verify), "files") as bar:
+                for fr in to_verify:
+                    verify_file(lake, fr, fr.load_id, checks)
+                    bar.advance()
     return result, checks

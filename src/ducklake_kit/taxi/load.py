@@ -37,6 +37,7 @@ from ducklake_kit.lake.sql import quote_ident, quote_literal, table_exists, tabl
 from ducklake_kit.lake.transactions import last_committed_snapshot, rollback_quietly
 from ducklake_kit.platforms import s3
 from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import schema
 from ducklake_kit.taxi import spark as spark_mod
 from ducklake_kit.taxi.executors import WRITER_EXTENSIONS, check_executors
@@ -347,23 +348,25 @@ def plan(
     return todo, skipped, sorted(set(superseded))
 
 
+@dataclass(frozen=True)
+class LoadInput:
+    """What one load reads: the source files, the zone lookup, and a note on each for the result."""
+
+    files: list[SourceFile]
+    zones_path: Path
+    zones_note: str = ""
+    source_note: str = ""
+
+
 def run_load(
-    ep: Endpoints,
-    files: list[SourceFile],
-    *,
-    zones_path: Path,
-    zones_note: str,
-    source_note: str,
-    mode: str = "skip",
-    spark_master: str | spark_mod.SparkTarget | None = None,
-    schema_name: str = "main",
-    on_step: Callable[[str], None] = lambda _msg: None,
-    spark_log: Path | None = None,
+    kit: Kit, what: LoadInput, *, mode: str = "skip", schema_name: str = "main", spark_log: Path | None = None
 ) -> LoadResult:
-    """`spark_master`: where Spark runs (see `spark.target`); `spark_log`: the file the JVM's own output goes to when
-    this load starts it (see spark.jvm_output)."""
+    """Load `what` into `schema_name` on the kit's lake, with its Spark (`kit.spark_master`, see `spark.target`);
+    `spark_log`: the file the JVM's own output goes to when this load starts it (see spark.jvm_output)."""
+    ep, files, report, spark_master = kit.platform.endpoints(), what.files, kit.reporter, kit.spark_master
+    zones_path = what.zones_path
     load_id = uuid.uuid4().hex[:12]
-    result = LoadResult(load_id, mode, source_note, zones=zones_note)
+    result = LoadResult(load_id, mode, what.source_note, zones=what.zones_note)
     started = time.time()
     # test hook: kill-before-commit | fail-first-task-attempt | pause-before-commit=SECONDS
     fault = os.environ.get("DUCKLAKE_FAULT", "")
@@ -374,7 +377,7 @@ def run_load(
         result.files.extend(skipped)
         result.replaced = superseded
         if not todo:
-            on_step("nothing new to load: no snapshot made")
+            report.say("nothing new to load: no snapshot made")
             return result
         # held from before the first file is written until the load ends, however it ends: files named for a load
         # whose lock is free belong to a load that can never commit them (`maintain --dead-loads` removes them)
@@ -391,7 +394,7 @@ def run_load(
             why = java_problem()
             if why:
                 raise KitError(f"{why}, so nothing was landed or loaded", JAVA_FIX)
-        on_step(f"Spark on {spark_target.url}: asking the executors for what the load needs")
+        report.say(f"Spark on {spark_target.url}: asking the executors for what the load needs")
         t = time.perf_counter()
         spark = spark_mod.session(spark_target, log_path=spark_log)
         if spark_target.kind == "connect":  # a new session per load: given back to the server however the load ends
@@ -404,15 +407,20 @@ def run_load(
                 python=None if spark_target.kind == "connect" else os.environ.get("PYSPARK_PYTHON"),
             )
         result.timings["spark_start"] = round(time.perf_counter() - t, 2)
-        on_step("landing raw files in s3://raw")
+        report.say("landing raw files in s3://raw")
         t = time.perf_counter()
-        landed = {f.path: land_raw(ep, f)[0] for f in todo}
+        landed: dict[Path, str] = {}
+        with report.progress("landing raw files", total=len(todo), unit="files") as bar:
+            for f in todo:
+                landed[f.path] = land_raw(ep, f)[0]
+                bar.advance()
         result.timings["raw"] = round(time.perf_counter() - t, 2)
 
-        on_step("Spark: conform, flag quality, derive, write Parquet from the executors")
+        report.say("Spark: conform, flag quality, derive, write Parquet from the executors")
         t = time.perf_counter()
         done = "nothing was committed and the lake is unchanged"
-        with spark_mod.interruptible(spark, done):
+        known_rows = None if any(f.rows is None for f in todo) else sum(f.rows for f in todo)
+        with spark_mod.interruptible(spark, done), report.progress("Spark: writing rows", known_rows, "rows") as bar:
             try:
                 df = build_frame(spark, todo, zones_path, load_id)  # Spark Connect: calls to the server already
                 written = df.mapInArrow(
@@ -424,6 +432,7 @@ def run_load(
             except Exception as exc:  # noqa: BLE001 - Spark surfaces executor failures as several exception types
                 # a Spark Connect server that went away (or Ctrl-C) is said as such, not as a failed job
                 raise (spark_mod.connect_failure(spark, exc, done) or spark_job_failed(exc, ep)) from None
+            bar.advance(sum(r.rows for r in written))  # the executors write; the driver learns the rows at the end
         result.timings["spark"] = round(time.perf_counter() - t, 2)
 
         by_table = {
@@ -432,9 +441,9 @@ def run_load(
         }
         if fault.startswith("pause-before-commit="):  # a load that is alive with its files written, uncommitted
             pause = float(fault.split("=", 1)[1])
-            on_step(f"test hook: every file written, pausing {pause:g} s before the commit")  # a test waits for this
+            report.say(f"test hook: every file written, pausing {pause:g} s before the commit")  # a test waits for this
             time.sleep(pause)
-        on_step(f"registering {len(written)} data files in one DuckLake transaction")
+        report.say(f"registering {len(written)} data files in one DuckLake transaction")
         t = time.perf_counter()
         with commit_lock(ep):
             # `maintain --dead-loads` classifies and deletes only while it holds this same lock: a load whose life
