@@ -148,8 +148,13 @@ def test_a_load_killed_before_commit_leaves_the_lake_as_it_was(stack, local_only
     assert checks.ok and result.snapshot_id == before[0] + 1 and result.files[0].rows_read == ROWS
 
 
-def test_a_retried_spark_task_does_not_duplicate_rows(stack, local_only):
-    # local[2,2]: two task attempts allowed; the fault fails each task's first attempt after it wrote its files
+@pytest.fixture(scope="module")
+def retried_json_load(stack) -> tuple[subprocess.CompletedProcess, str]:
+    """A CLI load with --json whose Spark tasks each fail their first attempt (local[2,2]: two attempts allowed; the
+    fault fails each first attempt after it wrote its files), and what the JVM added to its log meanwhile. Two tests
+    read it: one load (a JVM of its own, the slowest part of either) instead of two."""
+    log = stack.home / "logs" / "spark.log"
+    before = log.read_text() if log.exists() else ""
     proc = _cli_load(
         stack,
         "--source",
@@ -163,6 +168,11 @@ def test_a_retried_spark_task_does_not_duplicate_rows(stack, local_only):
         "--json",
         env_extra={"DUCKLAKE_FAULT": "fail-first-task-attempt"},
     )
+    return proc, log.read_text()[len(before) :]
+
+
+def test_a_retried_spark_task_does_not_duplicate_rows(stack, local_only, retried_json_load):
+    proc, _log = retried_json_load
     assert proc.returncode == 0, proc.stderr[-3000:]
     with Lake(stack.platform.endpoints()) as lake:
         n = lake.scalar(
@@ -313,16 +323,15 @@ def test_bad_load_options_are_one_clear_line_before_anything_changes(stack, cli,
     assert _lake_state(stack) == before
 
 
-def test_load_json_stdout_is_json_alone_the_jvm_writes_to_its_log(stack):
-    # issue 16: the JVM's "WARN Unable to load native-hadoop library" came first on stdout, before the JSON
-    log = stack.home / "logs" / "spark.log"
-    before = log.read_text() if log.exists() else ""
-    proc = _cli_load(stack, "--source", "synthetic", "--months", "2019-09", "--rows-per-month", "2000", "--json")
+def test_load_json_stdout_is_json_alone_the_jvm_writes_to_its_log(retried_json_load):
+    # issue 16: the JVM's "WARN Unable to load native-hadoop library" came first on stdout, before the JSON (this
+    # load's JVM also logs its failed task attempts: none of that may reach stdout either)
+    proc, log = retried_json_load
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
     assert doc["status"] == "ok" and [f["status"] for f in doc["result"]["files"]] == ["loaded"]
     assert "native-hadoop" not in proc.stdout + proc.stderr
-    assert "native-hadoop" in log.read_text()[len(before) :]  # the JVM still says it, where logs belong
+    assert "native-hadoop" in log  # the JVM still says it, where logs belong
 
 
 def test_another_writer_committing_during_the_load_is_no_failure(stack):
