@@ -16,7 +16,14 @@ from ducklake_kit.cli import core, workers, spark, data, steps, pipeline, dynami
 from ducklake_kit.cli.common import app
 from ducklake_kit.platforms import PLATFORMS
 from ducklake_kit.platforms.kit import Kit
-from ducklake_kit.platforms.state import DEFAULT_PG_PORT, DEFAULT_S3_PORT, K3D_PG_PORT, K3D_S3_PORT
+from ducklake_kit.platforms.state import (
+    DEFAULT_PG_PORT,
+    DEFAULT_S3_PORT,
+    K3D_PG_PORT,
+    K3D_S3_PORT,
+    PODMAN_PG_PORT,
+    PODMAN_S3_PORT,
+)
 
 
 @app.callback()
@@ -33,14 +40,15 @@ def main_options(
         int | None,
         typer.Option(
             envvar="DUCKLAKE_PG_PORT",
-            help=f"Local PostgreSQL port (default {DEFAULT_PG_PORT}; k3d: {K3D_PG_PORT}, the port-forward).",
+            help=f"Local PostgreSQL port (default {DEFAULT_PG_PORT}; k3d: {K3D_PG_PORT}, the port-forward; podman: "
+            f"{PODMAN_PG_PORT}).",
         ),
     ] = None,
     s3_port: Annotated[
         int | None,
         typer.Option(
             envvar="DUCKLAKE_S3_PORT",
-            help=f"Local S3 port (default {DEFAULT_S3_PORT}; k3d: {K3D_S3_PORT}, the port-forward).",
+            help=f"Local S3 port (default {DEFAULT_S3_PORT}; k3d: {K3D_S3_PORT}, the port-forward; podman: {PODMAN_S3_PORT}).",
         ),
     ] = None,
     scheduler: Annotated[

@@ -6,7 +6,7 @@ from ducklake_kit.errors import KitError
 from ducklake_kit.platforms.base import Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
 from ducklake_kit.platforms.state import State
 
-PLATFORMS = ("local", "k3d", "external")
+PLATFORMS = ("local", "k3d", "podman", "external")
 
 
 def get_platform(name: str, state: State | None = None, **options) -> Platform:
@@ -23,6 +23,10 @@ def get_platform(name: str, state: State | None = None, **options) -> Platform:
         from ducklake_kit.platforms.k3d import K3dPlatform
 
         return K3dPlatform(state, **options)
+    if name == "podman":
+        from ducklake_kit.platforms.podman import PodmanPlatform
+
+        return PodmanPlatform(state, **options)
     raise KitError(f"unknown platform '{name}'", f"choose one of: {', '.join(PLATFORMS)}")
 
 

@@ -1,4 +1,4 @@
-"""What every platform (local, k3d, external) provides: endpoints for the catalog and the lake, and a lifecycle."""
+"""What every platform (local, k3d, podman, external) provides: endpoints for the catalog and the lake, and a lifecycle."""
 
 from __future__ import annotations
 

@@ -152,6 +152,9 @@ def check(platform: str) -> list[Tool]:
         tools.append(
             Tool(name, bool(path), _first_version(_run(args)) if path else "not found", k3d, hint, "the k3d platform")
         )
+    from ducklake_kit.platforms import podman_doctor  # runs `podman info`: only when doctor runs
+
+    tools += [Tool(**vars(r)) for r in podman_doctor.check(required=platform == "podman")]
     return tools
 
 

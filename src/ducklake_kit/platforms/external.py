@@ -125,6 +125,6 @@ class ExternalPlatform(Platform):
 
     def reset(self) -> list[str]:
         raise KitError(
-            "reset deletes data and only works on the platforms the kit runs (local, k3d)",
+            "reset deletes data and only works on the platforms the kit runs (local, k3d, podman)",
             "drop the catalog database and empty the buckets on your own services if you mean it",
         )

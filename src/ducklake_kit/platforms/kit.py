@@ -62,7 +62,7 @@ class Kit:
         """A kit from the CLI's global options."""
         if platform_name not in PLATFORMS:
             raise KitError(f"unknown platform '{platform_name}'", f"choose one of: {', '.join(PLATFORMS)}")
-        ports = {"pg_port": pg_port, "s3_port": s3_port} if platform_name in ("local", "k3d") else {}
+        ports = {"pg_port": pg_port, "s3_port": s3_port} if platform_name in ("local", "k3d", "podman") else {}
         return cls(State(home), platform_name, ports, scheduler, reporter=reporter or Reporter())
 
     @classmethod

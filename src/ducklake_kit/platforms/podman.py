@@ -23,10 +23,16 @@ from ducklake_kit.errors import KitError
 from ducklake_kit.platforms import k8s, podman_adapter, podman_doctor, podman_images, postgres, procs, s3
 from ducklake_kit.platforms.base import CATALOG_DB, Endpoints, PgEndpoint, Platform, S3Endpoint, ServiceStatus
 from ducklake_kit.platforms.k3d import tool_path
-from ducklake_kit.platforms.state import Credentials, State, default_home, project_root, write_private
+from ducklake_kit.platforms.state import (
+    PODMAN_PG_PORT,
+    PODMAN_S3_PORT,
+    Credentials,
+    State,
+    default_home,
+    project_root,
+    write_private,
+)
 
-DEFAULT_PG_PORT = 15434  # beside local's 15432 and k3d's 15433, so all three can run at once
-DEFAULT_S3_PORT = 19002
 PART_OF = "app.kubernetes.io/part-of=ducklake-kit"  # the label base/ puts on every pod and volume
 PLAN_LABEL = "io.ducklake-kit.plan"  # a hash of what was played: an unchanged plan reuses running pods
 COMMAND_TIMEOUT = 120.0
@@ -48,8 +54,8 @@ class PodmanPlatform(Platform):
         self.state = State(base.home / "podman")
         self._root = root
         saved = self.state.settings()
-        self.pg_port = int(pg_port or os.environ.get("DUCKLAKE_PG_PORT") or saved.get("pg_port") or DEFAULT_PG_PORT)
-        self.s3_port = int(s3_port or os.environ.get("DUCKLAKE_S3_PORT") or saved.get("s3_port") or DEFAULT_S3_PORT)
+        self.pg_port = int(pg_port or os.environ.get("DUCKLAKE_PG_PORT") or saved.get("pg_port") or PODMAN_PG_PORT)
+        self.s3_port = int(s3_port or os.environ.get("DUCKLAKE_S3_PORT") or saved.get("s3_port") or PODMAN_S3_PORT)
         # The default state folder's objects read `ducklake-postgres-0`; any other folder's add a hash of its path.
         own = base.home.resolve() != default_home().resolve()
         self.prefix = f"{k8s.NAMESPACE}-" + (

@@ -20,6 +20,9 @@ DEFAULT_S3_PORT = 19000  # the local platform's S3 server
 # k3d's port-forwards: other loopback ports than local's, so both platforms can run at once
 K3D_PG_PORT = 15433
 K3D_S3_PORT = 19001
+# podman's pods publish theirs on 127.0.0.1: beside local's and k3d's, so all three can run at once
+PODMAN_PG_PORT = 15434
+PODMAN_S3_PORT = 19002
 # the worker plane (one per state folder, whatever the platform): the Dask scheduler and its dashboard
 DEFAULT_SCHEDULER_PORT = 18786
 DEFAULT_DASHBOARD_PORT = 18787
