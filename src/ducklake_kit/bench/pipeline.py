@@ -19,7 +19,7 @@ from typing import Any
 from ducklake_kit.bench.results import Machine, load_average, write_outputs
 from ducklake_kit.errors import KitError
 from ducklake_kit.pipelines.dag import Pipeline, build
-from ducklake_kit.pipelines.runner import PipelineRun, run
+from ducklake_kit.pipelines.runner import EVERY_NODE, PipelineRun, RunChoice, run
 from ducklake_kit.platforms.kit import Kit
 
 GOAL_VS_BOUND = 1.15  # makespan / max(critical path, total / workers), on 2 workers
@@ -125,8 +125,8 @@ def _order_held(pipeline: Pipeline, r: PipelineRun) -> bool:
     return all(at[e.child].started_at >= at[e.parent].finished_at for e in pipeline.edges)
 
 
-def _run_ok(pipeline: Pipeline, wp, **kw) -> PipelineRun:
-    r = run(pipeline, wp, **kw)
+def _run_ok(pipeline: Pipeline, wp, choice: RunChoice = EVERY_NODE) -> PipelineRun:
+    r = run(pipeline, wp, choice=choice)
     failed = [f"{n.id}: {n.error or n.reason}" for n in r.nodes if n.status != "ok"]
     if failed:
         raise KitError(f"a benchmark node failed ({failed[0]})", "run `workers` to see the workers' state")
@@ -175,7 +175,9 @@ def bench_pipeline(
         say(
             f"the DAG: {independent} independent nodes + a chain of {chain}, about {node_s}s each, on {workers} workers"
         )
-        parallel = _run_ok(dag, wp, only=only, among=names)  # on exactly `workers` workers, whatever else runs
+        parallel = _run_ok(
+            dag, wp, RunChoice(only=only, among=names)
+        )  # on exactly `workers` workers, whatever else runs
         say("the same DAG serially (every node pinned to one worker)")
         serial_dag = build(dag_source(independent, chain, rows), "<bench dag>", name="bench_dag_serial")
         for node in serial_dag.nodes.values():
@@ -183,7 +185,7 @@ def bench_pipeline(
         serial = _run_ok(serial_dag, wp)
         say(f"scheduling cost: a chain of {scheduling_nodes} trivial nodes")
         trivial = build(chain_source(scheduling_nodes), "<bench chain>", name="bench_chain")
-        chained = _run_ok(trivial, wp, among=names)
+        chained = _run_ok(trivial, wp, RunChoice(among=names))
     par, ser = figures(dag, parallel, workers), figures(serial_dag, serial, 1)
     own = sum(_seconds(n) for n in chained.nodes)
     per_node_ms = (makespan(chained) - own) / max(scheduling_nodes - 1, 1) * 1000

@@ -70,7 +70,6 @@ def bench(
     if suite not in suites:
         raise KitError(f"unknown suite '{suite}'", f"choose one of: {', '.join(suites)}")
     c: Kit = ctx.obj.with_reporter(reporter(as_json))
-    step = c.say
     out = console(stderr=as_json)  # with --json, stdout carries only the envelope
     if suite == "queries":
         # each suite loads only when asked for (Spark, matplotlib)
@@ -130,13 +129,13 @@ def bench(
             )
         return
     if suite == "pipeline":
-        _bench_pipeline(c, workers or 2, step, out, out_file, as_json)
+        _bench_pipeline(c, workers or 2, out, out_file, as_json)
         return
     if suite == "steps":
-        _bench_steps(c, workers or 3, ops, step, out, out_file, as_json)
+        _bench_steps(c, workers or 3, ops, out, out_file, as_json)
         return
     if suite == "dynamic":
-        _bench_dynamic(c, months, _sizes(rows, [100_000])[0], runs or 2, file_cache, step, out, out_file, as_json)
+        _bench_dynamic(c, months, _sizes(rows, [100_000])[0], runs or 2, file_cache, out, out_file, as_json)
         return
     if suite == "concurrency":
         from ducklake_kit.bench.concurrency import (
@@ -237,7 +236,7 @@ def bench(
                     markup=False,
                 )
         return
-    _bench_load(c, rows, step, out, out_file, as_json)
+    _bench_load(c, rows, out, out_file, as_json)
 
 
 def _sizes(rows: list[str] | None, default: list[int]) -> list[int]:
@@ -254,7 +253,7 @@ def _sizes(rows: list[str] | None, default: list[int]) -> list[int]:
         ) from None
 
 
-def _bench_load(c: Kit, rows: list[str] | None, step, out, out_file: Path | None, as_json: bool) -> None:
+def _bench_load(c: Kit, rows: list[str] | None, out, out_file: Path | None, as_json: bool) -> None:
     from ducklake_kit.bench.load import (
         DEFAULT_ROWS,
         GOAL_ROWS,
@@ -323,7 +322,7 @@ def _bench_load(c: Kit, rows: list[str] | None, step, out, out_file: Path | None
         print_json("ok", doc)
 
 
-def _bench_pipeline(c: Kit, workers: int, step, out, out_file: Path | None, as_json: bool) -> None:
+def _bench_pipeline(c: Kit, workers: int, out, out_file: Path | None, as_json: bool) -> None:
     from ducklake_kit.bench.pipeline import GOAL_SCHEDULING_MS, GOAL_VS_BOUND, bench_pipeline
 
     r = bench_pipeline(c, workers=workers, json_path=out_file)
@@ -362,7 +361,7 @@ def _bench_pipeline(c: Kit, workers: int, step, out, out_file: Path | None, as_j
         )
 
 
-def _bench_steps(c: Kit, workers: int, iterations: int, step, out, out_file: Path | None, as_json: bool) -> None:
+def _bench_steps(c: Kit, workers: int, iterations: int, out, out_file: Path | None, as_json: bool) -> None:
     from ducklake_kit.bench.steps import GOAL_VS_DIRECT, SEED, bench_steps  # each suite loads only when asked for
 
     r = bench_steps(c, workers=workers, iterations=iterations, json_path=out_file)
@@ -419,7 +418,6 @@ def _bench_dynamic(
     rows_per_month: int,
     runs: int,
     file_cache: bool,
-    step,
     out,
     out_file: Path | None,
     as_json: bool,

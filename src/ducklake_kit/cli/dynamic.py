@@ -372,8 +372,9 @@ def run_cmd(
             once=once,
             seconds=for_seconds,
             tick_s=tick,
-            on_refresh=say,
-            on_error=lambda e: typer.echo(f"round failed, trying again next round: {e}", err=True),
+            listener=scheduler.Listener(
+                on_refresh=say, on_error=lambda e: typer.echo(f"round failed, trying again next round: {e}", err=True)
+            ),
         )
     failed = [r for r in result.refreshes if r.status == "FAILED"]
     if as_json:

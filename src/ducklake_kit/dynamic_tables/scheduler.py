@@ -48,6 +48,18 @@ class RunResult:
     stopped_by: str = ""  # once | time | signal
 
 
+@dataclass(frozen=True)
+class Listener:
+    """Who hears of the scheduler's rounds: `on_refresh` each refresh as it is done, `on_error` a round that could
+    not ask the lake or the catalog (the next round tries again)."""
+
+    on_refresh: Callable[[Refresh], None] = lambda _r: None
+    on_error: Callable[[str], None] = lambda _e: None
+
+
+NO_ONE = Listener()
+
+
 def run(
     lake: Lake,
     meta: Metadata,
@@ -55,10 +67,10 @@ def run(
     once: bool = False,
     seconds: float | None = None,
     tick_s: float = TICK_S,
-    on_refresh: Callable[[Refresh], None] = lambda r: None,
-    on_error: Callable[[str], None] = lambda e: None,
+    listener: Listener = NO_ONE,
 ) -> RunResult:
     """Refresh stale tables every `tick_s` seconds: one round (`once`), for `seconds`, or until a signal."""
+    on_refresh, on_error = listener.on_refresh, listener.on_error
     out = RunResult()
     stop = {"asked": False}
     deadline = time.monotonic() + seconds if seconds is not None else None

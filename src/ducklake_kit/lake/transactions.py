@@ -23,7 +23,7 @@ import duckdb
 from ducklake_kit.lake.connection import Lake, StatementFailed, StatementResult
 from ducklake_kit.lake.sql import quote_ident
 
-AUTHOR = "ducklake-kit"
+AUTHOR = "ducklake-kit"  # every commit the kit makes names it as its author
 
 
 @dataclass
@@ -83,7 +83,6 @@ def commit(
     sql: str | list[str],
     message: str,
     *,
-    author: str = AUTHOR,
     before_commit: Callable[[], None] | None = None,
     token: str | None = None,
     extra: dict[str, Any] | None = None,
@@ -111,7 +110,7 @@ def commit(
                     results + exc.results,
                 ) from None
 
-    made = commit_with(lake, run_texts, message, author=author, before_commit=before_commit, token=token, extra=extra)
+    made = commit_with(lake, run_texts, message, before_commit=before_commit, token=token, extra=extra)
     made.results = results
     return made
 
@@ -121,7 +120,6 @@ def commit_with(
     work: Callable[[duckdb.DuckDBPyConnection], None],
     message: str,
     *,
-    author: str = AUTHOR,
     before_commit: Callable[[], None] | None = None,
     extra: dict[str, Any] | None = None,
     token: str | None = None,
@@ -138,7 +136,7 @@ def commit_with(
         if before_commit is not None:
             before_commit()
         con.execute(
-            "CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)", [lake.alias, author, message, extra_info]
+            "CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)", [lake.alias, AUTHOR, message, extra_info]
         )
         # through the lake's commit gate (lake/gate.py), held for the COMMIT only: `work` may be long (a pipeline
         # node's CREATE TABLE AS), and other writers must not wait for it

@@ -144,10 +144,8 @@ def run(
         done = runner.run(
             pipeline,
             plane,
-            only=only,
+            choice=runner.RunChoice(only, selector, timeout_s),
             run_id=run_id,
-            timeout_s=timeout_s,
-            selector=selector,
             on_event=on_event,
             landed=lambda token: snapshot_of_token(lake, token),
         )

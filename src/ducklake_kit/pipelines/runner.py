@@ -173,20 +173,31 @@ def critical_rank(graph: dict[str, set[str]]) -> dict[str, int]:
     return rank
 
 
+@dataclass(frozen=True)
+class RunChoice:
+    """What a run runs and how: the nodes of `only` (default: all), chosen by `selector` (what the run records:
+    `--select`'s text, `from-failed <run>`); `timeout_s` per node, enforced on its worker; `among`, the workers
+    unpinned nodes may run on (default: any)."""
+
+    only: set[str] | None = None
+    selector: str | None = None
+    timeout_s: float | None = None
+    among: list[str] | None = None
+
+
+EVERY_NODE = RunChoice()
+
+
 def run(
     pipeline: Pipeline,
     plane: WorkerPlane,
     *,
-    only: set[str] | None = None,
+    choice: RunChoice = EVERY_NODE,
     run_id: str | None = None,
-    timeout_s: float | None = None,
-    selector: str | None = None,
-    among: list[str] | None = None,
     on_event: Callable[[str, NodeRun | Node], None] = lambda _kind, _node: None,
     landed: Callable[[str], int | None] | None = None,
 ) -> PipelineRun:
-    """Run the nodes of `only` (default: all) in dependency order. `timeout_s`: per node, enforced on its worker.
-    `among`: the workers unpinned nodes may run on (default: any). `on_event("start", Node)` when a node is
+    """Run the nodes `choice` names in dependency order (see RunChoice). `on_event("start", Node)` when a node is
     submitted, `on_event("end", NodeRun)` when it is done. Never raises for a node: a run the worker plane could not
     finish comes back `aborted`, the nodes it was running failed and the rest skipped.
 
@@ -195,6 +206,7 @@ def run(
     a snapshot means it committed (recorded ok, never run again); None means it did not (failed, safe to re-run)."""
     from distributed import as_completed
 
+    only, selector, timeout_s, among = choice.only, choice.selector, choice.timeout_s, choice.among
     run_id = run_id or new_run_id()
     record = PipelineRun(run_id, pipeline.name, pipeline.file, datetime.now(UTC), selector=selector)
     graph = pipeline.graph(only)

@@ -21,7 +21,7 @@ import psycopg.conninfo
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import LAKE
 from ducklake_kit.platforms.base import Endpoints, PgEndpoint
-from ducklake_kit.steps.model import KIT_AUTH
+from ducklake_kit.steps.model import KIT_AUTH, Catalog
 from ducklake_kit.steps.task import Target
 from ducklake_kit.workers.config import LOCAL_DB
 
@@ -72,19 +72,11 @@ def parse_dsn(dsn: str, where: str) -> PgEndpoint:
     )
 
 
-def resolve(
-    where: str,
-    *,
-    auth: str | None,
-    connection: str | None,
-    name: str,
-    data_path: str | None,
-    create: bool,
-    use: bool,
-    endpoints: Endpoints,
-    home: Path,
-) -> Target:
-    """The step's catalog as a Target; KitError (one line naming `where`) when it cannot be."""
+def resolve(where: str, catalog: Catalog, *, endpoints: Endpoints, home: Path) -> Target:
+    """The step's catalog (its templates already rendered) as a Target; KitError (one line naming `where`) when it
+    cannot be."""
+    auth, connection, name, data_path = catalog.auth, catalog.connection, catalog.name, catalog.data_path
+    create, use = catalog.create, catalog.use
     if not name.replace("_", "").isalnum() or name[0].isdigit():
         raise KitError(
             f"{where}: catalog_name '{name}' is not a plain name", "use letters, digits and _ (e.g. analytics)"

@@ -21,6 +21,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -96,17 +97,14 @@ class Runner:
         def text(value: str | None) -> str | None:
             return templates.render_text(value, ctx).strip() if value is not None else None
 
-        return catalogs.resolve(
-            f"step '{step.name}'",
+        rendered = replace(
+            c,
             auth=text(c.auth),
             connection=text(c.connection),
             name=text(c.name) or "lake",
             data_path=text(c.data_path),
-            create=c.create,
-            use=c.use,
-            endpoints=self.endpoints,
-            home=self.home,
         )
+        return catalogs.resolve(f"step '{step.name}'", rendered, endpoints=self.endpoints, home=self.home)
 
     def _commands(self, step: Step, target: Target, ctx: dict[str, Any], warnings: list[str]) -> list[str]:
         texts = []
