@@ -5,7 +5,8 @@ so library code reports without knowing who listens:
     with kit.reporter.progress("loading files", total=3, unit="files") as bar:
         for f in files: ...; bar.advance()                          # a bar with its rate and ETA in a terminal
 
-Three kinds: `Reporter` says nothing (a notebook's or a test's default); `LineReporter` prints each `say` as a line
+`Reporter` says nothing (a notebook's or a test's default); `CallbackReporter` hands each line to a function
+(`print`, `list.append`); `LineReporter` prints each `say` as a line
 (`• ...`, what the CLI printed as `on_step` before) and draws no bar: the output of a pipe, a log or CI, and of
 `--json`, where the lines go to stderr so stdout carries only the envelope; `BarReporter` prints the same lines and
 draws Rich progress bars (bar, count, rate, ETA) while work runs, when stdout is a terminal.
@@ -41,9 +42,6 @@ class Bar:
     def advance(self, n: float = 1) -> None:
         pass
 
-    def total(self, total: float | None) -> None:
-        """The amount of work, once known (a bar started without one draws as a pulse)."""
-
     def close(self) -> None:
         """The work is over (a finished bar stays on screen; the display ends with the last open bar)."""
 
@@ -55,7 +53,8 @@ class Reporter:
         pass
 
     def open(self, what: str, total: float | None = None, unit: str = "") -> Bar:
-        """A bar for `what` (`total` items of `unit`, when known), for work reported through callbacks; `close` it."""
+        """A bar for `what` (`total` items of `unit`; None: unknown, drawn as a pulse), for work reported through
+        callbacks; `close` it."""
         return Bar()
 
     @contextmanager
@@ -110,9 +109,6 @@ class _RichBar(Bar):
 
     def advance(self, n: float = 1) -> None:
         self.owner.live.advance(self.task_id, n)
-
-    def total(self, total: float | None) -> None:
-        self.owner.live.update(self.task_id, total=total)
 
     def close(self) -> None:
         if not self.closed:
