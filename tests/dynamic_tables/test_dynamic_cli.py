@@ -28,7 +28,10 @@ def cli_env(stack, cli):
 
     # one `sql` each way (each run attaches the lake: seven runs were a third of this file's time); the dynamic
     # tables go first (`over` reads `per_g`), the schema with what a test or an earlier run left in it
-    drop = f"DROP DYNAMIC TABLE IF EXISTS {S}.over; DROP DYNAMIC TABLE IF EXISTS {S}.per_g; DROP SCHEMA IF EXISTS {S} CASCADE"
+    drop = (
+        f"DROP DYNAMIC TABLE IF EXISTS {S}.over; DROP DYNAMIC TABLE IF EXISTS {S}.per_g; "
+        f"DROP DYNAMIC TABLE IF EXISTS {S}.snow; DROP SCHEMA IF EXISTS {S} CASCADE"
+    )
     made = run(
         "sql", f"{drop}; CREATE SCHEMA {S}; CREATE TABLE {S}.t AS SELECT range % 4 AS g, range AS v FROM range(40)"
     )
@@ -60,6 +63,28 @@ def test_create_show_refresh_check_and_history(cli_env, tmp_path):
     assert doc["checks"] == {f"{S}.per_g": {"only_in_table": 0, "only_in_query": 0}}
     history = _json(cli_env("dynamic", "history", f"{S}.per_g", "--json"))["result"]["refreshes"]
     assert [(h["trigger"], h["mode"]) for h in history] == [("manual", "INCREMENTAL"), ("create", "FULL")]
+
+
+def test_snowflakes_ddl_as_written_creates_shows_what_was_ignored_and_refreshes_incrementally(cli_env):
+    # the shape of Snowflake's documentation: WAREHOUSE (required there), clustering, a comment, a column list
+    text = (
+        f"CREATE OR REPLACE DYNAMIC TABLE lake.{S}.snow (grp, total)\n  LAG = '1 hour'\n  WAREHOUSE = transform_wh\n"
+        f"  REFRESH_MODE = INCREMENTAL\n  CLUSTER BY (grp)\n  COMMENT = 'totals per group'\n"
+        f"AS SELECT g, sum(v) FROM {S}.t GROUP BY g"
+    )
+    made = cli_env("dynamic", "create", "--sql", text)
+    assert made.exit_code == 0, made.output
+    assert f"created {S}.snow (lag 1 hour, INCREMENTAL): 4 rows" in made.output
+    assert "ignored: WAREHOUSE = transform_wh; CLUSTER BY (grp) (Snowflake's" in made.output
+    shown = _json(cli_env("dynamic", "show", f"{S}.snow", "--json"))["result"]
+    assert (shown["columns"], shown["comment"]) == (["grp", "total"], "totals per group")
+    assert shown["ignored"] == "WAREHOUSE = transform_wh; CLUSTER BY (grp)" and shown["plan"] == "aggregate"
+    assert cli_env("sql", f"INSERT INTO {S}.t VALUES (2, 500)").exit_code == 0
+    refreshed = cli_env("dynamic", "refresh", f"{S}.snow", "--check", "--json")
+    assert refreshed.exit_code == 0, refreshed.output
+    doc = _json(refreshed)["result"]
+    assert [r["mode"] for r in doc["refreshes"]] == ["INCREMENTAL"]
+    assert doc["checks"] == {f"{S}.snow": {"only_in_table": 0, "only_in_query": 0}}
 
 
 def test_refresh_check_fails_when_a_table_is_wrong(cli_env):

@@ -100,6 +100,8 @@ def create_cmd(
                     "refresh_mode": d.refresh_mode,
                     "rows": first.rows_inserted if first else 0,
                     "snapshot": first.commit_snapshot if first else None,
+                    "comment": stmt.comment,
+                    "ignored": list(stmt.ignored),
                 }
             )
             if not as_json:
@@ -109,6 +111,8 @@ def create_cmd(
                     else "empty until its first scheduled refresh"
                 )
                 typer.echo(f"created {d.name} (lag {d.lag}, {d.refresh_mode}): {filled}; {d.plan}")
+                if stmt.ignored:
+                    typer.echo(f"  ignored: {'; '.join(stmt.ignored)} (Snowflake's, they mean nothing on one DuckLake)")
     if as_json:
         print_json("ok", {"created": created})
 
@@ -144,11 +148,12 @@ def list_cmd(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 @command
 def show_cmd(ctx: typer.Context, name: NameArg, as_json: JsonOpt = False) -> None:
     """Show a dynamic table: definition, mode chosen and why, sources and the snapshot each was last read at, lag, status, last refresh."""
-    from ducklake_kit.dynamic_tables import manage
+    from ducklake_kit.dynamic_tables import ddl, manage
 
     with _open(ctx) as (_lake, meta):
         d = manage.get(meta, name)
         last = meta.history(d.name, 1)
+    written = ddl.parse_statement(d.ddl)  # the statement as written: its comment and what was ignored
     body = {
         "name": d.name,
         "status": d.status,
@@ -163,6 +168,8 @@ def show_cmd(ctx: typer.Context, name: NameArg, as_json: JsonOpt = False) -> Non
         "data_snapshot": d.data_snapshot,
         "data_timestamp": d.data_timestamp,
         "consecutive_failures": d.consecutive_failures,
+        "comment": written.comment,
+        "ignored": "; ".join(written.ignored) or None,
         "query": d.query,
         "last_refresh": last[0].as_dict() if last else None,
     }
