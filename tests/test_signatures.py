@@ -17,8 +17,6 @@ NOT_YET = {
     "ducklake_kit/platforms/procs.py start",
     "ducklake_kit/steps/task.py run_step",
     "ducklake_kit/taxi/synthetic.py generate_month",
-    "ducklake_kit/workers/client.py WorkerPlane.submit",
-    "ducklake_kit/workers/tasks.py run_statements",
 }
 
 

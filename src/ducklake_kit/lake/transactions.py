@@ -26,6 +26,16 @@ from ducklake_kit.lake.sql import quote_ident
 AUTHOR = "ducklake-kit"  # every commit the kit makes names it as its author
 
 
+@dataclass(frozen=True)
+class CommitTag:
+    """What one commit carries: its `message`, and in its commit_extra_info the `token` that finds it in the lake
+    later (when its fate is unknown) and any `extra` (a pipeline's run and node, a playbook's step, ...)."""
+
+    message: str
+    token: str | None = None
+    extra: dict[str, Any] | None = None
+
+
 @dataclass
 class Commit:
     snapshot_id: int | None  # the snapshot this transaction made; None when it changed nothing

@@ -19,6 +19,7 @@ from graphlib import TopologicalSorter
 from typing import Any
 
 from ducklake_kit.errors import first_line
+from ducklake_kit.lake.transactions import CommitTag
 from ducklake_kit.pipelines.dag import Node, Pipeline
 from ducklake_kit.workers.client import WorkerPlane
 from ducklake_kit.workers.tasks import StatementOutcome, TaskResult
@@ -232,15 +233,14 @@ def run(
                     continue
                 message = commit_message(pipeline.name, node_id, run_id) if node.commits else None
                 tokens[node_id] = uuid.uuid4().hex if node.commits else None
+                extra = {"pipeline": pipeline.name, "run": run_id, "node": node_id}
                 future = plane.submit(
                     [node.sql],
                     worker=node.pin,
-                    message=message,
+                    tag=CommitTag(message, tokens[node_id], extra) if message is not None else None,
                     timeout_s=timeout_s,
                     priority=rank[node_id],
                     among=among,
-                    commit_token=tokens[node_id],
-                    extra={"pipeline": pipeline.name, "run": run_id, "node": node_id},
                 )
                 running[future.key] = node_id
                 pending.add(future)

@@ -17,6 +17,7 @@ from typing import Any
 
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
+from ducklake_kit.lake.transactions import CommitTag
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.workers.config import security_for
 from ducklake_kit.workers.plugin import LakePlugin, WorkerState, plugin_name, worker_state
@@ -202,30 +203,20 @@ class WorkerPlane:
         texts: list[str] | str,
         *,
         worker: str | None = None,
-        message: str | None = None,
+        tag: CommitTag | None = None,
         timeout_s: float | None = None,
         priority: int = 0,
         among: list[str] | None = None,
-        commit_token: str | None = None,
-        extra: dict[str, Any] | None = None,
     ):
         """Submit a task (a Dask future). `worker`: a worker's name (or address) it must run on; other workers
-        never take it. `message`: run all the statements in one transaction with this commit message. `timeout_s`:
-        the worker interrupts the running statement after that long. `priority`: queued tasks with a higher one
-        are given to a free worker first. `among`: without `worker`, the workers (names) it may run on.
-        `commit_token`, `extra`: with `message`, carried by the commit (a task whose fate is unknown, because its
-        worker died, is found in the lake by its token)."""
+        never take it. `tag`: run all the statements in one transaction with its commit message, its token and
+        extra carried by the commit (a task whose fate is unknown, because its worker died, is found in the lake
+        by its token). `timeout_s`: the worker interrupts the running statement after that long. `priority`: queued
+        tasks with a higher one are given to a free worker first. `among`: without `worker`, the workers (names)
+        it may run on."""
         texts = [texts] if isinstance(texts, str) else list(texts)
         return self.submit_call(
-            run_statements,
-            texts,
-            message,
-            timeout_s=timeout_s,
-            worker=worker,
-            priority=priority,
-            among=among,
-            commit_token=commit_token,
-            extra=extra,
+            run_statements, texts, tag, timeout_s=timeout_s, worker=worker, priority=priority, among=among
         )
 
     def submit_call(
@@ -279,13 +270,13 @@ class WorkerPlane:
         message: str | None = None,
         timeout_s: float | None = None,
     ) -> TaskResult:
-        return self.result(self.submit(texts, worker=worker, message=message), timeout_s)
+        return self.result(self.submit(texts, worker=worker, tag=_tag(message)), timeout_s)
 
     def run_each(self, texts: list[str], *, message: str | None = None) -> list[TaskResult]:
         """One task per text, all submitted at once (they run in parallel on the free workers), in order."""
         from distributed import as_completed
 
-        futures = [self.submit(t, message=message) for t in texts]
+        futures = [self.submit(t, tag=_tag(message)) for t in texts]
         order = {f.key: i for i, f in enumerate(futures)}
         results: list[TaskResult | None] = [None] * len(futures)
         for done in as_completed(futures):  # each result read (and released) as soon as it is there
@@ -303,3 +294,8 @@ def name_order(name: str) -> tuple[int, str]:
     """w2 before w10, other names after them."""
     number = worker_number(name)
     return (number if number is not None else 10**9, name)
+
+
+def _tag(message: str | None) -> CommitTag | None:
+    """One transaction with this commit message, or (None) every statement on its own."""
+    return CommitTag(message) if message is not None else None

@@ -18,7 +18,7 @@ from distributed import get_worker
 
 from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake, StatementFailed, StatementResult
-from ducklake_kit.lake.transactions import commit, snapshot_of_token
+from ducklake_kit.lake.transactions import CommitTag, commit, snapshot_of_token
 from ducklake_kit.workers.plugin import LakeLost, LakePlugin, plugin_on
 
 
@@ -126,20 +126,19 @@ def task_lake(plugin: str, token: str | None) -> tuple[LakePlugin | None, str | 
 def run_statements(
     plugin: str,
     texts: list[str],
-    message: str | None = None,
+    tag: CommitTag | None = None,
     token: str | None = None,
     timeout_s: float | None = None,
-    commit_token: str | None = None,
-    extra: dict[str, Any] | None = None,
 ) -> TaskResult:
     """Run on a worker: each text (one or more statements) in order on the worker's pooled connection.
 
-    Without `message` every statement autocommits (a write is its own snapshot, reported per statement). With
-    `message` all of them run in ONE transaction with that commit message: one snapshot, or nothing. `token`: the
-    submission's own, so that a second run of the same task refuses (`claim_once`). `timeout_s`: the running
-    statement is interrupted after that long (DuckDB's own interrupt: it fails, and its transaction rolls back).
-    `commit_token`, `extra`: with `message`, what the commit carries in its commit_extra_info (the caller's token
-    says later, from the lake alone, whether this transaction landed: see lake.transactions.snapshot_of_token)."""
+    Without `tag` every statement autocommits (a write is its own snapshot, reported per statement). With `tag`
+    all of them run in ONE transaction with its commit message: one snapshot, or nothing; the commit carries the
+    tag's token and extra in its commit_extra_info (the caller's token says later, from the lake alone, whether
+    this transaction landed: see lake.transactions.snapshot_of_token). `token`: the submission's own, so that a
+    second run of the same task refuses (`claim_once`). `timeout_s`: the running statement is interrupted after
+    that long (DuckDB's own interrupt: it fails, and its transaction rolls back)."""
+    message = tag.message if tag is not None else None
     worker = get_worker()
     start = time.perf_counter()
     result = TaskResult(str(worker.name), worker.address, message=message, started_at=time.time())
@@ -158,7 +157,7 @@ def run_statements(
                     lake.con.execute(f"USE {lake.alias}")
                 lake_plugin.default_db = None  # the user's SQL below may USE anything (settled after the task)
                 if message is not None:
-                    _run_transaction(lake, texts, message, result, deadline, commit_token, extra)
+                    _run_transaction(lake, texts, message, result, deadline, tag.token, tag.extra)
                 else:
                     _run_autocommit(lake, texts, result, deadline)
             finally:
