@@ -103,8 +103,9 @@ def test_dry_run_changes_nothing_then_a_real_run_keeps_answers_and_expires(fresh
 def test_orphaned_files_from_a_killed_load_are_removed_and_answers_unchanged(fresh_stack):
     fresh_stack.platform.up()
     ep = fresh_stack.platform.endpoints()
-    result, checks = flow.load_and_verify(
-        fresh_stack.platform, fresh_stack.state, source="synthetic", months="2021-05", rows_per_month=4000
+    result, checks = flow.load_checked(
+        Kit.on(fresh_stack.platform, fresh_stack.state),
+        flow.LoadSpec(source="synthetic", months="2021-05", rows_per_month=4000),
     )
     assert checks.ok
     env = {**os.environ, **fresh_stack.env, "DUCKLAKE_FAULT": "kill-before-commit"}

@@ -18,10 +18,10 @@ from ducklake_kit.checks import CheckRun
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lessons import queries
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import flow, lesson_queries, reference
 from ducklake_kit.taxi.schema import TLC_ERAS
 
-pytestmark = [pytest.mark.integration, pytest.mark.spark]
 SAMPLES = Path(__file__).resolve().parents[2].parent / "shared" / "tlc-samples"
 GX = SAMPLES / "gx_yellow_tripdata_samples_2018-2020"
 # one of each kind of source the reference must conform: nanosecond timestamps, a BigQuery CSV labelled
@@ -104,12 +104,13 @@ def loaded(stack, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("literal")
     literal = folder / LITERAL
     pq.write_table(pa.Table.from_pylist(LITERAL_ROWS, schema=TLC_ERAS["2024"]), literal)
-    _, checks = flow.load_and_verify(
-        stack.platform, stack.state, source="synthetic", months="2017-07..2017-08", rows_per_month=3000, seed=11
+    _, checks = flow.load_checked(
+        Kit.on(stack.platform, stack.state),
+        flow.LoadSpec(source="synthetic", months="2017-07..2017-08", rows_per_month=3000, seed=11),
     )
     assert checks.ok, [c.as_dict() for c in checks.failed]
     paths = [str(literal)] + [str(p) for p in REAL_SAMPLES if p.exists()]
-    _, checks = flow.load_and_verify(stack.platform, stack.state, source="files", paths=paths)
+    _, checks = flow.load_checked(Kit.on(stack.platform, stack.state), flow.LoadSpec(source="files", paths=paths))
     assert checks.ok, [c.as_dict() for c in checks.failed]
     return {"literal": literal}
 

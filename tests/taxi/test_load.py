@@ -18,6 +18,7 @@ import pytest
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms import s3
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import flow
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -43,7 +44,7 @@ def _lake_state(stack) -> tuple[int, int, int]:
 
 
 def _load(stack, **kw):
-    return flow.load_and_verify(stack.platform, stack.state, **kw)
+    return flow.load_checked(Kit.on(stack.platform, stack.state), flow.LoadSpec(**kw))
 
 
 def _cli_load(stack, *args, env_extra=None):

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from ducklake_kit.lake import Lake
+from ducklake_kit.lake.locks import COMMIT_LOCK_KEY
 from ducklake_kit.platforms import postgres
-from ducklake_kit.taxi.load import COMMIT_LOCK_KEY
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
 ROOT = Path(__file__).resolve().parents[2]

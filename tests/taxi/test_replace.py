@@ -8,6 +8,7 @@ import pytest
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import flow
 from ducklake_kit.taxi.load import LOAD_LOG, QUARANTINE, TRIPS, FileResult, LoadResult, Replaced, ddl_statements
 from ducklake_kit.taxi.sources import SourceFile
@@ -53,8 +54,9 @@ def _by_file(lake: Lake, schema: str = "main", like: str = "%2014-0%") -> dict[s
 
 @pytest.mark.spark
 def test_replacing_one_month_of_a_three_month_load_keeps_the_other_two(stack):
-    first, checks = flow.load_and_verify(
-        stack.platform, stack.state, source="synthetic", months=MONTHS, rows_per_month=ROWS, seed=5
+    first, checks = flow.load_checked(
+        Kit.on(stack.platform, stack.state),
+        flow.LoadSpec(source="synthetic", months=MONTHS, rows_per_month=ROWS, seed=5),
     )
     assert checks.ok, [c.as_dict() for c in checks.failed]
     jan, feb, mar = (f.source.path.name for f in first.files)
@@ -66,14 +68,9 @@ def test_replacing_one_month_of_a_three_month_load_keeps_the_other_two(stack):
         [(first.load_id, "2014-03", ROWS)],
     ]
 
-    result, checks = flow.load_and_verify(
-        stack.platform,
-        stack.state,
-        source="synthetic",
-        months="2014-02",
-        rows_per_month=ROWS // 3,
-        seed=6,
-        mode="replace",
+    result, checks = flow.load_checked(
+        Kit.on(stack.platform, stack.state),
+        flow.LoadSpec(source="synthetic", months="2014-02", rows_per_month=ROWS // 3, seed=6, mode="replace"),
     )
     assert checks.ok, [c.as_dict() for c in checks.failed]
     assert result.replaced == [Replaced(first.load_id, feb, "2014-02")]

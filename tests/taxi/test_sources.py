@@ -19,6 +19,7 @@ import pytest
 
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.platforms.procs import free_port
 from ducklake_kit.taxi import sources, synthetic
 
@@ -422,8 +423,9 @@ def test_real_csv_samples_load_checked_with_out_of_period_rows_quarantined(stack
     from ducklake_kit.taxi import flow
 
     # append: another test of the shared lake (test_queries) may have loaded the BigQuery sample already
-    result, checks = flow.load_and_verify(
-        stack.platform, stack.state, source="files", mode="append", paths=[str(GX_2019_08), str(BIGQUERY_2022)]
+    result, checks = flow.load_checked(
+        Kit.on(stack.platform, stack.state),
+        flow.LoadSpec(source="files", mode="append", paths=[str(GX_2019_08), str(BIGQUERY_2022)]),
     )
     assert checks.ok, [c.as_dict() for c in checks.failed]
     by_name = {fr.source.path.name: fr for fr in result.files}

@@ -27,7 +27,9 @@ from ducklake_kit.platforms.state import State
 class Kit:
     state: State = field(default_factory=State)
     platform_name: str = "local"
-    ports: dict[str, int | None] = field(default_factory=dict)  # pg_port, s3_port (local and k3d only)
+    ports: dict[str, int | None] = field(
+        default_factory=dict
+    )  # pg_port, s3_port (the platforms the kit runs: local, k3d, podman)
     scheduler: str | None = None  # a user's Dask scheduler (tcp://host:port); None: the kit's own worker plane
     spark_master: str | None = None  # where loads run Spark (see taxi.spark.target); None: SPARK_REMOTE or local[*]
     reporter: Reporter = field(default_factory=Reporter)
@@ -89,5 +91,5 @@ def _port(env: os._Environ, name: str) -> int | None:
     if not value:
         return None
     if not value.isdigit():
-        raise KitError(f"{name}={value} is not a port number", f"set {name} to a port such as 55432, or unset it")
+        raise KitError(f"{name}={value} is not a port number", f"set {name} to a port such as 15432, or unset it")
     return int(value)

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
-from ducklake_kit.platforms.base import Platform
 from ducklake_kit.platforms.kit import Kit
-from ducklake_kit.platforms.report import CallbackReporter, Reporter
-from ducklake_kit.platforms.state import State
 from ducklake_kit.taxi import sources
 from ducklake_kit.taxi import spark as spark_mod
 from ducklake_kit.taxi.load import MODES, LoadInput, LoadResult, load_snapshots, rows_snapshots, run_load
@@ -30,16 +26,6 @@ class LoadSpec:
     rows_per_month: int = sources.DEFAULT_ROWS_PER_MONTH
     seed: int = 0
     mode: str = "skip"
-
-
-def load_and_verify(platform: Platform, state: State, **spec: Any) -> tuple[LoadResult, CheckRun]:
-    """`load_checked` on a platform and state (its earlier signature, which tests/taxi call): `spec` holds the
-    LoadSpec fields, and `checks`, `verify_skipped`, `spark_master`, `on_step` (a function each progress line goes to)."""
-    options = {k: spec.pop(k) for k in ("checks", "verify_skipped") if k in spec}
-    on_step = spec.pop("on_step", None)
-    reporter = CallbackReporter(on_step) if on_step else Reporter()
-    kit = Kit.on(platform, state, spark_master=spec.pop("spark_master", None), reporter=reporter)
-    return load_checked(kit, LoadSpec(**{**spec, "paths": spec.get("paths") or []}), **options)
 
 
 def load_checked(

@@ -27,7 +27,6 @@ from botocore.exceptions import BotoCoreError, ClientError
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, load_statements, secret_statements
 from ducklake_kit.lake.locks import (
-    COMMIT_LOCK_KEY,  # noqa: F401 - read here by tests/taxi/test_load_race.py
     commit_lock,
     data_file_prefix,
     held_for_life,
