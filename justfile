@@ -98,8 +98,8 @@ reset platform="local": setup
 
 # start the kit's Spark cluster: standalone (a master and N workers) or connect (a Spark Connect server), e.g. just spark-up connect
 [group('spark')]
-spark-up mode="standalone" workers="": setup
-    {{kit}} spark up --mode {{mode}} {{ if workers != "" { "--workers " + workers } else { "" } }}
+spark-up mode="standalone" spark_workers="": setup
+    {{kit}} spark up --mode {{mode}} {{ if spark_workers != "" { "--spark-workers " + spark_workers } else { "" } }}
 
 # the Spark master, its workers and the Connect server: pid, port, a real round trip
 [group('spark')]

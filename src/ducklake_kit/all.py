@@ -101,7 +101,7 @@ def run_all(
             kit.say(
                 "a short benchmark: 3 writers x 100 inserts into DuckLake (processes, worker plane tasks) and into one DuckDB file"
             )
-            figures = bench_concurrency.bench_concurrency(kit, workers=3, ops=100)
+            figures = bench_concurrency.bench_concurrency(kit, writers=3, ops=100)
             for mode, label in (("ducklake", "DuckLake"), ("workers", "DuckLake from the worker plane")):
                 lake_side = figures.results[mode]
                 checks.equal(f"bench: {label} lost no rows (3 x 100 inserts)", lake_side.rows_lost, 0)

@@ -313,7 +313,7 @@ def test_concurrency_suite_counts_add_up(stack, tmp_path):
     json_path, png_path = tmp_path / "c.json", tmp_path / "c.png"
     had_plane, had_workers = plane.scheduler_running(stack.state), plane.running_workers(stack.state)
     result = bc.bench_concurrency(
-        Kit.on(stack.platform, stack.state), workers=2, ops=20, outputs=Outputs(json_path, png_path)
+        Kit.on(stack.platform, stack.state), writers=2, ops=20, outputs=Outputs(json_path, png_path)
     )
     file, lake, tasks = result.results["file"], result.results["ducklake"], result.results["workers"]
     assert list(result.results) == list(bc.MODES)  # both commit gates, in one run
@@ -382,7 +382,7 @@ def test_concurrency_rejects_nonsense_sizes(stack):
     from ducklake_kit.errors import KitError
 
     with pytest.raises(KitError, match="at least 1"):
-        bc.bench_concurrency(Kit.on(stack.platform, stack.state), workers=0, ops=10)
+        bc.bench_concurrency(Kit.on(stack.platform, stack.state), writers=0, ops=10)
     with pytest.raises(KitError, match="unknown concurrency mode"):
         bc.bench_concurrency(Kit.on(stack.platform, stack.state), modes=("sqlite",))
 

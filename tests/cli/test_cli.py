@@ -254,6 +254,35 @@ def test_commands_before_up_say_to_run_up(cli, tmp_path):
     assert "has not been set up" in result.stderr and "run `up` first" in result.stderr
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["spark", "up", "--workers", "2"],
+            "Error: spark up takes --spark-workers N (the Spark workers); --workers is the worker plane's Dask "
+            "workers. Try: spark up --spark-workers 2.",
+        ),
+        (
+            ["bench", "--suite", "concurrency", "--workers", "3"],
+            "Error: bench --suite concurrency takes --writers N (the concurrent writers); --workers is the worker "
+            "plane's Dask workers. Try: bench --suite concurrency --writers 3.",
+        ),
+        (
+            ["bench", "--suite", "pipeline", "--writers", "2"],
+            "Error: --writers is for --suite concurrency, not pipeline. Try: bench --suite pipeline --workers 2.",
+        ),
+    ],
+    ids=["spark-up", "bench-concurrency", "bench-pipeline"],
+)
+def test_workers_means_dask_workers_and_the_other_meanings_are_refused_with_their_name(cli, tmp_path, args, message):
+    # one name per concept: --workers counts the worker plane's Dask workers; Spark's and the writers' have their own
+    home = tmp_path / "home"
+    result = cli({"DUCKLAKE_HOME": str(home)}, *args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == message
+    assert not home.exists()  # refused before anything started
+
+
 def test_reset_asks_first_and_keeps_data_when_declined(fresh_stack, cli):
     fresh_stack.platform.up()
     result = cli(fresh_stack.env, "reset", input="n\n")

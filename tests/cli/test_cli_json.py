@@ -129,7 +129,7 @@ def test_bench_concurrency_out_file(stack, cli, tmp_path):
     out = tmp_path / "bench" / "concurrency.json"
     out.parent.mkdir()
     result = cli(
-        stack.env, "bench", "--suite", "concurrency", "--workers", "2", "--ops", "5", "--out", str(out), "--json"
+        stack.env, "bench", "--suite", "concurrency", "--writers", "2", "--ops", "5", "--out", str(out), "--json"
     )
     assert result.exit_code == 0, result.output
     # --json: stdout is the envelope alone (the table and progress went to stderr); --out: the same figures in a file

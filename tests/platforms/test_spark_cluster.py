@@ -167,7 +167,7 @@ def app_folders(cluster: SparkCluster) -> set[Path]:
 
 
 def test_a_month_loads_through_a_two_worker_standalone_cluster(stack, local_only, cluster):
-    r = kit(stack.env, "spark", "up", "--workers", "2", "--json")
+    r = kit(stack.env, "spark", "up", "--spark-workers", "2", "--json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     st = json.loads(r.stdout)["result"]
     assert st["alive_workers"] == 2 and st["master_url"] == cluster.master_url

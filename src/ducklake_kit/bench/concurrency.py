@@ -739,7 +739,7 @@ def run_plane(
         if len(names) < workers:
             raise KitError(
                 f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {workers}",
-                f"start more workers there, or run with --workers {len(names)}",
+                f"start more workers there, or run {len(names)} writers",
             )
         for mode in modes:
             _prepare_table(ep, inlining)
@@ -905,7 +905,7 @@ def contention_reachable(lower_bounds: Floor) -> dict[str, bool]:
 def bench_concurrency(
     kit: Kit,
     *,
-    workers: int = 3,
+    writers: int = 3,
     ops: int = 100,
     modes: tuple[str, ...] = MODES,
     tuning: WriterTuning = WriterTuning(calibrate_ops=CALIBRATE_OPS),
@@ -914,8 +914,8 @@ def bench_concurrency(
     """`tuning`: see WriterTuning; its `calibrate_ops` (inserts of one writer alone, measured first) give the lower
     bounds of `floor` (0: skip)."""
     state, say = kit.state, kit.say
-    if workers < 1 or ops < 1:
-        raise KitError("--workers and --ops must be at least 1", "e.g. --workers 3 --ops 100")
+    if writers < 1 or ops < 1:
+        raise KitError("--writers and --ops must be at least 1", "e.g. --writers 3 --ops 100")
     unknown = [m for m in modes if m not in MODES]
     if unknown:
         raise KitError(f"unknown concurrency mode '{unknown[0]}'", f"choose from: {', '.join(MODES)}")
@@ -923,31 +923,31 @@ def bench_concurrency(
     load_before = load_average()
     results: dict[str, WriterFigures] = {}
     if "file" in modes:
-        say(f"(a) one DuckDB file, opened per operation: {workers} workers x {ops} inserts")
+        say(f"(a) one DuckDB file, opened per operation: {writers} writers x {ops} inserts")
         state.home.mkdir(parents=True, exist_ok=True)
-        results["file"] = run_file(state.home, workers, ops)
+        results["file"] = run_file(state.home, writers, ops)
     cpu_reader = catalog_cpu_reader(state)
     lake_modes = [m for m in modes if m.startswith("ducklake")]
     for i, mode in enumerate(lake_modes):
         gate = commit_gate_of(mode)
         say(
-            f"(b) DuckLake, PostgreSQL catalog, one connection per worker, commit gate {gate}: {workers} workers x "
+            f"(b) DuckLake, PostgreSQL catalog, one connection per worker, commit gate {gate}: {writers} writers x "
             f"{ops} inserts"
         )
         # the lone writer is measured once, before the first DuckLake mode (as the kit commits by default)
         calibrate = min(tuning.calibrate_ops, max(ops, 20)) if i == 0 else 0
-        results[mode] = run_ducklake(ep, workers, ops, replace(tuning, calibrate_ops=calibrate), cpu_reader, mode)
+        results[mode] = run_ducklake(ep, writers, ops, replace(tuning, calibrate_ops=calibrate), cpu_reader, mode)
     plane_modes = tuple(m for m in modes if m.startswith("workers"))
     if plane_modes:
         say(
             f"(c) DuckLake from the worker plane (Dask), one task per writer, commit gate "
-            f"{' then '.join(commit_gate_of(m) for m in plane_modes)}: {workers} workers x {ops} inserts"
+            f"{' then '.join(commit_gate_of(m) for m in plane_modes)}: {writers} writers x {ops} inserts"
         )
-        results.update(run_plane(kit, workers, ops, tuning.inlining, cpu_reader, plane_modes))
-    out = ConcurrencyRun(workers, ops, Machine.since(load_before), results)
+        results.update(run_plane(kit, writers, ops, tuning.inlining, cpu_reader, plane_modes))
+    out = ConcurrencyRun(writers, ops, Machine.since(load_before), results)
     single = next((r.single_writer for r in results.values() if r.single_writer is not None), None)
     if single is not None:
-        out.floor = floor(single, workers, ops, os.cpu_count() or 1)
+        out.floor = floor(single, writers, ops, os.cpu_count() or 1)
     d = out.ducklake or next((results[m] for m in lake_modes), None)
     if d is not None:
         out.goals = goals(d, out.floor)

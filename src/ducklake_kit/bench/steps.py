@@ -135,7 +135,7 @@ def bench_steps(
     ops = math.ceil(iterations / workers)
     say(f"the direct bench of the same shape: {workers} writers x {ops} inserts, no runner")
     both = bench_concurrency(
-        kit, workers=workers, ops=ops, modes=("ducklake", "workers"), tuning=WriterTuning()
+        kit, writers=workers, ops=ops, modes=("ducklake", "workers"), tuning=WriterTuning()
     ).results
     direct, plane_direct = both["ducklake"], both["workers"]
     scale = iterations / (workers * ops)

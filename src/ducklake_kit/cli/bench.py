@@ -46,8 +46,12 @@ def bench(
     ] = False,
     workers: Annotated[
         int | None,
+        typer.Option(help="pipeline: the worker plane's Dask workers, default 2; steps: default 3."),
+    ] = None,
+    writers: Annotated[
+        int | None,
         typer.Option(
-            help="concurrency: writers (processes, and worker plane workers), default 3; pipeline: workers, default 2; steps: workers, default 3."
+            help="concurrency: concurrent writers, default 3 (processes; in the workers modes, one worker plane worker each)."
         ),
     ] = None,
     ops: Annotated[
@@ -69,6 +73,7 @@ def bench(
     suites = ("load", "queries", "concurrency", "pipeline", "steps", "dynamic")
     if suite not in suites:
         raise KitError(f"unknown suite '{suite}'", f"choose one of: {', '.join(suites)}")
+    _check_counts(suite, workers, writers)
     c: Kit = ctx.obj.with_reporter(reporter(as_json))
     out = console(stderr=as_json)  # with --json, stdout carries only the envelope
     if suite == "queries":
@@ -144,12 +149,12 @@ def bench(
             bench_concurrency,  # each suite loads only when asked for
         )
 
-        workers = workers or 3
+        writers = writers or 3
         chosen = tuple(m.strip() for m in modes.split(",") if m.strip()) if modes else MODES
-        r = bench_concurrency(c, workers=workers, ops=ops, modes=chosen, outputs=Outputs(out_file, png_file))
+        r = bench_concurrency(c, writers=writers, ops=ops, modes=chosen, outputs=Outputs(out_file, png_file))
         out.print(
             table(
-                f"bench --suite concurrency: {workers} writers x {ops} inserts ({r.machine.cores} cores; load average "
+                f"bench --suite concurrency: {writers} writers x {ops} inserts ({r.machine.cores} cores; load average "
                 f"{r.machine.load_average_before[0]} before, {r.machine.load_average_after[0]} after)",
                 [
                     "target",
@@ -206,7 +211,7 @@ def bench(
             )
             if r.goals is not None and r.goals.contention_reachable_here is not None:
                 out.print(
-                    f"so at most {fl.ops_per_s_at_most} inserts/s and, {workers} writers each waiting for the others, a mean "
+                    f"so at most {fl.ops_per_s_at_most} inserts/s and, {writers} writers each waiting for the others, a mean "
                     f"latency >= {fl.mean_ms_at_least} ms (Little's law); through the commit gate, one commit at a time: at "
                     f"most {fl.gated_ops_per_s_at_most} inserts/s, a mean >= {fl.gated_mean_ms_at_least} ms; p99 <= "
                     f"{g['p99_ms']:g} ms with max <= {g['max_ms']:g} ms needs a mean <= "
@@ -237,6 +242,26 @@ def bench(
                 )
         return
     _bench_load(c, rows, out, out_file, as_json)
+
+
+def _check_counts(suite: str, workers: int | None, writers: int | None) -> None:
+    """--workers is the worker plane's Dask workers in every command; the concurrency suite's writers have their own
+    name, and each option is refused where it would mean something else, with the spelling that works."""
+    if suite == "concurrency" and workers is not None:
+        raise KitError(
+            "bench --suite concurrency takes --writers N (the concurrent writers); --workers is the worker plane's "
+            "Dask workers",
+            f"bench --suite concurrency --writers {workers}",
+            exit_code=EXIT_USAGE,
+        )
+    if suite != "concurrency" and writers is not None:
+        raise KitError(
+            f"--writers is for --suite concurrency, not {suite}",
+            f"bench --suite {suite} --workers {writers}"
+            if suite in ("pipeline", "steps")
+            else f"bench --suite concurrency --writers {writers}",
+            exit_code=EXIT_USAGE,
+        )
 
 
 def _sizes(rows: list[str] | None, default: list[int]) -> list[int]:

@@ -1,4 +1,4 @@
-"""The kit's Spark cluster: `spark up [--mode standalone|connect] [--workers N]`, `spark status`, `spark down`.
+"""The kit's Spark cluster: `spark up [--mode standalone|connect] [--spark-workers N]`, `spark status`, `spark down`.
 `load --spark-master standalone|connect` runs the load on it; `down` and `reset` stop it too."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import typer
 
 from ducklake_kit.cli.common import JsonOpt, Kit, app, command
 from ducklake_kit.cli.output import console, print_json, table
-from ducklake_kit.errors import EXIT_CHECK_FAILED
+from ducklake_kit.errors import EXIT_CHECK_FAILED, EXIT_USAGE, KitError
 
 if TYPE_CHECKING:
     from ducklake_kit.platforms.spark_cluster import ClusterStatus
@@ -52,18 +52,29 @@ def spark_up(
             "the standalone cluster when it runs, else local[*])."
         ),
     ] = "standalone",
-    workers: Annotated[
+    spark_workers: Annotated[
         int | None,
-        typer.Option(help="Standalone workers, 1 core and 2g each (default 2, or as many as the last `spark up`)."),
+        typer.Option(
+            "--spark-workers",
+            help="Standalone Spark workers, 1 core and 2g each (default 2, or as many as the last `spark up`).",
+        ),
     ] = None,
+    # --workers names the worker plane's Dask workers everywhere (`up --workers N`): here it is refused with a hint
+    dask_workers: Annotated[str | None, typer.Option("--workers", hidden=True)] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Start the kit's Spark cluster (idempotent): ready when the master reports N workers ALIVE, or when a Spark
     Connect client session answers a query."""
     from ducklake_kit.platforms.spark_cluster import SparkCluster
 
+    if dask_workers is not None:
+        raise KitError(
+            "spark up takes --spark-workers N (the Spark workers); --workers is the worker plane's Dask workers",
+            f"spark up --spark-workers {dask_workers}",
+            exit_code=EXIT_USAGE,
+        )
     c: Kit = ctx.obj
-    st = SparkCluster(c.state).up(mode, workers)
+    st = SparkCluster(c.state).up(mode, spark_workers)
     if as_json:
         print_json("ok", st.as_dict())
     else:

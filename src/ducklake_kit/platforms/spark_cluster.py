@@ -228,13 +228,13 @@ class SparkCluster:
             raise KitError(f"unknown Spark mode '{mode}'", f"choose one of: {', '.join(MODES)}")
         if mode == "connect" and workers is not None:
             raise KitError(
-                "--workers is for --mode standalone (the Connect server uses the standalone cluster's "
+                "--spark-workers is for --mode standalone (the Connect server uses the standalone cluster's "
                 "workers when it runs)",
-                "run `spark up --workers N` first, then `spark up --mode connect`",
+                "run `spark up --spark-workers N` first, then `spark up --mode connect`",
             )
         n = int(self.state.settings().get("spark_workers", DEFAULT_WORKERS)) if workers is None else workers
         if n < 1:
-            raise KitError(f"--workers must be 1 or more, not {n}", "e.g. --workers 2")
+            raise KitError(f"--spark-workers must be 1 or more, not {n}", "e.g. --spark-workers 2")
         from ducklake_kit.platforms.doctor import JAVA_FIX, java_problem
 
         why = java_problem()
