@@ -8,36 +8,12 @@ import shutil
 import site
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+
+from ducklake_kit.platforms.prerequisite import Tool  # doctor.Tool: its callers name it so
 
 MIN_PYTHON = (3, 11)
 MIN_JAVA = 17
-
-
-@dataclass
-class Tool:
-    name: str
-    found: bool
-    version: str
-    required: bool
-    hint: str
-    why: str
-
-    @property
-    def ok(self) -> bool:
-        return self.found or not self.required
-
-    def as_dict(self) -> dict:
-        return {
-            "name": self.name,
-            "found": self.found,
-            "version": self.version,
-            "required": self.required,
-            "ok": self.ok,
-            "hint": self.hint,
-            "why": self.why,
-        }
 
 
 def _run(argv: list[str], timeout: float = 10) -> str:
@@ -154,7 +130,7 @@ def check(platform: str) -> list[Tool]:
         )
     from ducklake_kit.platforms import podman_doctor  # runs `podman info`: only when doctor runs
 
-    tools += [Tool(**vars(r)) for r in podman_doctor.check(required=platform == "podman")]
+    tools += podman_doctor.check(required=platform == "podman")
     return tools
 
 

@@ -111,9 +111,7 @@ class K3dPlatform(Platform):
         base = state or State()
         self.state = State(base.home / "k3d")
         self._root = root
-        saved = self.state.settings()
-        self.pg_port = int(pg_port or os.environ.get("DUCKLAKE_PG_PORT") or saved.get("pg_port") or DEFAULT_PG_PORT)
-        self.s3_port = int(s3_port or os.environ.get("DUCKLAKE_S3_PORT") or saved.get("s3_port") or DEFAULT_S3_PORT)
+        self.pg_port, self.s3_port = self.state.ports(pg_port, s3_port, (DEFAULT_PG_PORT, DEFAULT_S3_PORT))
 
     # -- paths -----------------------------------------------------------------------------------------
     @property

@@ -53,9 +53,7 @@ class PodmanPlatform(Platform):
         base = state or State()
         self.state = State(base.home / "podman")
         self._root = root
-        saved = self.state.settings()
-        self.pg_port = int(pg_port or os.environ.get("DUCKLAKE_PG_PORT") or saved.get("pg_port") or PODMAN_PG_PORT)
-        self.s3_port = int(s3_port or os.environ.get("DUCKLAKE_S3_PORT") or saved.get("s3_port") or PODMAN_S3_PORT)
+        self.pg_port, self.s3_port = self.state.ports(pg_port, s3_port, (PODMAN_PG_PORT, PODMAN_S3_PORT))
         # The default state folder's objects read `ducklake-postgres-0`; any other folder's add a hash of its path.
         own = base.home.resolve() != default_home().resolve()
         self.prefix = f"{k8s.NAMESPACE}-" + (

@@ -1,7 +1,7 @@
 """What `--platform podman` needs on the machine: podman, runc, mmdebstrap and the containers.conf the kit ships.
 
-Each item is a `Requirement` with the fields of `doctor.Tool` (found, version, required, install hint), so `doctor`
-prints them beside the others (`Tool(**vars(r))`; this module does not import doctor, which imports it).
+Each item is a `Tool` (platforms.prerequisite, shared with `doctor`, which prints them beside the others; this
+module does not import doctor, which imports it).
 The conf is checked twice: its own settings (read with tomllib), and what podman reports when pointed at it
 (`podman info`: the OCI runtime it would use), so a conf that podman ignores or reads differently shows too.
 """
@@ -13,28 +13,15 @@ import re
 import shutil
 import subprocess
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
+
+from ducklake_kit.platforms.prerequisite import Tool
 
 CONTAINERS_CONF = Path(__file__).with_name("podman") / "containers.conf"
 INSTALL = "`sudo apt-get install podman runc mmdebstrap` (Debian 12 or newer; podman 4.3+)"
 WHY = "the podman platform plays the overlay as pods"
 RUNTIME = "runc"  # crun 1.8.1 refuses hybrid cgroups; runc runs there
 ULIMITS = ("nofile", "nproc")  # root without CAP_SYS_RESOURCE cannot raise them to podman's defaults
-
-
-@dataclass
-class Requirement:
-    name: str
-    found: bool
-    version: str
-    required: bool
-    hint: str
-    why: str
-
-    @property
-    def ok(self) -> bool:
-        return self.found or not self.required
 
 
 def podman_env(conf: Path = CONTAINERS_CONF) -> dict[str, str]:
@@ -76,17 +63,15 @@ def conf_problems(conf: Path = CONTAINERS_CONF) -> list[str]:
     return problems
 
 
-def _tool(name: str, required: bool, why: str) -> Requirement:
+def _tool(name: str, required: bool, why: str) -> Tool:
     path = shutil.which(name)
     if path is None:
-        return Requirement(name, False, "not found", required, INSTALL, why)
+        return Tool(name, False, "not found", required, INSTALL, why)
     code, text = _output([path, "--version"])
-    return Requirement(
-        name, code == 0, _version(text) if code == 0 else f"does not run: {text[:120]}", required, INSTALL, why
-    )
+    return Tool(name, code == 0, _version(text) if code == 0 else f"does not run: {text[:120]}", required, INSTALL, why)
 
 
-def _conf_tool(required: bool, podman: Requirement) -> Requirement:
+def _conf_tool(required: bool, podman: Tool) -> Tool:
     hint = f"restore {CONTAINERS_CONF} from the repository (the kit points CONTAINERS_CONF at it)"
     problems = conf_problems()
     if not problems and podman.found:
@@ -100,14 +85,12 @@ def _conf_tool(required: bool, podman: Requirement) -> Requirement:
         elif text != RUNTIME:
             problems.append(f"podman runs containers with {text!r}, not {RUNTIME!r}")
     if problems:
-        return Requirement(
-            "containers.conf", False, "; ".join(problems), required, hint, "podman's settings for the kit"
-        )
+        return Tool("containers.conf", False, "; ".join(problems), required, hint, "podman's settings for the kit")
     read = "read by podman: runtime runc" if podman.found else "settings valid (podman not found to read it)"
-    return Requirement("containers.conf", True, read, required, hint, "podman's settings for the kit")
+    return Tool("containers.conf", True, read, required, hint, "podman's settings for the kit")
 
 
-def check(required: bool) -> list[Requirement]:
+def check(required: bool) -> list[Tool]:
     """The podman platform's prerequisites; `required` when the platform asked for is podman."""
     podman = _tool("podman", required, WHY)
     return [

@@ -147,6 +147,15 @@ class State:
             return json.loads(self.settings_file.read_text())
         return {}
 
+    def ports(self, pg_port: int | None, s3_port: int | None, defaults: tuple[int, int]) -> tuple[int, int]:
+        """PostgreSQL's and S3's ports for a platform of the kit's (k3d, podman): each the one given (an option),
+        else DUCKLAKE_PG_PORT / DUCKLAKE_S3_PORT, else the one this state folder saved, else the platform's default."""
+        saved = self.settings()
+        return (
+            int(pg_port or os.environ.get("DUCKLAKE_PG_PORT") or saved.get("pg_port") or defaults[0]),
+            int(s3_port or os.environ.get("DUCKLAKE_S3_PORT") or saved.get("s3_port") or defaults[1]),
+        )
+
     def save_settings(self, **values: Any) -> dict[str, Any]:
         data = self.settings() | values
         self.ensure_dirs()
