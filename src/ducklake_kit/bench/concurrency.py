@@ -983,7 +983,7 @@ def chart_concurrency(result: ConcurrencyRun, path: Path) -> None:
     right.set_yscale("log")
     right.legend()
     fig.suptitle(
-        f"bench --suite concurrency: {result.workers} workers x {result.ops_per_worker} inserts, "
+        f"bench --suite concurrency: {result.workers} writers x {result.ops_per_worker} inserts, "
         f"{result.machine.cores} cores",
         fontsize=10,
     )
