@@ -191,3 +191,14 @@ def test_a_task_on_the_worker_plane_waits_for_the_gate(ep, stack, holder):
             assert r.ok, r.error
 
         waits_for_the_holder(ep, holder, "worker plane", task, pid=None)
+
+
+def test_a_new_server_on_an_old_address_gets_its_own_gate():
+    # a reset and `up`, or a test's new stack on a port an earlier one had: same address, new password. The gate
+    # kept from before would ask the new server with the old password ("refused the password", seen in the suite).
+    from ducklake_kit.platforms.base import PgEndpoint
+
+    old = PgEndpoint("127.0.0.1", 1, "ducklake", "old-password", "ducklake_catalog")
+    new = PgEndpoint("127.0.0.1", 1, "ducklake", "new-password", "ducklake_catalog")
+    assert CommitGate.of(old) is CommitGate.of(old)
+    assert CommitGate.of(new) is not CommitGate.of(old) and CommitGate.of(new).pg.password == "new-password"

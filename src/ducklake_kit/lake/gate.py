@@ -68,8 +68,9 @@ class CommitGate:
     @classmethod
     def of(cls, pg: PgEndpoint) -> CommitGate:
         """This process's gate for the catalog `pg` (one connection however many Lakes the process opens); keyed by
-        pid too, so a forked child never shares its parent's session."""
-        key = (pg.host, pg.port, pg.dbname, pg.user, os.getpid())
+        pid too, so a forked child never shares its parent's session, and by password, so a new server on the same
+        address (a reset and `up`, a test's new stack on a port another one had) is not asked with the old one."""
+        key = (pg.host, pg.port, pg.dbname, pg.user, pg.password, os.getpid())
         with cls._gates_lock:
             gate = cls._gates.get(key)
             if gate is None:
