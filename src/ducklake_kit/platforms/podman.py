@@ -83,25 +83,10 @@ class PodmanPlatform(Platform):
 
     # -- podman ----------------------------------------------------------------------------------------
     def _podman(self, *args: str, stdin: bytes | None = None, check: bool = True, timeout: float = COMMAND_TIMEOUT):
-        argv = ["podman", *args]
-        try:
-            out = subprocess.run(
-                argv,
-                input=stdin,
-                stdin=None if stdin is not None else subprocess.DEVNULL,
-                capture_output=True,
-                timeout=timeout,
-                env=podman_doctor.podman_env(),
-            )
-        except subprocess.TimeoutExpired:
-            raise KitError(f"`podman {' '.join(args[:3])}` did not finish in {timeout:.0f}s", "run `status`") from None
-        except OSError as exc:
-            raise KitError(f"podman could not run ({exc.strerror})", podman_doctor.INSTALL) from None
-        if check and out.returncode != 0:
-            err = out.stderr.decode(errors="replace").strip()
-            last = err.splitlines()[-1] if err else "no output"
-            raise KitError(f"`podman {' '.join(args[:3])}` failed: {last}", "read the output below", detail=err[-3000:])
-        return out
+        what = f"`podman {' '.join(args[:3])}`"
+        return podman_doctor.run(
+            ["podman", *args], what, stdin=stdin, check=check, timeout=timeout, slow="run `status`"
+        )
 
     def _require(self) -> None:
         missing = [t for t in podman_doctor.check(required=True) if not t.ok]

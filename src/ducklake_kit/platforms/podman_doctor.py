@@ -15,6 +15,7 @@ import subprocess
 import tomllib
 from pathlib import Path
 
+from ducklake_kit.errors import KitError
 from ducklake_kit.platforms.prerequisite import Tool
 
 CONTAINERS_CONF = Path(__file__).with_name("podman") / "containers.conf"
@@ -27,6 +28,33 @@ ULIMITS = ("nofile", "nproc")  # root without CAP_SYS_RESOURCE cannot raise them
 def podman_env(conf: Path = CONTAINERS_CONF) -> dict[str, str]:
     """The environment for every podman call of the kit: this process's, with CONTAINERS_CONF set to the conf."""
     return {**os.environ, "CONTAINERS_CONF": str(conf)}
+
+
+def run(
+    argv: list[str], what: str, *, timeout: float, stdin: bytes | None = None, check: bool = True, slow: str = ""
+) -> subprocess.CompletedProcess[bytes]:
+    """A podman (or mmdebstrap) command of the kit, with the conf: a timeout, a missing tool or (with `check`) a failure
+    is one KitError naming `what` (the tool's last line of output, the rest as detail). `slow`: the fix for a timeout."""
+    try:
+        out = subprocess.run(
+            argv,
+            input=stdin,
+            stdin=None if stdin is not None else subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            env=podman_env(),
+        )
+    except subprocess.TimeoutExpired:
+        raise KitError(
+            f"{what} did not finish in {timeout:.0f}s", slow or "run it again; the machine may be busy"
+        ) from None
+    except OSError as exc:
+        raise KitError(f"{what} could not start ({exc.strerror})", INSTALL) from None
+    if check and out.returncode != 0:
+        err = (out.stderr or out.stdout).decode(errors="replace").strip()
+        last = err.splitlines()[-1] if err else "no output"
+        raise KitError(f"{what} failed: {last}", "read the output below", detail=err[-3000:])
+    return out
 
 
 def _output(argv: list[str], env: dict[str, str] | None = None, timeout: float = 20) -> tuple[int, str]:

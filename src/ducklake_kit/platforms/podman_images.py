@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ducklake_kit.errors import KitError
-from ducklake_kit.platforms.podman_doctor import INSTALL, podman_env
+from ducklake_kit.platforms import podman_doctor
+from ducklake_kit.platforms.podman_doctor import podman_env
 
 RECIPES = Path(__file__).with_name("podman")
 PREFIX = "localhost/ducklake-kit"
@@ -94,19 +95,7 @@ def postgres_version(package: Path | None = None) -> str:
 
 
 def _run(argv: list[str], *, timeout: float = BUILD_TIMEOUT, what: str) -> str:
-    try:
-        out = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, env=podman_env(), stdin=subprocess.DEVNULL
-        )
-    except subprocess.TimeoutExpired:
-        raise KitError(f"{what} did not finish in {timeout:.0f}s", "run it again; the machine may be busy") from None
-    except OSError as exc:
-        raise KitError(f"{what} could not start ({exc.strerror})", INSTALL) from None
-    if out.returncode != 0:
-        err = (out.stderr or out.stdout).strip()
-        last = err.splitlines()[-1] if err else "no output"
-        raise KitError(f"{what} failed: {last}", "read the output below", detail=err[-3000:])
-    return out.stdout
+    return podman_doctor.run(argv, what, timeout=timeout).stdout.decode()
 
 
 def exists(image: str) -> bool:
