@@ -150,9 +150,7 @@ class BarReporter(LineReporter):
             self.live.stop()
             self.live = None
 
-    def say(self, message: str) -> None:
-        # while a bar is drawn, the display's console prints above it
-        self.console.print(f"[dim]•[/] {message}", markup=True, highlight=False)
+    # `say` is LineReporter's: while a bar is drawn, the display's console prints the line above it
 
 
 def reporter_for(console: Console) -> Reporter:
