@@ -9,6 +9,56 @@ from typing import Any
 KIT_AUTH = "kit"  # the credential name of the kit's own catalog (the default when a step names none)
 ASYNC, SEQUENTIAL = "async", "sequential"
 EXCLUSIVE, INCLUSIVE = "exclusive", "inclusive"
+# the tool kinds the kit runs (NoETL's names); NoETL's other kinds (snowflake, gcs, nats, container, ...) are refused
+# at validate, in one line naming the kind and the step
+DUCKLAKE, POSTGRES, DUCKDB, PYTHON, HTTP, NOOP, PLAYBOOK, WORKBOOK = (
+    "ducklake",
+    "postgres",
+    "duckdb",
+    "python",
+    "http",
+    "noop",
+    "playbook",
+    "workbook",
+)
+KINDS = (DUCKLAKE, POSTGRES, DUCKDB, PYTHON, HTTP, NOOP, PLAYBOOK, WORKBOOK)
+# a policy rule's actions (NoETL's `then.do`)
+RETRY, JUMP, BREAK, FAIL, CONTINUE = "retry", "jump", "break", "fail", "continue"
+
+
+@dataclass
+class Rule:
+    """One rule of a tool's `spec.policy.rules`: when `when` renders true (None: the `else` rule), `do` it.
+    Templates see the task's `output` (`output.status`, `output.data`, `output.error`) and the run's names."""
+
+    when: str | None
+    do: str = CONTINUE  # retry | jump | break | fail | continue
+    attempts: int | None = None  # retry: attempts in all, the first included (NoETL's `attempts`)
+    backoff: str | None = None  # retry: "fixed" | "linear" | "exponential" (NoETL's names)
+    delay: float | None = None  # retry: seconds before the first retry
+    to: str | None = None  # jump: the step to go to
+    set: dict[str, Any] = field(default_factory=dict)  # "ctx.name" (or "name") -> template, into the run's ctx
+    line: int = 0
+
+
+@dataclass
+class Policy:
+    """`tool.spec.policy`: the first rule that holds (exclusive) or every one that holds (inclusive); with none,
+    `on_unmatched` (continue or fail). Without a policy a task that failed fails its step."""
+
+    rules: list[Rule]
+    mode: str = EXCLUSIVE
+    on_unmatched: str = CONTINUE
+    line: int = 0
+
+
+@dataclass
+class Admit:
+    """`spec.policy.admit`: whether the step runs when the run reaches it (`then: {allow: ...}`; no rule held:
+    it runs). A step not admitted is skipped, with the rule's line as the reason."""
+
+    rules: list[tuple[str | None, bool, int]]  # (when, allow, line); when None: the `else` rule
+    mode: str = EXCLUSIVE
 
 
 @dataclass
@@ -31,15 +81,18 @@ class Loop:
     mode: str = SEQUENTIAL  # async: iterations run in parallel on the workers, up to max_in_flight
     max_in_flight: int | None = None  # None: as many as there are workers
     line: int = 0
+    cursor: dict[str, Any] | None = None  # NoETL's pull-model source {kind, auth, claim} instead of a collection
 
 
 @dataclass
 class Branch:
-    """`next`: go to `steps` when `when` renders true (None: always)."""
+    """`next`: go to `steps` when `when` renders true (None: always); `set` (an arc's `set:`, "ctx.x" -> template)
+    is rendered into the run's ctx when the arc is taken."""
 
     steps: list[str]
     when: str | None = None
     line: int = 0
+    set: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -51,6 +104,7 @@ class Next:
     branches: list[Branch] = field(default_factory=list)
     otherwise: list[Branch] = field(default_factory=list)
     mode: str = EXCLUSIVE
+    on_no_match: str = "complete"  # NoETL's `next.spec.on_no_match`: complete | quiet (both end the branch here)
 
     def targets(self) -> list[tuple[str, int]]:
         """Every step it may lead to, with the line that names it."""
@@ -62,7 +116,14 @@ class Step:
     name: str
     line: int
     desc: str = ""
-    tool: str | None = None  # "ducklake", or None for a step that only routes (NoETL's start/end)
+    tool: str | None = None  # the tool's kind (one of KINDS), or None for a step that only routes (NoETL's start/end)
+    config: dict[str, Any] = field(default_factory=dict)  # a non-ducklake tool's own keys as written (templates):
+    # postgres {auth, command|commands}, duckdb {command|commands}, python {code, input|args}, http {method, url,
+    # headers, params, payload|data|json, timeout}, playbook {path, args}, workbook {name, ...}
+    policy: Policy | None = None  # tool.spec.policy
+    admit: Admit | None = None  # spec.policy.admit
+    input: dict[str, Any] = field(default_factory=dict)  # step (or tool) `input:` bindings, rendered before the tool
+    set: dict[str, Any] = field(default_factory=dict)  # step `set:` after it completed: "ctx.x" -> template
     catalog: Catalog = field(default_factory=Catalog)
     commands: list[str] = field(default_factory=list)  # templates; each may hold several statements
     command_lines: list[int] = field(default_factory=list)
@@ -86,6 +147,9 @@ class Playbook:
     workload: dict[str, Any]
     steps: dict[str, Step]  # in file order
     description: str = ""
+    labels: dict[str, Any] = field(default_factory=dict)  # metadata.labels (and metadata.tags as given)
+    keychain: list[dict[str, Any]] = field(default_factory=list)  # top-level keychain entries, as written
+    workbook: dict[str, Step] = field(default_factory=dict)  # top-level workbook tasks by name (`tool: workbook`)
 
     @property
     def start(self) -> str:
