@@ -27,8 +27,24 @@ from jinja2.sandbox import SandboxedEnvironment
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake.sql import quote_ident, quote_literal
 
-# names every template may use besides the workload's keys, the steps' names and the vars
-BUILTINS = {"workload", "vars", "execution_id", "loop", "result", "catalog_info", "event", "status", "playbook"}
+# names every template may use besides the workload's keys, the steps' names and the vars; NoETL's v10 adds `ctx`
+# (the workload, then what `set:` writes), `iter` (a loop iteration's own), `output` (a task's outcome, in its policy
+# rules) and `step` (the current step's result)
+BUILTINS = {
+    "workload",
+    "vars",
+    "execution_id",
+    "loop",
+    "result",
+    "catalog_info",
+    "event",
+    "status",
+    "playbook",
+    "ctx",
+    "iter",
+    "output",
+    "step",
+}
 
 
 def sql_literal(value: Any) -> str:
