@@ -8,12 +8,22 @@ come from `steps-credentials.json` in the state folder (0600, never in the repo)
                       "data_path": "s3://lake/analytics/"}}
 
 The kit's S3 secret applies to every catalog. Passwords are never printed: errors name user, host and database.
+A `catalog_connection` without a password, on the kit's own PostgreSQL server as the kit's user, gets the kit's
+password: `--set catalog_connection=postgresql://USER@HOST:PORT/other_db` keeps the secret out of argv.
+
+A `postgres` step's `auth` names a PostgreSQL database the same way: `kit` is the kit's catalog database, any other
+name an entry of the credentials file, with a `connection` (a DSN) or NoETL's fields (`host`, `port`, `user`,
+`password`, `database`):
+
+    {"pg_local": {"connection": "postgresql://user:password@host:5432/dbname"},
+     "noetl_connection": {"host": "127.0.0.1", "port": 5432, "user": "me", "password": "...", "database": "noetl"}}
 """
 
 from __future__ import annotations
 
 import json
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import psycopg.conninfo
@@ -114,4 +124,48 @@ def resolve(where: str, catalog: Catalog, *, endpoints: Endpoints, home: Path) -
         raise KitError(
             f"{where}: a catalog other than the kit's needs a data_path", "e.g. data_path: s3://lake/analytics/"
         )
-    return Target(name, parse_dsn(connection, where), data_path, create, use)
+    return Target(name, with_kit_password(parse_dsn(connection, where), endpoints), data_path, create, use)
+
+
+def with_kit_password(pg: PgEndpoint, endpoints: Endpoints) -> PgEndpoint:
+    """A DSN without a password on the kit's own server, as the kit's user, gets the kit's password."""
+    kit = endpoints.pg
+    if not pg.password and (pg.host, pg.port, pg.user) == (kit.host, kit.port, kit.user):
+        return replace(pg, password=kit.password)
+    return pg
+
+
+def postgres(where: str, auth: str | None, *, endpoints: Endpoints, home: Path) -> PgEndpoint:
+    """The PostgreSQL database a `postgres` step's `auth` names (rendered); KitError naming `where` when none."""
+    if not auth or auth == KIT_AUTH:
+        return endpoints.pg
+    known = credentials(home)
+    if auth not in known:
+        names = ", ".join(sorted([KIT_AUTH, *known]))
+        raise KitError(
+            f"{where}: no credential named '{auth}' (known: {names})",
+            f"add it to {home / CREDENTIALS_FILE} as {{\"{auth}\": {{\"connection\": \"postgresql://...\"}}}}, "
+            f"or use auth: {KIT_AUTH} for the kit's own PostgreSQL",
+        )
+    entry = known[auth]
+    dsn = entry.get("connection") or entry.get("dsn") or entry.get("catalog_connection")
+    if dsn:
+        return with_kit_password(parse_dsn(str(dsn), where), endpoints)
+    missing = [k for k in ("host", "user") if not entry.get(k)]
+    if missing or not (entry.get("database") or entry.get("dbname")):
+        raise KitError(
+            f"{where}: credential '{auth}' has no connection, nor host, user and database",
+            f"add \"connection\": \"postgresql://user:password@host:5432/dbname\" to it in {home / CREDENTIALS_FILE}",
+        )
+    try:
+        port = int(entry.get("port") or 5432)
+    except (TypeError, ValueError):
+        raise KitError(f"{where}: credential '{auth}' has a port that is not a number", "e.g. 5432") from None
+    pg = PgEndpoint(
+        str(entry["host"]),
+        port,
+        str(entry["user"]),
+        str(entry.get("password") or ""),
+        str(entry.get("database") or entry.get("dbname")),
+    )
+    return with_kit_password(pg, endpoints)

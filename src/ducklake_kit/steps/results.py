@@ -3,13 +3,15 @@ catalog_info}`, one entry per statement (a multi-statement `command` reports eac
 real affected counts, durations and the snapshot each statement made. Loops report every iteration.
 
 In templates a step's result is also reachable as the seed documents it: `result.data.command_2` is
-`result.commands[2]`."""
+`result.commands[2]`; and as NoETL's canonical v10 reads it: `{{ step.data }}` (a SQL step's rows as objects, a
+python step's result, an HTTP body; a loop's, one per iteration) and `{{ step.status }}`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from ducklake_kit.steps.kinds import KindResult
 from ducklake_kit.steps.task import StatementRun, StepTask
 
 OK, ERROR, SKIPPED = "ok", "error", "skipped"
@@ -62,10 +64,23 @@ class Attempt:
     snapshot_id: int | None = None  # the transaction's snapshot (transaction: true)
     rolled_back: bool = False
     note: str | None = None  # how its fate was decided when its worker could not say (found in the lake by its token)
+    data: Any = None  # NoETL's `data`: what later templates read as {{ step.data }}
+    details: dict[str, Any] | None = None  # a kind's own detail (http: its status code and url); None for ducklake
+    tries: list[str] = field(default_factory=list)  # the attempts a policy rule retried, each with why it failed
 
     @classmethod
     def of(cls, task: StepTask) -> Attempt:
         return cls().take(task)
+
+    def take_kind(self, out: KindResult) -> Attempt:
+        """Fill this attempt from a tool kind's result (postgres, duckdb, python, http, noop)."""
+        self.statements, self.worker = out.statements, out.worker
+        self.started_at, self.finished_at, self.seconds = out.started_at, out.finished_at, out.seconds
+        self.data, self.details = out.data, out.details
+        failed = next((i for i, s in enumerate(out.statements) if s.error), None)
+        if out.error:
+            self.failure = Failure(out.error, failed, out.statements[failed].sql if failed is not None else None)
+        return self
 
     def take(self, task: StepTask) -> Attempt:
         """Fill this attempt from what its worker reported (an iteration keeps its index and element)."""
@@ -100,10 +115,15 @@ class Attempt:
         return ERROR if self.failure else OK
 
     def result(self) -> dict[str, Any]:
-        return {
+        out = {
             "command_count": len(self.statements),
             "commands": [command_entry(i, s) for i, s in enumerate(self.statements)],
         }
+        if self.details is not None:
+            out.update(data=self.data, details=self.details)
+        if self.tries:
+            out["retried"] = self.tries
+        return out
 
 
 @dataclass
@@ -141,6 +161,15 @@ class StepRun:
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
     iterations_seconds: float | None = None  # a loop: from its first iteration submitted to its last result read
+    kind: str | None = None  # the tool's kind (None: a step that only routes)
+    policy: list[str] = field(default_factory=list)  # what its policy rules did: "line 12: retry (attempt 2 of 3)"
+
+    @property
+    def data(self) -> Any:
+        """NoETL's `{{ step.data }}`: the attempt's, or a loop's, one per iteration."""
+        if self.iterations is not None:
+            return [it.data for it in self.iterations]
+        return self.attempt.data if self.attempt else None
 
     @property
     def error(self) -> Failure | None:
@@ -184,6 +213,10 @@ class StepRun:
             out.update(worker=self.attempt.worker, snapshot_id=self.attempt.snapshot_id, note=self.attempt.note)
         if self.reason:
             out["reason"] = self.reason
+        if self.kind is not None:
+            out["kind"] = self.kind
+        if self.policy:
+            out["policy"] = self.policy
         return out
 
     def context(self) -> dict[str, Any]:
@@ -195,6 +228,7 @@ class StepRun:
         return {
             "status": self.status,
             "result": result,
+            "data": self.data,
             "catalog_info": self.catalog_info or {},
             "error": error.as_dict() if error else None,
         }

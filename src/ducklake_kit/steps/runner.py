@@ -28,7 +28,7 @@ from typing import Any
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.platforms.kit import Kit
-from ducklake_kit.steps import catalogs, noetl, once, sqltext, templates
+from ducklake_kit.steps import calls, catalogs, kinds, noetl, once, policy, sqltext, templates
 
 # the checks before a run are reached through the runner too (runner.load, runner.parse_overrides ...)
 from ducklake_kit.steps.checks import (  # the checks before a run are reached through the runner too
@@ -37,7 +37,19 @@ from ducklake_kit.steps.checks import (  # the checks before a run are reached t
 )
 from ducklake_kit.steps.checks import load as load  # runner.load, runner.parse_overrides: the CLI's and lessons' calls
 from ducklake_kit.steps.checks import parse_overrides as parse_overrides
-from ducklake_kit.steps.model import ASYNC, EXCLUSIVE, Playbook, Step
+from ducklake_kit.steps.model import (
+    ASYNC,
+    BREAK,
+    CONTINUE,
+    DUCKLAKE,
+    EXCLUSIVE,
+    FAIL,
+    JUMP,
+    WORKBOOK,
+    Playbook,
+    Rule,
+    Step,
+)
 from ducklake_kit.steps.results import ERROR, OK, SKIPPED, Attempt, Failure, Iteration, PlaybookRun, StepRun
 from ducklake_kit.steps.task import StepTask, Target, run_step
 from ducklake_kit.workers.client import WorkerPlane
@@ -83,13 +95,18 @@ class Runner:
         self.aborted: str | None = None
         workload = {**playbook.workload, **(overrides or {})}
         self.vars: dict[str, Any] = {}
+        self.ctx: dict[str, Any] = dict(workload)  # NoETL's ctx: the workload, then what `set:` writes
+        self.jumps: dict[str, str] = {}  # step -> the step a policy rule's `jump` chose
+        self.broken: set[str] = set()  # loop steps a policy rule's `break` ended
         self.context: dict[str, Any] = {
             **workload,
             "workload": workload,
             "vars": self.vars,
+            "ctx": self.ctx,
             "execution_id": self.execution_id,
             "playbook": {"name": playbook.name, "file": playbook.file},
         }
+        self.env = calls.CallEnv(playbook, plane, endpoints, home, self.execution_id)
 
     def _target(self, step: Step, ctx: dict[str, Any]) -> Target:
         c = step.catalog
@@ -136,7 +153,7 @@ class Runner:
             once.kind_of(step.transaction, prepared[1]),
         )
 
-    def _submit(self, step: Step, prepared: tuple, unit: once.Unit, *, with_info: bool, label: str):
+    def _submit(self, step: Step, prepared: tuple, unit: once.Unit, *, with_info: bool, label: str, retry=False):
         target, texts, params, settings = prepared
         decided = unit.kind == once.DECIDED  # one transaction, whose commit carries the unit's token
         message = f"steps {self.playbook.name}: {label} (run {self.execution_id})" if decided else None
@@ -151,7 +168,7 @@ class Runner:
             with_info=with_info,
             commit_token=unit.token if decided else None,
             extra=unit.extra if decided else None,
-            recheck=decided and self.resume is not None,
+            recheck=decided and (self.resume is not None or retry),  # a retry never lands a commit twice
         )
 
     def _outcome(self, future, unit: once.Unit, target: Target) -> StepTask:
@@ -172,13 +189,15 @@ class Runner:
             return self.fates.settle(unit, target, why, res.worker, res.address)
         return res
 
-    def _one(self, step: Step, prepared: tuple, unit: once.Unit, *, with_info: bool, label: str) -> StepTask:
+    def _one(
+        self, step: Step, prepared: tuple, unit: once.Unit, *, with_info: bool, label: str, retry=False
+    ) -> StepTask:
         """A step (or iteration) run on the plane, unless --resume finds it must not run again."""
         if self.resume is not None:
             known = self.fates.before(unit, prepared[0])
             if known is not None:
                 return known
-        future = self._submit(step, prepared, unit, with_info=with_info, label=label)
+        future = self._submit(step, prepared, unit, with_info=with_info, label=label, retry=retry)
         try:
             return self._outcome(future, unit, prepared[0])
         except PlaneLost as exc:
@@ -202,18 +221,27 @@ class Runner:
         return target, texts, {str(k): v for k, v in params.items()}, settings
 
     def run_step(self, step: Step) -> StepRun:
-        run = StepRun(step.name, OK, step.desc)
+        run = StepRun(step.name, OK, step.desc, kind=step.tool)
         start = time.perf_counter()
         self.on_event("step", {"step": step.name, "desc": step.desc, "loop": step.loop is not None})
         try:
+            allowed, line = policy.admitted(step.admit, self.context)
+            if not allowed:
+                run.status, run.reason = SKIPPED, f"not admitted: its admit rule at line {line} said no"
+                return run
+            if step.tool == WORKBOOK:
+                step = calls.workbook_task(step, self.context, self.playbook)
+                run.kind = f"{WORKBOOK}:{step.tool}"
             if step.tool is None:
                 pass  # a step that only routes
+            elif step.tool != DUCKLAKE:
+                self._run_kind(step, run)
             elif step.loop is None:
-                prepared = self._prepare(step, self.context, run.warnings)
-                task = self._one(step, prepared, self._unit(step, prepared), with_info=True, label=f"step {step.name}")
-                run.attempt, run.catalog_info = Attempt.of(task), task.catalog_info
+                self._ducklake_step(step, run)
             else:
                 self._run_loop(step, run)
+        except KitError as exc:  # a template, a credential or a rule that cannot be rendered: the step fails
+            run.failure = Failure(exc.what)
         except _StepFailed as exc:
             run.failure = exc.failure
         except Exception as exc:  # the plane failed under the step: the run stops, saying so
@@ -229,6 +257,148 @@ class Runner:
         run.status = ERROR if run.error else OK
         run.seconds = round(time.perf_counter() - start, 6)
         return run
+
+    def _ducklake_step(self, step: Step, run: StepRun) -> None:
+        prepared = self._prepare(step, self.context, run.warnings)
+        unit = self._unit(step, prepared)
+
+        def attempt(retry: bool) -> Attempt:
+            task = self._one(step, prepared, unit, with_info=True, label=f"step {step.name}", retry=retry)
+            run.catalog_info = task.catalog_info
+            out = Attempt.of(task)
+            out.data = kinds.sql_data(task.statements, len(prepared[1]))
+            return out
+
+        unsafe = once.UNDECIDED_WHY if unit.kind == once.UNDECIDED else None
+        run.attempt = self._policied(step, run, attempt, unsafe)
+
+    # -- other tool kinds and policies -------------------------------------------------------------------------
+    def _kind_attempt(self, step: Step, ctx: dict[str, Any]) -> Attempt:
+        try:
+            return Attempt().take_kind(calls.call(step, ctx, self.env))
+        except KitError as exc:
+            return Attempt(failure=Failure(exc.what))
+
+    def _run_kind(self, step: Step, run: StepRun) -> None:
+        if step.loop is None:
+            run.attempt = self._policied(step, run, lambda _retry: self._kind_attempt(step, self.context), None)
+            return
+        collection = self._collection(step)
+        run.iterations = []
+        started = time.perf_counter()
+        for index, element in enumerate(collection):  # one at a time: see docs/steps.md (loops of other kinds)
+            if step.name in self.broken:
+                run.policy.append(f"iterations {index}-{len(collection) - 1} not run: a `break` rule ended the loop")
+                break
+            scope: dict[str, Any] = {}
+            ctx = {**self._iteration_ctx(step, index, element, len(collection)), "iter": scope}
+            attempt = self._policied(step, run, lambda _retry, c=ctx: self._kind_attempt(step, c), None, ctx)
+            it = Iteration(index=index, element=element)
+            for name in Attempt.__dataclass_fields__:
+                setattr(it, name, getattr(attempt, name))
+            run.iterations.append(it)
+            self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": len(collection)})
+        run.iterations_seconds = round(time.perf_counter() - started, 6)
+
+    def _collection(self, step: Step) -> list[Any]:
+        loop = step.loop
+        assert loop is not None
+        if loop.cursor is not None:
+            raise _StepFailed(Failure("a `cursor:` loop is not run by the kit yet: give the loop `in:` a list"))
+        try:
+            collection = templates.render_value(loop.collection, self.context)
+        except KitError as exc:
+            raise _StepFailed(Failure(f"its loop collection: {exc.what}")) from None
+        if not isinstance(collection, (list, tuple)):
+            raise _StepFailed(
+                Failure(f"its loop collection is {type(collection).__name__} {collection!r}, not a list", None, None)
+            )
+        return list(collection)
+
+    def _iteration_ctx(self, step: Step, index: int, element: Any, length: int) -> dict[str, Any]:
+        loop = step.loop
+        assert loop is not None
+        info = {"element": element, "index": index, "index1": index + 1, "length": length}
+        return {**self.context, loop.iterator: element, "loop": info}
+
+    def _policied(self, step: Step, run: StepRun, attempt, unsafe: str | None, ctx=None) -> Attempt:
+        """One call of the step's tool (`attempt(retry)`), then its policy: retried while a `retry` rule holds and
+        attempts remain (never when `unsafe` says a retry could land a change twice), then the other rules' effects."""
+        ctx = ctx if ctx is not None else self.context
+        tries: list[str] = []
+        n = 1
+        while True:
+            out = attempt(n > 1)
+            if step.policy is None:
+                return out
+            rule_ctx = self._rule_ctx(step, out, ctx)
+            rules = policy.matching(step.policy, rule_ctx)
+            retry = policy.retry_rule(rules)
+            if retry is None:
+                break
+            if n >= policy.attempts_of(retry):
+                run.policy.append(f"line {retry.line}: retry: {n} attempt(s) of {policy.attempts_of(retry)} made")
+                break
+            if unsafe is not None:
+                run.policy.append(f"line {retry.line}: not retried: {unsafe}")
+                break
+            wait = policy.delay_s(retry, n)
+            why = out.failure.line() if out.failure else "its rule held"
+            tries.append(f"attempt {n}: {why}")
+            run.policy.append(f"line {retry.line}: retry {n + 1} of {policy.attempts_of(retry)} in {wait:g}s ({why})")
+            time.sleep(wait)
+            n += 1
+        out.tries = tries
+        self._effects(step, run, out, rules, rule_ctx)
+        return out
+
+    def _iteration_policy(self, step: Step, run: StepRun, it: Iteration, collection: list[Any]) -> None:
+        """A ducklake loop's iteration, done: its policy's effects (its iterations run at once on the workers, so a
+        `retry` is not waited for here: a failed commit is retried on its worker, see `task`)."""
+        if step.policy is None:
+            return
+        scope: dict[str, Any] = {}
+        ctx = {**self._iteration_ctx(step, it.index, it.element, len(collection)), "iter": scope}
+        rule_ctx = self._rule_ctx(step, it, ctx)
+        rules = policy.matching(step.policy, rule_ctx)
+        retry = policy.retry_rule(rules)
+        if retry is not None and it.failure:
+            run.policy.append(f"line {retry.line}: iteration {it.index} not retried: a ducklake loop's are not")
+        self._effects(step, run, it, rules, rule_ctx)
+
+    def _rule_ctx(self, step: Step, out: Attempt, ctx: dict[str, Any]) -> dict[str, Any]:
+        mine = {
+            "status": out.status,
+            "data": out.data,
+            "result": out.result(),
+            "error": out.failure.as_dict() if out.failure else None,
+        }
+        error = out.failure.line() if out.failure else None
+        return {
+            **ctx,
+            step.name: mine,
+            "step": mine,
+            "output": policy.output(out.failure is None, out.data, error, out.details),
+        }
+
+    def _effects(self, step: Step, run: StepRun, out: Attempt, rules: list[Rule], ctx: dict[str, Any]) -> None:
+        """What the held rules say beside a retry: `set`, and `continue` past an error (only a rule whose `when`
+        held says so: an `else` does not hide a failure), `fail`, `jump`, `break`."""
+        scopes = {"ctx": self.ctx, "iter": ctx.get("iter", self.ctx), "step": {}}
+        for rule in rules:
+            if out.failure and rule.when is None:
+                run.policy.append(f"line {rule.line}: `else` rule not applied: the task failed")
+                continue
+            policy.apply_set(rule.set, ctx, scopes)
+            if rule.do == CONTINUE and out.failure:
+                run.policy.append(f"line {rule.line}: continued past its error: {out.failure.line()}")
+                out.failure = None
+            elif rule.do == FAIL:
+                out.failure = out.failure or Failure(f"its policy rule at line {rule.line} said fail")
+            elif rule.do == JUMP and rule.to:
+                self.jumps[step.name] = rule.to
+            elif rule.do == BREAK:
+                self.broken.add(step.name)
 
     # -- loops ---------------------------------------------------------------------------------------------------
     def _run_loop(self, step: Step, run: StepRun) -> None:
@@ -300,6 +470,8 @@ class Runner:
                 future = next(done_iter)
                 it, unit, where = running[future]
                 it.take(self._outcome(future, unit, where))
+                it.data = kinds.sql_data(it.statements, len(step.commands))
+                self._iteration_policy(step, run, it, collection)
                 del running[future]
                 report(it)
                 submit_next()
@@ -323,6 +495,8 @@ class Runner:
 
     # -- routing -------------------------------------------------------------------------------------------------
     def _route(self, step: Step, run: StepRun, ctx: dict[str, Any]) -> list[str]:
+        if step.name in self.jumps:  # a policy rule's `jump` replaces the step's own routes
+            return [self.jumps[step.name]]
         if step.next is None:  # the next step in the file, in a playbook without routes (noetl.routes)
             return [t for t, _ in noetl.routes(self.playbook)[step.name]] if run.status == OK else []
         chosen: list[str] = []
@@ -337,10 +511,13 @@ class Runner:
                 raise _StepFailed(Failure(f"its `next` condition at line {branch.line}: {exc.what}")) from None
         if step.next.mode == EXCLUSIVE:
             held = held[:1]
-        chosen += [s for b in held for s in b.steps]
+        taken = (step.next.always if run.status == OK else []) + held
         if not held and run.status == OK:
-            chosen += [s for b in step.next.otherwise for s in b.steps]
-        return chosen
+            taken += step.next.otherwise
+        scopes = {"ctx": self.ctx, "iter": self.ctx, "step": {}}
+        for branch in taken:  # an arc's `set:` is written when the arc is taken
+            policy.apply_set(branch.set, ctx, scopes)
+        return [s for b in taken for s in b.steps]
 
     def _finish(self, step: Step, run: StepRun) -> list[str]:
         """Publish the step's result and vars to later templates; where the run goes next."""
@@ -358,6 +535,7 @@ class Runner:
                 for name, template in step.vars.items():
                     value = templates.render_value(template, ctx)
                     run.vars[name] = self.vars[name] = self.context[name] = value
+                policy.apply_set(step.set, {**ctx, "step": mine}, {"ctx": self.ctx, "iter": self.ctx, "step": {}})
             return self._route(step, run, ctx)
         except KitError as exc:
             run.failure, run.status = Failure(f"its vars: {exc.what}"), ERROR
