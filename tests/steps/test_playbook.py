@@ -69,9 +69,14 @@ def test_a_good_playbook_maps_to_the_model(tmp_path):
         (GOOD.replace("    command: CREATE", "    comand: CREATE"), 6, "unknown key 'comand'"),
         (GOOD.replace("      mode: async", "      mode: async\n      parallelism: 4"), 13, "unknown key 'parallelism'"),
         (
-            GOOD.replace("    tool: ducklake\n    command: CREATE", "    tool: python\n    command: CREATE"),
+            GOOD.replace("    tool: ducklake\n    command: CREATE", "    tool: snowflake\n    command: CREATE"),
             5,
-            "runs only `tool: ducklake`",
+            "step 'make' uses tool kind 'snowflake', which the kit's step runner does not run",
+        ),
+        (
+            GOOD.replace("    tool: ducklake\n    command: CREATE", "    tool: python\n    command: CREATE"),
+            6,
+            "unknown key 'command' in workflow.0",  # NoETL's flat python step takes code, not command
         ),
         (GOOD.replace("- step: fill", "- step: make"), 7, "step 'make' is defined twice (first at line 4)"),
         (

@@ -4,20 +4,25 @@ into its SQL; and `--set` values."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
+
+import jinja2
+import jinja2.nodes
 
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import LAKE
 from ducklake_kit.steps import noetl, sqltext, templates
-from ducklake_kit.steps.model import Playbook
+from ducklake_kit.steps.model import DUCKLAKE, Playbook, Step
 from ducklake_kit.steps.schema import PlaybookError, load_value
 from ducklake_kit.workers.config import LOCAL_DB
 
 
 def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
     """Every name a template reads exists somewhere: a workload key (or --set), a step, a var, a loop variable or a
-    built-in. PlaybookError at the line of the first that does not (a typo fails before anything runs)."""
+    built-in; and every `ctx.x` read is a workload key, a --set value or set by some `set:` (a step's, a policy
+    rule's or an arc's). PlaybookError at the line of the first that does not (a typo fails before anything runs)."""
     known = (
         set(playbook.workload)
         | set(extra)
@@ -26,52 +31,128 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
         | {v for s in playbook.steps.values() for v in s.vars}
         | set(templates._TEXT.globals)
     )
-    for step in playbook.steps.values():
-        taken = sorted(v for v in step.vars if v in playbook.steps or v in templates.BUILTINS)
-        if taken:
-            what = "a step's name" if taken[0] in playbook.steps else "a name every template has"
-            raise PlaybookError(
-                playbook.file,
-                step.lines.get("vars", step.line),
-                f"step '{step.name}' sets vars.{taken[0]}, but {taken[0]} is {what}",
-                "give the var another name",
-            )
-        mine = known | ({step.loop.iterator} if step.loop else set())
-        checks: list[tuple[Any, int, bool]] = [(c, ln, False) for c, ln in zip(step.commands, step.command_lines)]
-        checks += [
-            (step.params, step.lines.get("params", step.line), False),
-            (step.vars, step.lines.get("vars", step.line), False),
-        ]
-        cat = step.catalog
-        checks += [
-            (v, step.lines.get(k, step.line), False)
-            for k, v in (
-                ("auth", cat.auth),
-                ("catalog_connection", cat.connection),
-                ("catalog_name", cat.name),
-                ("data_path", cat.data_path),
-                ("memory_limit", step.memory_limit),
-            )
-            if v
-        ]
-        if step.loop:
-            checks.append((step.loop.collection, step.loop.line, False))
-        if step.next:
-            checks += [(b.when, b.line, True) for b in step.next.branches]
-        for template, line, is_condition in checks:
+    ctx_known = set(playbook.workload) | set(extra) | ctx_set(playbook)
+    for step in (*playbook.steps.values(), *playbook.workbook.values()):
+        _check_vars(playbook, step)
+        mine = known | ({step.loop.iterator, "loop_index"} if step.loop else set())
+        for template, line, is_condition in templates_of(step):
             try:
                 used = templates.condition_names(template) if is_condition else templates.names_used(template)
+                unset = sorted(ctx_reads(template, is_condition) - ctx_known)
             except templates.TemplateError as exc:
                 raise PlaybookError(playbook.file, line, f"step '{step.name}': {exc.what}") from None
-            unknown = sorted(used - mine)
-            if unknown:
-                raise PlaybookError(
-                    playbook.file,
-                    line,
-                    f"step '{step.name}' uses {{{{ {unknown[0]} }}}}, which is not "
-                    "defined: no workload key, step, var or loop variable has that name",
-                    "define it under `workload:` or with `--set name=value`, or fix the spelling",
-                )
+            _refuse_unknown(playbook.file, step, line, sorted(used - mine), unset)
+
+
+def _check_vars(playbook: Playbook, step: Step) -> None:
+    taken = sorted(v for v in step.vars if v in playbook.steps or v in templates.BUILTINS)
+    if taken:
+        what = "a step's name" if taken[0] in playbook.steps else "a name every template has"
+        raise PlaybookError(
+            playbook.file,
+            step.lines.get("vars", step.line),
+            f"step '{step.name}' sets vars.{taken[0]}, but {taken[0]} is {what}",
+            "give the var another name",
+        )
+
+
+def _refuse_unknown(file: str, step: Step, line: int, unknown: list[str], unset: list[str]) -> None:
+    if unknown:
+        raise PlaybookError(
+            file,
+            line,
+            f"step '{step.name}' uses {{{{ {unknown[0]} }}}}, which is not "
+            "defined: no workload key, step, var or loop variable has that name",
+            "define it under `workload:` or with `--set name=value`, or fix the spelling",
+        )
+    if unset:
+        raise PlaybookError(
+            file,
+            line,
+            f"step '{step.name}' reads {{{{ ctx.{unset[0]} }}}}, but nothing sets ctx.{unset[0]}: no workload key, "
+            "--set value or `set:` has that name",
+            f"set it (`set: {{ctx.{unset[0]}: ...}}` on a step, a policy rule or an arc), or fix the spelling",
+        )
+
+
+# a tool's keys that are not templates: python's code runs as it is (NoETL does not render it), libs are imports;
+# a SQL tool's commands are checked as the step's commands
+_NOT_TEMPLATES = frozenset({"code", "libs", "command", "commands", "query"})
+
+
+def templates_of(step: Step) -> list[tuple[Any, int, bool]]:
+    """Every template of a step, with its line and whether it is a condition (`when`, read as an expression)."""
+    at = step.lines.get
+    out: list[tuple[Any, int, bool]] = list(zip(step.commands, step.command_lines, itertools.repeat(False)))
+    out += [(step.params, at("params", step.line), False), (step.vars, at("vars", step.line), False)]
+    cat = step.catalog
+    named = (("auth", cat.auth), ("catalog_connection", cat.connection), ("catalog_name", cat.name))
+    named += (("data_path", cat.data_path), ("memory_limit", step.memory_limit))
+    out += [(v, at(k, step.line), False) for k, v in named if v]
+    out += [(v, at(k, step.line), False) for k, v in step.config.items() if k not in _NOT_TEMPLATES]
+    out += [(step.input, at("input", step.line), False), (step.set, at("set", step.line), False)]
+    return out + _loop_templates(step) + _rule_templates(step)
+
+
+def _loop_templates(step: Step) -> list[tuple[Any, int, bool]]:
+    if step.loop is None:
+        return []
+    loop = step.loop
+    return [
+        (loop.collection, loop.line, False),
+        (loop.max_in_flight, loop.line, False),
+        (loop.cursor, loop.line, False),
+    ]
+
+
+def _rule_templates(step: Step) -> list[tuple[Any, int, bool]]:
+    """The `when`s (conditions) and `set`s of the step's policy rules, admit rules and arcs."""
+    out: list[tuple[Any, int, bool]] = []
+    for rule in step.policy.rules if step.policy else []:
+        out += [(rule.when, rule.line, True)] if rule.when else []
+        out.append((rule.set, rule.line, False))
+    out += [(when, line, True) for when, _, line in (step.admit.rules if step.admit else []) if when]
+    for branch in (*step.next.always, *step.next.branches, *step.next.otherwise) if step.next else ():
+        out += [(branch.when, branch.line, True)] if branch.when else []
+        out.append((branch.set, branch.line, False))
+    return out
+
+
+def ctx_set(playbook: Playbook) -> set[str]:
+    """The ctx names some `set:` writes (a step's, a policy rule's, an arc's): `ctx.x`, or a bare `x`."""
+    sets: list[dict[str, Any]] = []
+    for step in (*playbook.steps.values(), *playbook.workbook.values()):
+        sets.append(step.set)
+        sets += [r.set for r in (step.policy.rules if step.policy else [])]
+        sets += [b.set for b in (*step.next.always, *step.next.branches, *step.next.otherwise)] if step.next else []
+    keys = {k for s in sets for k in s}
+    return {k.removeprefix("ctx.") for k in keys if k.startswith("ctx.") or "." not in k}
+
+
+def ctx_reads(template: Any, is_condition: bool = False) -> set[str]:
+    """The names a template reads from `ctx` (`ctx.x`, `ctx['x']`); TemplateError when it does not parse."""
+    if isinstance(template, (list, tuple)):
+        return set().union(set(), *(ctx_reads(v) for v in template))
+    if isinstance(template, dict):
+        return set().union(set(), *(ctx_reads(v) for v in template.values()))
+    if not isinstance(template, str) or "ctx" not in template:
+        return set()
+    text = template.strip()
+    if is_condition and "{{" not in text and "{%" not in text:
+        text = "{{ " + text + " }}"
+    try:
+        tree = templates._TEXT.parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise templates.TemplateError(f"template syntax error: {exc.message}") from None
+    return {n.attr for n in tree.find_all(jinja2.nodes.Getattr) if _is_ctx(n.node)} | {
+        n.arg.value
+        for n in tree.find_all(jinja2.nodes.Getitem)
+        if _is_ctx(n.node) and isinstance(n.arg, jinja2.nodes.Const) and isinstance(n.arg.value, str)
+    }
+
+
+def _is_ctx(node: jinja2.nodes.Node) -> bool:
+    return isinstance(node, jinja2.nodes.Name) and node.name == "ctx"
 
 
 def declared_catalogs(playbook: Playbook) -> frozenset[str]:
@@ -85,6 +166,8 @@ def check_session(playbook: Playbook) -> None:
     connection for later tasks is an error at its line (sqltext.session_refused)."""
     declared = declared_catalogs(playbook)
     for step in playbook.steps.values():
+        if step.tool != DUCKLAKE:  # a postgres or duckdb tool has a connection of its own, for this call only
+            continue
         for i, (command, line) in enumerate(zip(step.commands, step.command_lines)):
             if "{{" in command or "{%" in command:
                 continue
@@ -95,6 +178,21 @@ def check_session(playbook: Playbook) -> None:
                     line,
                     f"step '{step.name}', command {i}: {why}",
                     "remove the statement, or declare the catalog as docs/step-runner.md (Catalogs) shows",
+                )
+
+
+def check_upserts(playbook: Playbook) -> None:
+    """An upsert into a lake table (`INSERT ... ON CONFLICT`, `INSERT OR REPLACE`) in a ducklake step is an error at
+    its line, with the MERGE INTO that does the same on DuckLake (sqltext.on_conflict_refusal): DuckLake tables have
+    no keys to conflict on, so it could only fail when the step runs."""
+    for step in playbook.steps.values():
+        if step.tool != DUCKLAKE:  # PostgreSQL and a duckdb tool's own database have keys: ON CONFLICT works there
+            continue
+        for i, (command, line) in enumerate(zip(step.commands, step.command_lines)):
+            why = sqltext.on_conflict_refusal(command)
+            if why:
+                raise PlaybookError(
+                    playbook.file, line, f"step '{step.name}', command {i}: {why}", "run the MERGE INTO instead"
                 )
 
 
@@ -135,4 +233,5 @@ def load(file: Path, overrides: dict[str, Any] | None = None) -> Playbook:
     playbook = noetl.load(file)
     check_names(playbook, set(overrides or {}))
     check_session(playbook)
+    check_upserts(playbook)
     return playbook

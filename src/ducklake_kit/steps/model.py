@@ -79,7 +79,7 @@ class Loop:
     collection: Any  # a template that renders to a list, or a list (each item may be a template)
     iterator: str  # the name each element has in the templates (also `loop.element`)
     mode: str = SEQUENTIAL  # async: iterations run in parallel on the workers, up to max_in_flight
-    max_in_flight: int | None = None  # None: as many as there are workers
+    max_in_flight: int | str | None = None  # None: as many as there are workers; a str is a template (NoETL allows it)
     line: int = 0
     cursor: dict[str, Any] | None = None  # NoETL's pull-model source {kind, auth, claim} instead of a collection
 
@@ -136,6 +136,8 @@ class Step:
     transaction: bool = False  # all commands in one transaction: one snapshot or nothing
     on_error: str = "stop"  # or "continue": run the later commands after a failed one
     lines: dict[str, int] = field(default_factory=dict)  # key -> line, for errors
+    output: dict[str, Any] = field(default_factory=dict)  # tool.output as written (NoETL's result storage: not run)
+    label: str | None = None  # the task's `name:` when the tool was written as a list of one labelled task
 
 
 @dataclass
@@ -150,6 +152,7 @@ class Playbook:
     labels: dict[str, Any] = field(default_factory=dict)  # metadata.labels (and metadata.tags as given)
     keychain: list[dict[str, Any]] = field(default_factory=list)  # top-level keychain entries, as written
     workbook: dict[str, Step] = field(default_factory=dict)  # top-level workbook tasks by name (`tool: workbook`)
+    executor: dict[str, Any] = field(default_factory=dict)  # top-level executor as written (NoETL's runtime profile)
 
     @property
     def start(self) -> str:
