@@ -320,3 +320,56 @@ workflow:
     with pytest.raises(PlaybookError, match="step 'x' uses tool kind 'iterator'") as info:
         checks.load(write(tmp_path, "workflow:\n  - step: x\n    type: iterator\n    collection: []\n"))
     assert info.value.line_no == 3 and "a step with `loop: {in, iterator}`" in info.value.line()
+
+
+def test_older_v2_spellings_and_a_step_reached_only_by_a_jump(tmp_path):
+    text = """\
+workload: {ids: [1, 2]}
+workflow:
+  - step: start
+    loop: {in: "{{ ids }}", iterator: i, mode: parallel}
+    tool:
+      kind: duckdb
+      query: SELECT {{ i }}
+      spec:
+        policy:
+          rules:
+            - when: "{{ output.status == 'error' }}"
+              then: {do: jump, to: recover}
+    next:
+      - step: done
+        when: "{{ start.status == 'ok' }}"
+  - step: recover
+    tool: {kind: noop}
+    next: [{step: done}]
+  - step: done
+"""
+    p = checks.load(write(tmp_path, text))
+    start = p.steps["start"]
+    assert (start.loop.mode, start.commands, start.command_lines) == ("async", ["SELECT {{ i }}"], [7])
+    assert [(b.steps, b.when) for b in start.next.branches] == [(["done"], "{{ start.status == 'ok' }}")]
+    assert p.steps["recover"].tool == "noop"  # reached only by the jump: not "no route reaches step 'recover'"
+
+
+def test_past_its_snowflake_steps_http_to_databases_says_only_what_the_kit_would_refuse(monkeypatch):
+    # What a user who deleted the snowflake steps would meet next, the checks pinned one by one: the kit's route check
+    # (NoETL's `cleanup` step is reached by no arc since November 2025) and the upsert into a lake table (with its
+    # MERGE INTO); iterator versions are refused for that kind. Nothing else in any version is unread.
+    monkeypatch.setattr(model, "KINDS", (*model.KINDS, "snowflake"))
+    monkeypatch.setitem(schema.KIND_KEYS, "snowflake", {"auth": {}, "command": {}, "query": {}})
+    monkeypatch.setitem(schema.FLAT_KEYS, "snowflake", schema.KIND_KEYS["snowflake"])
+    said = set()
+    for path in _fixture_names("http_to_databases"):
+        for skip in ((), ("check_routes",), ("check_routes", "check_upserts")):
+            with monkeypatch.context() as m:
+                for name in skip:
+                    m.setattr(noetl if name == "check_routes" else checks, name, lambda p: None)
+                try:
+                    checks.load(path, SET)
+                except PlaybookError as exc:
+                    said.add(exc.what.split(": ", 1)[1][:60])
+    assert said == {
+        "step 'insert_to_postgres' uses tool kind 'iterator', which t",
+        "no route reaches step 'cleanup' from 'start': in a playbook ",
+        "step 'insert_to_ducklake', command 0: INSERT ... ON CONFLICT",  # ... with its MERGE INTO
+    }

@@ -62,8 +62,8 @@ def load(path: Path) -> Playbook:
         workbook=_workbook(doc, lines, file),
         executor=dict(doc.get("executor") or {}),
     )
+    check_references(playbook)  # first: check_routes follows the jumps
     check_routes(playbook)
-    check_references(playbook)
     return playbook
 
 
@@ -294,7 +294,7 @@ def _loop(raw: dict[str, Any], shape: str, path: tuple, lines: Lines, file: str)
         line = schema.line_of(lines, path + ("collection",)) or 0
         mode = ASYNC if raw.get("mode") in ("async", "parallel") else SEQUENTIAL
         return Loop(raw["collection"], raw["element"], mode, raw.get("max_in_flight"), line)
-    spec = raw.get("spec") or {}
+    spec = {"mode": raw.get("mode"), **(raw.get("spec") or {})}  # `loop.mode`: NoETL's v2 until January 2026
     source = "cursor" if "cursor" in raw else "in"
     line = schema.line_of(lines, path + (source,)) or schema.line_of(lines, path) or 0
     if ("in" in raw) == ("cursor" in raw):
@@ -386,7 +386,8 @@ def check_routes(playbook: Playbook) -> None:
                 )
     reached, todo = {playbook.start}, [playbook.start]
     while todo:
-        for target, _ in graph[todo.pop()]:
+        name = todo.pop()
+        for target, _ in graph[name] + _jumps(playbook.steps[name]):
             if target not in reached:
                 reached.add(target)
                 todo.append(target)
@@ -413,6 +414,11 @@ def check_routes(playbook: Playbook) -> None:
             "the steps' `next` routes form a cycle: " + " -> ".join(cycle),
             "a step runs at most once: use a loop for repetition",
         ) from None
+
+
+def _jumps(step: Step) -> list[tuple[str, int]]:
+    """Where a step's policy may jump to (a jump reaches a step, but is not a route: it may go back)."""
+    return [(r.to, r.line) for r in (step.policy.rules if step.policy else []) if r.do == JUMP and r.to]
 
 
 def order(playbook: Playbook) -> list[str]:

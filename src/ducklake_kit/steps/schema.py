@@ -261,6 +261,7 @@ _LOOP_V10 = {
         "in": _TEMPLATE_OR_LIST,
         "cursor": _CURSOR,
         "iterator": {"type": "string", "pattern": IDENT},
+        "mode": {"enum": ["sequential", "parallel", "async"]},  # NoETL's v2 until January 2026, now spec.mode
         "spec": {
             "type": "object",
             "additionalProperties": False,
