@@ -373,3 +373,17 @@ def test_past_its_snowflake_steps_http_to_databases_says_only_what_the_kit_would
         "no route reaches step 'cleanup' from 'start': in a playbook ",
         "step 'insert_to_ducklake', command 0: INSERT ... ON CONFLICT",  # ... with its MERGE INTO
     }
+
+
+def test_validate_on_the_command_line_reads_a_real_playbook_and_refuses_another_in_one_line(cli, tmp_path):
+    env = {"DUCKLAKE_HOME": str(tmp_path / "home")}  # validate asks no service
+    ducklake = HERE / "e2e_ducklake_test.yaml"
+    good = cli(env, "steps", "validate", str(ducklake), "--set", "catalog_connection=postgresql://example/catalog")
+    assert good.exit_code == 0 and "playbook ducklake_test, 10 step(s) from 'start'" in good.output, good.output
+    http = HERE / "e2e_http_to_databases.yaml"
+    bad = cli(env, "steps", "validate", str(http))
+    assert bad.exit_code == 3
+    assert bad.output.strip().splitlines() == [
+        f"Error: {http}:45: step 'create_sf_database' uses tool kind 'snowflake', which the kit's step runner does "
+        "not run. Try: run it with NoETL, or remove the step."
+    ]

@@ -153,7 +153,7 @@ def _step(raw: dict[str, Any], shape: str, path: tuple, lines: Lines, file: str)
 
 def _no_tool(step: Step, raw: dict[str, Any], file: str) -> None:
     """A step without a tool only routes: a tool's key on it is a mistake, said at its line."""
-    stray = sorted(k for k in raw if k in schema._CATALOG or k in ("loop", "set", "input"))
+    stray = sorted(k for k in raw if k in schema._CATALOG or k in ("loop", "input"))  # `set:` may stand alone
     if stray:
         raise PlaybookError(
             file,

@@ -97,59 +97,6 @@ STEP_V1 = {
         },
     },
 }
-STEP_V2 = {
-    "type": "object",
-    "required": ["step"],
-    "additionalProperties": False,
-    "properties": {
-        **_COMMON,
-        "tool": {
-            "type": "object",
-            "required": ["kind"],
-            "additionalProperties": False,
-            "properties": {"kind": {"const": "ducklake"}, **_CATALOG},
-        },
-        "loop": {
-            "type": "object",
-            "required": ["in", "iterator"],
-            "additionalProperties": False,
-            "properties": {
-                "in": _TEMPLATE_OR_LIST,
-                "iterator": {"type": "string", "pattern": IDENT},
-                "spec": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {
-                        "mode": {"enum": ["async", "parallel", "sequential"]},
-                        "max_in_flight": {"type": "integer", "minimum": 1},
-                    },
-                },
-            },
-        },
-        "next": {
-            "type": "object",
-            "required": ["arcs"],
-            "additionalProperties": False,
-            "properties": {
-                "spec": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "properties": {"mode": {"enum": ["exclusive", "inclusive"]}},
-                },
-                "arcs": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "required": ["step"],
-                        "additionalProperties": False,
-                        "properties": {"step": {"type": "string", "minLength": 1}, "when": {"type": "string"}},
-                    },
-                },
-            },
-        },
-    },
-}
 # Canonical v10: the kit's strict shapes, checked after NoETL's own schema (which lets any key through).
 _TEXT = {"type": "string"}
 _OBJECT = {"type": "object"}
