@@ -387,3 +387,28 @@ def test_validate_on_the_command_line_reads_a_real_playbook_and_refuses_another_
         f"Error: {http}:45: step 'create_sf_database' uses tool kind 'snowflake', which the kit's step runner does "
         "not run. Try: run it with NoETL, or remove the step."
     ]
+
+
+WORKBOOK = """\
+workload: {ids: [1, 2]}
+workbook:
+  - name: add
+    tool:
+      kind: ducklake
+      command: INSERT INTO t VALUES ({{ id | sql }})
+workflow:
+  - step: start
+    loop: {in: "{{ ids }}", iterator: id}
+    tool: {kind: workbook, name: add}
+"""
+
+
+def test_a_workbook_task_is_checked_as_the_step_that_runs_it(tmp_path):
+    p = checks.load(write(tmp_path, WORKBOOK))  # {{ id }} is the calling step's loop element
+    assert p.workbook["add"].commands == ["INSERT INTO t VALUES ({{ id | sql }})"]
+    upsert = WORKBOOK.replace("VALUES ({{ id | sql }})", "VALUES ({{ id | sql }}) ON CONFLICT DO NOTHING")
+    with pytest.raises(PlaybookError, match="step 'add', command 0: INSERT ... ON CONFLICT") as info:
+        checks.load(write(tmp_path, upsert))
+    assert info.value.line_no == 6
+    with pytest.raises(PlaybookError, match=r"step 'add' uses \{\{ idd \}\}") as info:
+        checks.load(write(tmp_path, WORKBOOK.replace("{{ id | sql }}", "{{ idd | sql }}")))

@@ -32,9 +32,14 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
         | set(templates._TEXT.globals)
     )
     ctx_known = set(playbook.workload) | set(extra) | ctx_set(playbook)
-    for step in (*playbook.steps.values(), *playbook.workbook.values()):
+    # a workbook task runs as the step that names it, maybe in that step's loop
+    iterators = {s.loop.iterator for s in playbook.steps.values() if s.loop} | {"loop_index"}
+    for step in every_step(playbook):
         _check_vars(playbook, step)
-        mine = known | ({step.loop.iterator, "loop_index"} if step.loop else set())
+        if step.name in playbook.workbook and step is playbook.workbook[step.name]:
+            mine = known | iterators
+        else:
+            mine = known | ({step.loop.iterator, "loop_index"} if step.loop else set())
         for template, line, is_condition in templates_of(step):
             try:
                 used = templates.condition_names(template) if is_condition else templates.names_used(template)
@@ -42,6 +47,11 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
             except templates.TemplateError as exc:
                 raise PlaybookError(playbook.file, line, f"step '{step.name}': {exc.what}") from None
             _refuse_unknown(playbook.file, step, line, sorted(used - mine), unset)
+
+
+def every_step(playbook: Playbook) -> list[Step]:
+    """The workflow's steps, then the workbook's tasks (each runs as a step)."""
+    return [*playbook.steps.values(), *playbook.workbook.values()]
 
 
 def _check_vars(playbook: Playbook, step: Step) -> None:
@@ -121,7 +131,7 @@ def _rule_templates(step: Step) -> list[tuple[Any, int, bool]]:
 def ctx_set(playbook: Playbook) -> set[str]:
     """The ctx names some `set:` writes (a step's, a policy rule's, an arc's): `ctx.x`, or a bare `x`."""
     sets: list[dict[str, Any]] = []
-    for step in (*playbook.steps.values(), *playbook.workbook.values()):
+    for step in every_step(playbook):
         sets.append(step.set)
         sets += [r.set for r in (step.policy.rules if step.policy else [])]
         sets += [b.set for b in (*step.next.always, *step.next.branches, *step.next.otherwise)] if step.next else []
@@ -158,14 +168,14 @@ def _is_ctx(node: jinja2.nodes.Node) -> bool:
 def declared_catalogs(playbook: Playbook) -> frozenset[str]:
     """The databases a step may USE: the catalogs the playbook names (catalog_name, when it is not a template), the
     kit's lake and the worker-local database."""
-    return frozenset({LAKE, LOCAL_DB} | {s.catalog.name for s in playbook.steps.values() if "{" not in s.catalog.name})
+    return frozenset({LAKE, LOCAL_DB} | {s.catalog.name for s in every_step(playbook) if "{" not in s.catalog.name})
 
 
 def check_session(playbook: Playbook) -> None:
     """A command (one without templates: the others are checked when rendered) that would change the worker's
     connection for later tasks is an error at its line (sqltext.session_refused)."""
     declared = declared_catalogs(playbook)
-    for step in playbook.steps.values():
+    for step in every_step(playbook):
         if step.tool != DUCKLAKE:  # a postgres or duckdb tool has a connection of its own, for this call only
             continue
         for i, (command, line) in enumerate(zip(step.commands, step.command_lines)):
@@ -185,7 +195,7 @@ def check_upserts(playbook: Playbook) -> None:
     """An upsert into a lake table (`INSERT ... ON CONFLICT`, `INSERT OR REPLACE`) in a ducklake step is an error at
     its line, with the MERGE INTO that does the same on DuckLake (sqltext.on_conflict_refusal): DuckLake tables have
     no keys to conflict on, so it could only fail when the step runs."""
-    for step in playbook.steps.values():
+    for step in every_step(playbook):
         if step.tool != DUCKLAKE:  # PostgreSQL and a duckdb tool's own database have keys: ON CONFLICT works there
             continue
         for i, (command, line) in enumerate(zip(step.commands, step.command_lines)):
@@ -200,7 +210,7 @@ def paste_warnings(playbook: Playbook) -> list[str]:
     """A warning per value a command pastes into its SQL as it is: `steps run` refuses one that would change the
     statement, but a quoted literal (`| sql`) or a parameter is what keeps every value a value."""
     out = []
-    for step in playbook.steps.values():
+    for step in every_step(playbook):
         for i, (template, line) in enumerate(zip(step.commands, step.command_lines)):
             for expression, offset in templates.pasted(template):
                 out.append(
