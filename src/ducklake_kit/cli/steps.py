@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -40,17 +41,25 @@ ResumeOpt = Annotated[
         "again either (the lake cannot say).",
     ),
 ]
+DropOpt = Annotated[
+    bool,
+    typer.Option(
+        "--drop-constraints",
+        help="Remove PRIMARY KEY and UNIQUE from the ducklake steps' CREATE TABLEs (DuckLake cannot enforce them; "
+        "without this they are refused), with a warning per table. The key columns stay NOT NULL.",
+    ),
+]
 ROWS_SHOWN = 10
 
 
 @steps_app.command("validate")
 @command
-def validate_cmd(file: FileArg, set_: SetOpt = None, as_json: JsonOpt = False) -> None:
+def validate_cmd(file: FileArg, set_: SetOpt = None, drop: DropOpt = False, as_json: JsonOpt = False) -> None:
     """Check a playbook without running it: JSON Schema (unknown keys are errors), routes, templates' names; warns about values pasted into SQL as they are. Exit 3 with the line of the first problem."""
     from ducklake_kit.steps import runner
 
     playbook = runner.load(file, runner.parse_overrides(set_ or []))
-    warnings = runner.paste_warnings(playbook)
+    warnings = (runner.without_constraints(playbook) if drop else []) + runner.paste_warnings(playbook)
     steps = [
         {
             "step": s.name,
@@ -86,7 +95,12 @@ def validate_cmd(file: FileArg, set_: SetOpt = None, as_json: JsonOpt = False) -
 @steps_app.command("run")
 @command
 def run_cmd(
-    ctx: typer.Context, file: FileArg, set_: SetOpt = None, resume: ResumeOpt = None, as_json: JsonOpt = False
+    ctx: typer.Context,
+    file: FileArg,
+    set_: SetOpt = None,
+    resume: ResumeOpt = None,
+    drop: DropOpt = False,
+    as_json: JsonOpt = False,
 ) -> None:
     """Run a playbook on the worker plane. Exit 1 if a step failed (its command index, SQL and DuckDB's error are shown) or the plane was lost."""
     from ducklake_kit.steps import runner
@@ -94,8 +108,11 @@ def run_cmd(
     c: Kit = ctx.obj
     overrides = runner.parse_overrides(set_ or [])
     playbook = runner.load(file, overrides)  # bad input is one line before any service is asked
+    dropped = runner.without_constraints(playbook) if drop else []
     report = reporter(as_json)
     say = report.say
+    for warning in dropped:
+        say(escape(f"warning: {warning}"))
     loop: list = []  # the bar of the loop under way: iterations, in a terminal
 
     def end_loop() -> None:
@@ -133,6 +150,7 @@ def run_cmd(
         out = runner.run_file(playbook, c, overrides=overrides, on_event=on_event, resume=resume)
     finally:
         end_loop()
+    out.warnings[:0] = dropped
     if as_json:
         print_json("ok" if out.ok else "error", out.as_dict(), out.catalog_info)
     else:
@@ -191,6 +209,11 @@ def _print_step(out, step: StepRun) -> None:
         for it in its:  # how an iteration's fate was decided when its worker could not say
             if it.note:
                 out.print(f"  iteration {it.index}: {it.note}", markup=False)
+    elif step.attempt is not None and not step.attempt.statements:  # python, http, noop: their data, not rows
+        a = step.attempt
+        out.print(f"{title} ({step.kind}) on {a.worker}: {a.seconds * 1000:.1f} ms", markup=False)
+        if a.data is not None:
+            out.print(f"  data: {_one_line(json.dumps(a.data, default=str), 100)}", markup=False)
     elif step.attempt is not None:
         a = step.attempt
         rows = [
@@ -225,6 +248,8 @@ def _print_step(out, step: StepRun) -> None:
         out.print(f"  error: {error.line()}" + (f"\n  sql: {_one_line(error.sql)}" if error.sql else ""), markup=False)
     for name, value in step.vars.items():
         out.print(f"  vars.{name} = {value!r}", markup=False)
+    for note in step.policy:
+        out.print(f"  policy: {note}", markup=False)
 
 
 def _one_line(sql: str | None, limit: int = 70) -> str:

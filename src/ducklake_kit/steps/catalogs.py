@@ -120,11 +120,28 @@ def resolve(where: str, catalog: Catalog, *, endpoints: Endpoints, home: Path) -
             raise KitError(
                 f"{where}: credential '{auth}' has no catalog_connection", f"add it in {home / CREDENTIALS_FILE}"
             )
+    pg = with_kit_password(parse_dsn(connection, where), endpoints)
+    if (pg.host, pg.port, pg.dbname) == (endpoints.pg.host, endpoints.pg.port, endpoints.pg.dbname):
+        return _kit_catalog_again(where, name, data_path, create, use, endpoints)
     if not data_path:
         raise KitError(
             f"{where}: a catalog other than the kit's needs a data_path", "e.g. data_path: s3://lake/analytics/"
         )
-    return Target(name, with_kit_password(parse_dsn(connection, where), endpoints), data_path, create, use)
+    return Target(name, pg, data_path, create, use)
+
+
+def _kit_catalog_again(where: str, name: str, data_path: str | None, create: bool, use: bool, endpoints) -> Target:
+    """A DSN naming the kit's own catalog database is the kit's catalog (under the step's alias): its data stays
+    where the kit keeps it. NoETL's own playbooks name `ducklake_catalog`, the kit's database's name too."""
+    kit = endpoints.data_path
+    if data_path is not None and data_path.rstrip("/") != kit.rstrip("/"):
+        raise KitError(
+            f"{where}: the catalog connection names the kit's own catalog database ({endpoints.pg.dbname}), whose "
+            f"data is at {kit}, not {data_path}",
+            f"use another database for this catalog (the kit creates it), e.g. .../{endpoints.pg.dbname}_noetl, or "
+            f"set data_path to {kit}",
+        )
+    return Target(name, None, kit, create, use)
 
 
 def with_kit_password(pg: PgEndpoint, endpoints: Endpoints) -> PgEndpoint:

@@ -244,6 +244,7 @@ class PlaybookRun:
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
     vars: dict[str, Any] = field(default_factory=dict)
+    ctx: dict[str, Any] = field(default_factory=dict)  # what the playbook's `set:` wrote into NoETL's ctx
     resumed: bool = False  # --resume: the same execution id, what its earlier run committed not run again
     aborted: str | None = None  # why the run stopped before every step was decided (the worker plane was lost)
 
@@ -277,5 +278,6 @@ class PlaybookRun:
             "summary": self.summary(),
             "steps": [s.as_dict() for s in self.steps],
             "vars": self.vars,
+            "ctx": self.ctx,
             "warnings": self.warnings,
         }

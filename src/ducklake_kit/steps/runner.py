@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.platforms import postgres
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.steps import calls, catalogs, kinds, noetl, once, policy, sqltext, templates
@@ -98,6 +99,7 @@ class Runner:
         self.ctx: dict[str, Any] = dict(workload)  # NoETL's ctx: the workload, then what `set:` writes
         self.jumps: dict[str, str] = {}  # step -> the step a policy rule's `jump` chose
         self.broken: set[str] = set()  # loop steps a policy rule's `break` ended
+        self.databases: set = set()  # the other catalogs' PostgreSQL databases known to exist in this run
         self.context: dict[str, Any] = {
             **workload,
             "workload": workload,
@@ -121,7 +123,12 @@ class Runner:
             name=text(c.name) or "lake",
             data_path=text(c.data_path),
         )
-        return catalogs.resolve(f"step '{step.name}'", rendered, endpoints=self.endpoints, home=self.home)
+        target = catalogs.resolve(f"step '{step.name}'", rendered, endpoints=self.endpoints, home=self.home)
+        if target.pg is not None and target.create and target.pg not in self.databases:
+            # DuckLake creates a catalog's tables, not its database: create that too, once per run, as `up` does
+            postgres.ensure_database(target.pg)
+            self.databases.add(target.pg)
+        return target
 
     def _commands(self, step: Step, target: Target, ctx: dict[str, Any], warnings: list[str]) -> list[str]:
         texts = []
@@ -139,6 +146,7 @@ class Runner:
                     warnings.append(warning)
             why = sqltext.unsupported_constraint(text)
             if why:
+                why += " (or run the playbook with `steps run --drop-constraints`, which removes them with a warning)"
                 raise _StepFailed(Failure(why, None, text.strip()))
             texts.append(text)
         return texts
@@ -586,9 +594,25 @@ class Runner:
             self.on_event("done", {"step": name, "run": run})
         out.aborted = self.aborted
         out.vars = dict(self.vars)
+        # what `set:` wrote into ctx (not the workload's own values: a --set DSN may hold a password)
+        workload = self.context["workload"]
+        out.ctx = {k: v for k, v in self.ctx.items() if k not in workload or workload[k] is not v}
         out.warnings = paste_warnings(self.playbook) + [w for s in out.steps for w in s.warnings]
         out.seconds = round(time.perf_counter() - start, 6)
         return out
+
+
+def without_constraints(playbook: Playbook) -> list[str]:
+    """`steps run --drop-constraints`: every ducklake step's PRIMARY KEY and UNIQUE constraints removed from its
+    commands (DuckLake cannot enforce them), in place; one warning per table, naming the step."""
+    warnings = []
+    for step in playbook.steps.values():
+        if step.tool != DUCKLAKE:
+            continue
+        for i, command in enumerate(step.commands):
+            step.commands[i], dropped = sqltext.drop_constraints(command)
+            warnings += [f"step '{step.name}': {w}" for w in dropped]
+    return warnings
 
 
 def run(
