@@ -171,11 +171,12 @@ def plan_of(
 @pytest.mark.parametrize(
     "query, reason",
     [
-        ("SELECT a FROM t UNION ALL SELECT a FROM u", "SET_OPERATION"),
-        ("WITH c AS (SELECT a FROM t) SELECT a FROM c", "WITH_CLAUSE"),
+        ("SELECT a FROM t INTERSECT SELECT a FROM u", "SET_OPERATION"),
+        ("SELECT a FROM t UNION ALL SELECT a FROM u UNION SELECT a FROM v", "SET_OPERATION"),
+        ("WITH c AS (SELECT a FROM t) SELECT a FROM c", "WITH_CLAUSE"),  # without the sources' columns
         ("SELECT a FROM t WHERE a IN (SELECT a FROM u)", "SUBQUERY"),
         ("SELECT a, row_number() OVER (ORDER BY a) AS r FROM t", "WINDOW_FUNCTION"),
-        ("SELECT DISTINCT a FROM t", "DISTINCT"),
+        ("SELECT DISTINCT ON (a) a, b FROM t ORDER BY a, b", "DISTINCT"),
         ("SELECT a FROM t LIMIT 5", "LIMIT"),
         ("SELECT t.a FROM t LEFT JOIN u ON t.a = u.a", "OUTER_JOIN"),
         ("SELECT t.a FROM t ANTI JOIN u ON t.a = u.a", "OUTER_JOIN"),
@@ -288,3 +289,51 @@ def test_pinned_reads_every_table_at_the_snapshot_but_not_ctes():
     assert "lake.s.t AS t AT (VERSION => 7)" in out and "lake.main.u AS x AT (VERSION => 7)" in out
     assert "FROM c JOIN" in out
     assert planner.all_sources(q, "lake") == ["main.u", "s.t"]
+
+
+SCHEMA = {"main.t": {"a": "INTEGER", "b": "INTEGER"}, "s.u": {"a": "INTEGER", "c": "VARCHAR"}}
+
+
+@pytest.mark.parametrize(
+    "query, kind, how",
+    [
+        ("SELECT a, b FROM t UNION ALL SELECT a, 1 FROM s.u", planner.UNION, "UNION ALL of 2 branches (rows, rows)"),
+        ("SELECT a FROM t UNION SELECT a FROM s.u", planner.UNION, "UNION of 2 branches (rows, rows)"),
+        ("SELECT DISTINCT a, b FROM t", planner.UNION, "SELECT DISTINCT of 1 branch (rows)"),
+        (
+            "SELECT a, sum(b) AS s FROM t GROUP BY a UNION ALL SELECT a, count(*) FROM s.u GROUP BY a",
+            planner.UNION,
+            "UNION ALL of 2 branches (aggregate, aggregate)",
+        ),
+        (
+            "WITH c AS (SELECT a, b * 2 AS d FROM t WHERE b > 0) SELECT a, sum(d) AS s FROM c GROUP BY a",
+            planner.AGGREGATE,
+            "aggregate by a",
+        ),
+        (
+            "WITH c AS (SELECT * FROM t), z AS (SELECT a, c AS w FROM s.u) SELECT c.b, z.w FROM c JOIN z ON c.a = z.a",
+            planner.ROWS,
+            "rows",
+        ),
+    ],
+)
+def test_unions_distinct_and_inlined_ctes_are_incremental(query, kind, how):
+    parsed = sqlglot.parse_one(query, read="duckdb")
+    names = [
+        s.alias_or_name for s in (parsed.selects if isinstance(parsed, sqlglot.exp.Select) else parsed.this.selects)
+    ]
+    p = planner.analyze(parsed, names, "lake", schema=SCHEMA)
+    assert p.kind == kind and how in p.explain(), p.explain()
+
+
+def test_an_inlined_cte_reads_the_sources_columns_not_its_own_names():
+    """c.k is u.a under another name: merged into the reader, `k` must become the source's `a` (qualified), never a
+    bare `k` that could bind to another table's column of that name."""
+    p = planner.analyze(
+        sqlglot.parse_one("WITH c AS (SELECT a AS k FROM s.u) SELECT k, t.b FROM c JOIN t ON c.k = t.a", read="duckdb"),
+        ["k", "b"],
+        "lake",
+        schema=SCHEMA,
+    )
+    assert p.kind == planner.ROWS
+    assert p.query.sql("duckdb") == "SELECT u.a AS k, t.b AS b FROM s.u AS u JOIN main.t AS t ON u.a = t.a"

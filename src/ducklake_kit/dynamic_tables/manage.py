@@ -34,6 +34,7 @@ from ducklake_kit.dynamic_tables.refresh import (
     parse_query,
     reflected,
     snapshot_time,
+    source_schema,
     sql,
     target,
 )
@@ -120,8 +121,7 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
             "give each column its own alias",
         )
     types = {r[0]: r[1] for r in described}
-    source_columns = {c.lower() for s in planner.all_sources(stmt.select, lake.alias) for c, _ in columns_of(lake, s)}
-    plan = planner.analyze(stmt.select, columns, lake.alias, types=types, source_columns=source_columns)
+    plan = planner.analyze(stmt.select, columns, lake.alias, types=types, schema=source_schema(lake, stmt.select))
     if stmt.refresh_mode == "INCREMENTAL" and not plan.incremental:
         raise KitError(
             f"dynamic table {name} cannot be refreshed incrementally: {plan.explain()}",

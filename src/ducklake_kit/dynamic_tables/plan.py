@@ -9,7 +9,17 @@ Shapes (`Plan.kind`):
   of the new rows alone, without reading the base tables' old rows.
 - `rows`: projections and filters over inner joins, no aggregate. Inserts are appended; otherwise the affected
   output rows (compared whole, null-safely) are deleted and read again.
+- `union`: a UNION ALL or UNION of branches, each a `rows` or `aggregate` shape, or one SELECT DISTINCT. Each
+  branch is maintained from its own sources' changes (a branch whose sources did not change adds no term). Inserts
+  into branches without aggregates are appended (UNION ALL) or added when not there yet (UNION, DISTINCT);
+  otherwise the affected result rows (compared whole: a rows branch's changed rows, an aggregate branch's rows of
+  its affected groups, before and after) are deleted and read again from the whole query, so every copy of such a
+  row is counted afresh across all branches: one duplicate deleted keeps the row, the last one removes it.
 - `full`: anything else, with a named reason (`REASONS`); AUTO refreshes it in full, INCREMENTAL refuses it.
+
+A WITH clause is inlined first (`inline_ctes`): each CTE becomes the derived table it names, and those that are
+plain projections and filters merge into their reader (sqlglot's `merge_subqueries`, after `qualify` with the
+sources' columns), so the query is planned as the query it means.
 
 A query's tables are its *occurrences*: each `FROM`/`JOIN` table, in order. The rows a change adds to a join of
 T1..Tn are the sum over i of T1..T(i-1) at the old snapshot, the change of Ti, and T(i+1)..Tn at the new one
@@ -30,11 +40,12 @@ from ducklake_kit.dynamic_tables.ddl import (
     DdlError,
 )
 
-AGGREGATE, ROWS, FULL = "aggregate", "rows", "full"
+AGGREGATE, ROWS, UNION, FULL = "aggregate", "rows", "union", "full"
 # why a query is refreshed in full (Databricks-style codes, shown by `dynamic show`)
 REASONS = {
-    "SET_OPERATION": "UNION / INTERSECT / EXCEPT",
-    "WITH_CLAUSE": "a WITH clause (common table expression)",
+    "SET_OPERATION": "INTERSECT / EXCEPT, UNION BY NAME, or UNION mixed with UNION ALL",
+    "WITH_CLAUSE": "a WITH clause that cannot be inlined (recursive, or a CTE with an aggregate, DISTINCT, LIMIT or "
+    "window that another query reads)",
     "SUBQUERY": "a subquery",
     "WINDOW_FUNCTION": "a window function",
     "DISTINCT": "SELECT DISTINCT",
@@ -86,6 +97,9 @@ class Plan:
     merge: list[MergeColumn] | None = None  # AGGREGATE: when inserts can be merged, how each other column is
     merge_reason: str | None = None  # why inserts cannot be merged (AGGREGATE)
     read: list[str] = field(default_factory=list)  # every lake table the query reads, subqueries and CTEs included
+    query: exp.Expression | None = None  # the query as planned (CTEs inlined); ROWS/AGGREGATE branches: the SELECT
+    branches: list[Plan] = field(default_factory=list)  # UNION: each branch's plan (ROWS or AGGREGATE)
+    distinct: bool = False  # UNION: the result has no duplicates (UNION, SELECT DISTINCT); ROWS branch: DISTINCT
 
     @property
     def sources(self) -> list[str]:
@@ -100,6 +114,15 @@ class Plan:
             return f"{self.reason}: {REASONS[self.reason]}"
         if self.kind == ROWS:
             return "rows: inserts appended, other changes replace the affected rows"
+        if self.kind == UNION:
+            shape = "SELECT DISTINCT" if len(self.branches) == 1 else f"UNION{'' if self.distinct else ' ALL'}"
+            kinds = ", ".join(b.kind for b in self.branches)
+            added = "added when new" if self.distinct else "appended"
+            return (
+                f"union: {shape} of {len(self.branches)} branch{'es' if len(self.branches) > 1 else ''} ({kinds}), "
+                f"each from its own sources' changes; inserts into rows branches {added}, other changes replace "
+                "the affected rows"
+            )
         how = (
             "inserts merged into their groups (" + ", ".join(f"{m.column}: {m.function}" for m in self.merge) + ")"
             if self.merge is not None
@@ -256,26 +279,162 @@ def analyze(
     *,
     types: dict[str, str] | None = None,
     source_columns: set[str] | None = None,
+    schema: dict[str, dict[str, str]] | None = None,
 ) -> Plan:
     """The plan of `query` (parsed by sqlglot), whose result has the columns `names` (as DuckDB names them) of
-    `types` (column -> DuckDB type), reading tables whose columns are `source_columns` (lower case)."""
+    `types` (column -> DuckDB type), reading tables whose columns are `source_columns` (lower case); `schema`
+    (source `schema.table` -> column -> type) is what a WITH clause is inlined with (without it, FULL)."""
     read = all_sources(query, lake_alias)
+    if source_columns is None and schema is not None:
+        source_columns = {c.lower() for cols in schema.values() for c in cols}
     try:
-        select = _check_shape(query)
-        occ = occurrences(select, lake_alias)
-        if not select.args.get("group"):
-            if any(_is_aggregate(s) for s in select.selects) or select.args.get("having"):
-                raise _Full("GLOBAL_AGGREGATE")
-            return Plan(ROWS, occurrences=occ, columns=names, read=read)
-        if any(isinstance(s, exp.Star) or isinstance(s.unalias(), exp.Star) for s in select.selects) or len(
-            select.selects
-        ) != len(names):
-            raise _Full("STAR_WITH_AGGREGATE")
-        keys = _group_keys(select, names, source_columns)
-        merge, why = _merge_columns(select, names, keys, types)
-        return Plan(AGGREGATE, occurrences=occ, columns=names, keys=keys, merge=merge, merge_reason=why, read=read)
+        query = inline_ctes(query, lake_alias, schema)
+        branches, distinct = _union_branches(query)
+        if branches is not None:
+            plans = [_branch(b, names, lake_alias, types, source_columns) for b in branches]
+            occ = [o for b in plans for o in b.occurrences]
+            return Plan(
+                UNION, occurrences=occ, columns=names, read=read, query=query, branches=plans, distinct=distinct
+            )
+        out = _select_plan(_check_shape(query), names, lake_alias, types, source_columns)
+        out.read = read
+        return out
     except _Full as full:
         return Plan(FULL, full.reason, [], names, read=read)
+
+
+def _select_plan(
+    select: exp.Select, names: list[str], lake_alias: str, types: dict | None, source_columns: set[str] | None
+) -> Plan:
+    occ = occurrences(select, lake_alias)
+    if not select.args.get("group"):
+        if any(_is_aggregate(s) for s in select.selects) or select.args.get("having"):
+            raise _Full("GLOBAL_AGGREGATE")
+        return Plan(ROWS, occurrences=occ, columns=names, query=select)
+    if any(isinstance(s, exp.Star) or isinstance(s.unalias(), exp.Star) for s in select.selects) or len(
+        select.selects
+    ) != len(names):
+        raise _Full("STAR_WITH_AGGREGATE")
+    keys = _group_keys(select, names, source_columns)
+    merge, why = _merge_columns(select, names, keys, types)
+    return Plan(AGGREGATE, occurrences=occ, columns=names, keys=keys, merge=merge, merge_reason=why, query=select)
+
+
+def _union_branches(query: exp.Expression) -> tuple[list[exp.Select] | None, bool]:
+    """The branches of a UNION [ALL] (flattened, left to right) and whether the result is distinct; a SELECT
+    DISTINCT is one branch. (None, False) for any other query."""
+    if isinstance(query, exp.Select):
+        if query.args.get("distinct") is None:
+            return None, False
+        if query.args["distinct"].args.get("on") is not None:  # DISTINCT ON: one row per key, which one is chosen
+            raise _Full("DISTINCT")
+        return [query], True
+    if not isinstance(query, exp.SetOperation):
+        return None, False
+    if query.args.get("limit") or query.args.get("offset"):
+        raise _Full("LIMIT")
+    if query.args.get("with_") or query.args.get("with"):
+        raise _Full("WITH_CLAUSE")
+    kinds: set[bool] = set()
+    out: list[exp.Select] = []
+
+    def walk(node: exp.Expression, top: bool = False) -> None:
+        while isinstance(node, exp.Subquery) and not node.alias:
+            node = node.this
+        if isinstance(node, exp.SetOperation):
+            if not isinstance(node, exp.Union) or node.args.get("by_name") or node.args.get("side"):
+                raise _Full("SET_OPERATION")
+            if node.args.get("limit") or node.args.get("offset"):
+                raise _Full("LIMIT")
+            if node.args.get("order") and not top:  # a branch's own ORDER BY (with a LIMIT, refused above)
+                raise _Full("SUBQUERY")
+            kinds.add(bool(node.args.get("distinct")))
+            walk(node.this)
+            walk(node.expression)
+        elif isinstance(node, exp.Select):
+            out.append(node)
+        else:
+            raise _Full("SUBQUERY")
+
+    walk(query, top=True)
+    if len(kinds) > 1:
+        raise _Full("SET_OPERATION")
+    return out, kinds.pop()
+
+
+def _branch(
+    select: exp.Select, names: list[str], lake_alias: str, types: dict | None, source_columns: set[str] | None
+) -> Plan:
+    """One branch of a union (its DISTINCT, if any, kept in its query and noted)."""
+    bare = select.copy()
+    distinct = bare.args.get("distinct")
+    if distinct is not None and distinct.args.get("on") is not None:
+        raise _Full("DISTINCT")
+    bare.set("distinct", None)
+    if len(select.selects) != len(names) and not any(isinstance(s.unalias(), exp.Star) for s in select.selects):
+        raise _Full("SET_OPERATION")
+    plan = _select_plan(_check_shape(bare), names, lake_alias, types, source_columns)
+    plan.query, plan.distinct = select, distinct is not None
+    return plan
+
+
+def inline_ctes(query: exp.Expression, lake_alias: str, schema: dict[str, dict[str, str]] | None) -> exp.Expression:
+    """The query with its WITH clause inlined: every read of a CTE becomes the derived table it names, and derived
+    tables that only project and filter merge into their reader. Without `schema` (the sources' columns) an
+    unqualified column could not be told apart from another table's, so a WITH clause then stays (FULL)."""
+    with_ = query.args.get("with_") or query.args.get("with")
+    if with_ is None:
+        return query
+    if with_.args.get("recursive") or schema is None:
+        raise _Full("WITH_CLAUSE")
+    from sqlglot.optimizer.merge_subqueries import merge_subqueries
+    from sqlglot.optimizer.qualify import qualify
+
+    bodies: dict[str, exp.Expression] = {}
+
+    def inline(node: exp.Expression) -> exp.Expression:
+        def swap(n: exp.Expression) -> exp.Expression:
+            if isinstance(n, exp.Table) and not n.db and not n.catalog and n.name.lower() in bodies:
+                return exp.Subquery(
+                    this=bodies[n.name.lower()].copy(), alias=exp.TableAlias(this=exp.to_identifier(n.alias_or_name))
+                )
+            if isinstance(n, exp.Table) and isinstance(n.this, exp.Identifier):  # a lake table: schema.table
+                canonical = exp.to_table(source_name(n, lake_alias))
+                canonical.set("alias", exp.TableAlias(this=exp.to_identifier(n.alias_or_name)))
+                return canonical
+            return n
+
+        return node.transform(swap)
+
+    for cte in with_.expressions:
+        if cte.args.get("materialized") is not None or cte.args.get("alias").columns:
+            raise _Full("WITH_CLAUSE")  # WITH c(x, y) AS ...: columns renamed by position
+        bodies[cte.alias_or_name.lower()] = inline(cte.this.copy())
+    out = query.copy()
+    out.set("with_" if "with_" in out.args else "with", None)
+    out = inline(out)
+    if any(isinstance(n, exp.CTE) for n in out.walk()):
+        raise _Full("WITH_CLAUSE")  # a WITH nested in a subquery
+    nested: dict = {}
+    for name, cols in schema.items():  # qualify needs the names only; the types stay DuckDB's business
+        db, table = name.lower().split(".")
+        nested.setdefault(db, {})[table] = {c.lower(): "UNKNOWN" for c in cols}
+    try:
+        out = qualify(
+            out,
+            dialect=DIALECT,
+            schema=nested,
+            validate_qualify_columns=False,
+            quote_identifiers=False,
+            identify=False,
+        )
+        out = merge_subqueries(out)
+    except Exception as exc:  # sqlglot could not resolve it: planned as written, in full
+        raise _Full("WITH_CLAUSE") from exc
+    selects = [out] if isinstance(out, exp.Select) else list(out.find_all(exp.Select))
+    if any(isinstance(t, exp.Subquery) for sel in selects for t in _from_tables(sel)):
+        raise _Full("WITH_CLAUSE")
+    return out
 
 
 def all_sources(query: exp.Expression, lake_alias: str) -> list[str]:

@@ -119,10 +119,16 @@ def columns_of(lake: Lake, name: str) -> list[tuple[str, str]]:
 
 def analyze(lake: Lake, query: exp.Expression, name: str, columns: list[str]) -> planner.Plan:
     """The plan of a dynamic table's query, with the types of its result (as table `name` has them, when it
-    exists) and its sources' column names (a GROUP BY name that is a column means the column)."""
-    types = dict(columns_of(lake, name))
-    source_columns = {c.lower() for s in planner.all_sources(query, lake.alias) for c, _ in columns_of(lake, s)}
-    return planner.analyze(query, columns, lake.alias, types=types, source_columns=source_columns)
+    exists) and its sources' columns (a GROUP BY name that is a column means the column; a WITH clause is inlined
+    with them)."""
+    return planner.analyze(
+        query, columns, lake.alias, types=dict(columns_of(lake, name)), schema=source_schema(lake, query)
+    )
+
+
+def source_schema(lake: Lake, query: exp.Expression) -> dict[str, dict[str, str]]:
+    """Each lake table the query reads (`schema.table`) -> its columns and their DuckDB types, as they are now."""
+    return {s: dict(columns_of(lake, s)) for s in planner.all_sources(query, lake.alias)}
 
 
 def table_id_at(lake: Lake, source: str, snapshot: int) -> int | None:
@@ -153,6 +159,39 @@ def reflected(lake: Lake, d: Definition, commits: list[tuple[int, dict]] | None 
 def snapshot_time(lake: Lake, snapshot: int) -> datetime:
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
     return lake.scalar(f"SELECT snapshot_time FROM {meta}.ducklake_snapshot WHERE snapshot_id = ?", [snapshot])
+
+
+def _positional(query: exp.Expression, names: list[str], alias: str = "__b") -> exp.Select:
+    """The query's rows under the table's column names, by position (a union's branches name theirs as they like)."""
+    columns = [exp.to_identifier(n, quoted=True) for n in names]
+    return exp.select("*").from_(
+        exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier(alias), columns=columns))
+    )
+
+
+@dataclass
+class Delta:
+    """The sources' net changes one refresh reads: per source the temporary tables of the rows it lost (`pre`) and
+    gained (`post`) and how many of each, between snapshots `prev` and `now`."""
+
+    pre: dict[str, str]
+    post: dict[str, str]
+    counts: dict[str, tuple[int, int]]
+    prev: int
+    now: int
+
+    def terms(self, branch: planner.Plan, lake_alias: str, gained: bool, at: int | None = None) -> list[exp.Select]:
+        """The branch's query once per occurrence of a changed source, that occurrence read from the lost
+        (`gained` False) or gained rows; the other occurrences at `at`, or by the delta rule (earlier ones at
+        `prev`, later ones at `now`) when `at` is None."""
+        images = self.post if gained else self.pre
+        out = []
+        for o in branch.occurrences:
+            if self.counts[o.source][1 if gained else 0]:
+                bound = {o.index: planner.temp_table(images[o.source], o.ref)}
+                before, after = (at, at) if at is not None else (self.prev, self.now)
+                out.append(planner.term(branch.query, lake_alias, bound, before, after))
+        return out
 
 
 @dataclass
@@ -273,7 +312,7 @@ class Refresher:
                 return None
             why = "REFRESH_MODE = FULL" if d.refresh_mode == FULL else plan.explain()
             return self._full(query, now, why)
-        select = query
+        select = named(plan.query, d.columns) if plan.query is not None else query  # CTEs inlined
         pre: dict[str, str] = {}
         post: dict[str, str] = {}
         counts: dict[str, tuple[int, int]] = {}
@@ -293,6 +332,8 @@ class Refresher:
             return self._full(query, now, f"CHANGE_FEED_UNREADABLE: {first_line(exc)}")
         if not any(a or b for a, b in counts.values()):
             return None
+        if plan.kind == planner.UNION:
+            return self._union(d, query, plan, Delta(pre, post, counts, prev, now), temps)
         insert_only = not any(a for a, _ in counts.values())
 
         def terms(images: dict[str, str], before: int, after: int) -> list[exp.Select]:
@@ -339,6 +380,52 @@ class Refresher:
             ("insert", new),
         ]
         return Work(INCREMENTAL, f"{affected} affected {what} recomputed"), statements
+
+    def _union(
+        self, d: Definition, query: exp.Expression, plan: planner.Plan, delta: Delta, temps: list[str]
+    ) -> tuple[Work, list]:
+        """A UNION [ALL] (or SELECT DISTINCT), branch by branch: only branches whose sources changed give terms.
+        Inserts into rows branches are appended (or, for a distinct result, added where not there yet); otherwise
+        the affected rows, compared whole, are deleted and read again from the whole query, so every copy of such a
+        row is counted afresh over all branches."""
+        alias, names, tgt = self.lake.alias, plan.columns, target(self.lake, d.name)
+        changed = [b for b in plan.branches if any(any(delta.counts[o.source]) for o in b.occurrences)]
+        of = f"{len(changed)} of {len(plan.branches)} branch{'es' if len(plan.branches) > 1 else ''} changed"
+        insert_only = not any(a for a, _ in delta.counts.values())
+        if insert_only and all(b.kind == planner.ROWS and (plan.distinct or not b.distinct) for b in changed):
+            new = " UNION ALL ".join(sql(_positional(t, names)) for b in changed for t in delta.terms(b, alias, True))
+            if plan.distinct:  # EXCEPT is a set difference: each new row once, and none the table has already
+                new = f"SELECT * FROM ({new}) AS __n EXCEPT SELECT * FROM {tgt}"
+                return Work(INCREMENTAL, f"inserts added where new ({of})"), [("insert", new)]
+            return Work(INCREMENTAL, f"inserts appended ({of})"), [("insert", new)]
+        parts: list[exp.Select] = []
+        for j, b in enumerate(changed):
+            before = delta.terms(b, alias, False, at=delta.prev) + delta.terms(b, alias, True, at=delta.now)
+            if b.kind == planner.ROWS:  # its rows that went and came, as they were and are
+                parts += [_positional(t, names) for t in before]
+                continue
+            keys_table = f"__dt_keys_b{j}"  # its affected groups' rows, as they were and are
+            temps.append(keys_table)
+            self._temp(keys_table, " UNION ".join(sql(planner.key_select(t, b.keys)) for t in before))
+            for snapshot in (delta.prev, delta.now):
+                grouped = planner.restricted(planner.pinned(b.query, alias, snapshot), b.keys, keys_table)
+                parts.append(_positional(grouped, names))
+        renamed = ", ".join(f"{quote_ident(c)} AS {planner.key_column(i)}" for i, c in enumerate(names))
+        union = " UNION ".join(sql(p) for p in parts)
+        affected = self._temp("__dt_keys", f"SELECT DISTINCT {renamed} FROM ({union}) AS __a")
+        temps.append("__dt_keys")
+        size = int(self.con.execute(f"SELECT count(*) FROM {tgt}").fetchone()[0])
+        if d.refresh_mode != INCREMENTAL and affected > self.full_share * max(size, 1) and size > 0:
+            return self._full(
+                query,
+                delta.now,
+                f"AFFECTED_KEYS_SHARE: {affected} affected distinct rows of {size} rows (> {self.full_share:.0%})",
+            )
+        keys = [planner.Key(c, exp.column(c, "__q", quoted=True)) for c in names]
+        whole = _positional(planner.pinned(plan.query, alias, delta.now), names, "__q").args["from_"].this
+        new = sql(planner.restricted(exp.select("*").from_(whole), keys, "__dt_keys"))
+        statements = [("delete_keys", ("__dt_keys", [(c, planner.key_column(i)) for i, c in enumerate(names)]))]
+        return Work(INCREMENTAL, f"{affected} affected distinct rows recomputed ({of})"), [*statements, ("insert", new)]
 
     def _merge(self, d: Definition, plan: planner.Plan, terms: list[exp.Select], temps: list[str]) -> tuple[Work, list]:
         """Insert-only changes to a SUM/COUNT/MIN/MAX aggregate: each touched group's new value from its old row
