@@ -38,8 +38,10 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
         _check_vars(playbook, step)
         if step.name in playbook.workbook and step is playbook.workbook[step.name]:
             mine = known | iterators
-        else:
-            mine = known | ({step.loop.iterator, "loop_index"} if step.loop else set())
+        elif step.loop:
+            mine = known | {step.loop.iterator, "loop_index"}
+        else:  # `iter` is a loop iteration's own scope: read in a step without a loop, it is a mistake
+            mine = known - {"iter"}
         for template, line, is_condition in templates_of(step):
             try:
                 used = templates.condition_names(template) if is_condition else templates.names_used(template)
@@ -67,6 +69,13 @@ def _check_vars(playbook: Playbook, step: Step) -> None:
 
 
 def _refuse_unknown(file: str, step: Step, line: int, unknown: list[str], unset: list[str]) -> None:
+    if unknown == ["iter"]:
+        raise PlaybookError(
+            file,
+            line,
+            f"step '{step.name}' reads {{{{ iter }}}}, but it has no loop: `iter` is a loop iteration's own",
+            "give the step a `loop:`, or read `ctx` or a step's result instead",
+        )
     if unknown:
         raise PlaybookError(
             file,
