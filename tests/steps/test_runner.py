@@ -333,13 +333,13 @@ def test_another_catalog_by_dsn_is_attached_once_per_worker_and_its_password_nev
             tool: ducklake
             catalog_connection: "{{ dsn }}"
             catalog_name: other
-            data_path: s3://lake/steps-other/
+            data_path: s3://raw/steps-other/
             command: CREATE OR REPLACE TABLE things (id INTEGER NOT NULL)
           - step: fill
             tool: ducklake
             catalog_connection: "{{ dsn }}"
             catalog_name: other
-            data_path: s3://lake/steps-other/
+            data_path: s3://raw/steps-other/
             loop: {collection: "{{ ids }}", element: id, mode: async}
             params: {id: "{{ id }}"}
             command: INSERT INTO things VALUES ($id)
@@ -347,7 +347,7 @@ def test_another_catalog_by_dsn_is_attached_once_per_worker_and_its_password_nev
             tool: ducklake
             catalog_connection: "{{ dsn }}"
             catalog_name: other
-            data_path: s3://lake/steps-other/
+            data_path: s3://raw/steps-other/
             memory_limit: 1GB
             command: SELECT count(*) AS n, current_setting('memory_limit') AS mem FROM things
         """
@@ -425,7 +425,7 @@ def test_an_alias_moves_to_another_catalog_on_a_worker(books):
         if not con.execute("SELECT 1 FROM pg_database WHERE datname = 'steps_switch'").fetchone():
             con.execute("CREATE DATABASE steps_switch")
     kit = Target("switch", None, books.ep.data_path)
-    other = Target("switch", dataclasses.replace(pg, dbname="steps_switch"), "s3://lake/steps-switch/")
+    other = Target("switch", dataclasses.replace(pg, dbname="steps_switch"), "s3://raw/steps-switch/")
 
     def on_w1(target, sql):
         return books.plane.result(books.plane.submit_call(run_step, target, [sql], {}, worker="w1", with_info=False))

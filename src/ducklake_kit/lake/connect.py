@@ -61,6 +61,8 @@ def describe(state: State, ep: Endpoints) -> dict[str, Any]:
     return {
         "psql": f"PGPASSFILE={shlex.quote(str(files['pgpass']))} {shlex.quote(_psql())} {shlex.quote(conninfo)}",
         "psql_queries": CATALOG_QUERIES,
+        # for a playbook's catalog_connection: no password (the kit fills in its own, on its own server)
+        "catalog_dsn": f"postgresql://{pg.user}@{pg.host}:{pg.port}/{pg.dbname}",
         "duckdb_cli": f"{shlex.quote(_duckdb_cli())} -init {shlex.quote(str(files['init_sql']))}",
         "duckdb_init_sql": str(files["init_sql"]),
         "dbeaver": {

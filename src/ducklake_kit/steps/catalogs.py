@@ -2,10 +2,11 @@
 the client into a `task.Target` the worker attaches.
 
 `auth: kit` (the default when a step names neither) is the kit's own catalog and lake. Other credential names
-come from `steps-credentials.json` in the state folder (0600, never in the repo):
+come from `steps-credentials.json` in the state folder (0600, never in the repo); a name may also stand for another,
+as `{"noetl_connection": "kit"}` gives NoETL's name to the kit's own:
 
     {"analytics_pg": {"catalog_connection": "postgresql://user:password@host:5432/dbname",
-                      "data_path": "s3://lake/analytics/"}}
+                      "data_path": "s3://raw/analytics/"}}
 
 The kit's S3 secret applies to every catalog. Passwords are never printed: errors name user, host and database.
 A `catalog_connection` without a password, on the kit's own PostgreSQL server as the kit's user, gets the kit's
@@ -51,11 +52,30 @@ def credentials(home: Path) -> dict[str, dict[str, str]]:
         raise KitError(
             f"{path} is not valid JSON ({exc})", 'fix the file: {"name": {"catalog_connection": ...}}'
         ) from None
-    if not isinstance(data, dict) or not all(isinstance(v, dict) for v in data.values()):
+    if not isinstance(data, dict) or not all(isinstance(v, (dict, str)) for v in data.values()):
         raise KitError(
-            f'{path} must map each credential name to {{"catalog_connection": ..., "data_path": ...}}', "fix the file"
+            f'{path} must map each credential name to {{"catalog_connection": ..., "data_path": ...}} (or to the '
+            'name of another, e.g. "kit")',
+            "fix the file",
         )
+    aliases = {k: v for k, v in data.items() if isinstance(v, str)}
+    for name, target in aliases.items():  # a name for another credential, e.g. NoETL's names for the kit's own
+        if target != KIT_AUTH and not isinstance(data.get(target), dict):
+            raise KitError(
+                f"{path}: credential '{name}' names '{target}', which is neither `kit` nor a credential of the file",
+                "point it at kit or at an entry with a connection",
+            )
     return data
+
+
+def _is_kit(known: dict, auth: str | None) -> bool:
+    """`auth` names the kit's own catalog: `kit` itself, or a name the credentials file gives it."""
+    return auth is None or auth == KIT_AUTH or known.get(auth) == KIT_AUTH
+
+
+def _entry(known: dict, auth: str) -> dict:
+    value = known[auth]
+    return known[value] if isinstance(value, str) else value
 
 
 def parse_dsn(dsn: str, where: str) -> PgEndpoint:
@@ -93,7 +113,8 @@ def resolve(where: str, catalog: Catalog, *, endpoints: Endpoints, home: Path) -
         )
     if name in RESERVED:
         raise KitError(f"{where}: catalog_name '{name}' is taken on the workers", "choose another name, e.g. analytics")
-    if connection is None and (auth is None or auth == KIT_AUTH):
+    known = credentials(home) if connection is None and auth not in (None, KIT_AUTH) else {}
+    if connection is None and _is_kit(known, auth):
         if data_path is not None and data_path.rstrip("/") != endpoints.data_path.rstrip("/"):
             raise KitError(
                 f"{where}: the kit's catalog keeps its data at {endpoints.data_path}, not {data_path}",
@@ -106,14 +127,13 @@ def resolve(where: str, catalog: Catalog, *, endpoints: Endpoints, home: Path) -
             "give this catalog another catalog_name",
         )
     if connection is None:
-        known = credentials(home)
         if auth not in known:
             names = ", ".join(sorted([KIT_AUTH, *known]))
             raise KitError(
                 f"{where}: no credential named '{auth}' (known: {names})",
                 f"add it to {home / CREDENTIALS_FILE}, or use auth: {KIT_AUTH} for the kit's own catalog",
             )
-        entry = known[auth]
+        entry = _entry(known, auth)
         connection = entry.get("catalog_connection")
         data_path = data_path or entry.get("data_path")
         if not connection:
@@ -125,7 +145,15 @@ def resolve(where: str, catalog: Catalog, *, endpoints: Endpoints, home: Path) -
         return _kit_catalog_again(where, name, data_path, create, use, endpoints)
     if not data_path:
         raise KitError(
-            f"{where}: a catalog other than the kit's needs a data_path", "e.g. data_path: s3://lake/analytics/"
+            f"{where}: a catalog other than the kit's needs a data_path", "e.g. data_path: s3://raw/analytics/"
+        )
+    kit = endpoints.data_path.rstrip("/") + "/"
+    if (data_path.rstrip("/") + "/").startswith(kit):
+        # DuckLake's orphan cleanup (`maintain`) deletes every file under the kit's data path its catalog does not know
+        raise KitError(
+            f"{where}: data_path {data_path} is inside the kit's lake ({kit}), where `maintain` deletes the files the "
+            "kit's catalog does not know: this catalog's files would be lost",
+            "give it a path outside the lake, e.g. s3://raw/" + name + "/ or a bucket of its own",
         )
     return Target(name, pg, data_path, create, use)
 
@@ -154,17 +182,17 @@ def with_kit_password(pg: PgEndpoint, endpoints: Endpoints) -> PgEndpoint:
 
 def postgres(where: str, auth: str | None, *, endpoints: Endpoints, home: Path) -> PgEndpoint:
     """The PostgreSQL database a `postgres` step's `auth` names (rendered); KitError naming `where` when none."""
-    if not auth or auth == KIT_AUTH:
+    known = credentials(home) if auth not in (None, "", KIT_AUTH) else {}
+    if not auth or _is_kit(known, auth):
         return endpoints.pg
-    known = credentials(home)
     if auth not in known:
         names = ", ".join(sorted([KIT_AUTH, *known]))
         raise KitError(
             f"{where}: no credential named '{auth}' (known: {names})",
-            f"add it to {home / CREDENTIALS_FILE} as {{\"{auth}\": {{\"connection\": \"postgresql://...\"}}}}, "
+            f'add it to {home / CREDENTIALS_FILE} as {{"{auth}": {{"connection": "postgresql://..."}}}}, '
             f"or use auth: {KIT_AUTH} for the kit's own PostgreSQL",
         )
-    entry = known[auth]
+    entry = _entry(known, auth)
     dsn = entry.get("connection") or entry.get("dsn") or entry.get("catalog_connection")
     if dsn:
         return with_kit_password(parse_dsn(str(dsn), where), endpoints)
@@ -172,7 +200,7 @@ def postgres(where: str, auth: str | None, *, endpoints: Endpoints, home: Path) 
     if missing or not (entry.get("database") or entry.get("dbname")):
         raise KitError(
             f"{where}: credential '{auth}' has no connection, nor host, user and database",
-            f"add \"connection\": \"postgresql://user:password@host:5432/dbname\" to it in {home / CREDENTIALS_FILE}",
+            f'add "connection": "postgresql://user:password@host:5432/dbname" to it in {home / CREDENTIALS_FILE}',
         )
     try:
         port = int(entry.get("port") or 5432)

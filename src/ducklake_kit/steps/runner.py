@@ -217,6 +217,13 @@ class Runner:
         """(the catalog, the commands' text, the params, the step's settings), rendered for `ctx`."""
         try:
             target = self._target(step, ctx)
+            if not target.kit and "://" not in (target.data_path or ""):
+                warning = (
+                    f"step '{step.name}': data_path {target.data_path} is a local folder: workers on other machines "
+                    "will not see it (give the catalog an s3:// path to share it)"
+                )
+                if warning not in warnings:
+                    warnings.append(warning)
             texts = self._commands(step, target, ctx, warnings)
             params = templates.render_value(step.params, ctx)
             settings: dict[str, Any] = {}
