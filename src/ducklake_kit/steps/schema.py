@@ -578,7 +578,19 @@ def refuse_kinds(doc: dict[str, Any], lines: Lines, file: str) -> None:
             raise _unrun(file, where, f"workbook task '{task.get('name')}'", kind)
 
 
+def noetl_kinds() -> list[str]:
+    """The tool kinds NoETL's schema names (ToolSpec.kind)."""
+    return noetl_def("ToolSpec")["$defs"]["ToolSpec"]["properties"]["kind"]["enum"]
+
+
 def _unrun(file: str, line: int | None, who: str, kind: str, what: str = "tool kind", alt: str = "") -> PlaybookError:
+    if what == "tool kind" and kind not in noetl_kinds() and kind != "iterator":  # a typo, most likely
+        return PlaybookError(
+            file,
+            line,
+            f"{who} uses tool kind '{kind}', which neither NoETL nor the kit knows",
+            f"use one of the kinds the kit runs: {', '.join(model.KINDS)}",
+        )
     if kind == "iterator":  # NoETL's older loop step: the kit's (and NoETL's canonical) loop is a key of the step
         fix = "write it as a step with `loop: {in, iterator}` and the task's tool, or run it with NoETL"
     else:
