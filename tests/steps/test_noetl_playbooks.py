@@ -259,6 +259,12 @@ def test_a_cursor_loop_maps_with_its_claim(tmp_path):
         ("then: {allow: true}", "then: {allow: true}\n            - when: x\n", 50, "a rule without `then:`"),
         ("  - step: fan\n    spec:", "  - step: fan\n    bogus: 1\n    spec:", 44, "unknown key 'bogus' in workflow.1"),
         ("keychain:", "keychian:", 10, "unknown key 'keychian'"),
+        (
+            "  - step: call\n    tool:",
+            "  - step: call\n    when: '{{ ctx.rows }}'\n    tool:",
+            65,
+            "(NoETL's canonical v10 admits a step",
+        ),
         ("kind: python", "kind: pyhton", 57, "step 'fan' uses tool kind 'pyhton', which neither NoETL nor the kit"),
         ("      ctx.seen: 0", "      ctx.seen: '{{ iter.id }}'", 21, "reads {{ iter }}, but it has no loop"),
         ("profile: distributed", "profile: everywhere", 15, "(NoETL's playbook schema)"),

@@ -613,6 +613,13 @@ def _refuse_task_list(step: dict[str, Any], path: tuple, lines: Lines, file: str
 
 
 NOETL = "NoETL's playbook schema"
+# keys NoETL's canonical v10 retired, and what replaced them (noetl/core/dsl/engine/parser/validation.py)
+RETIRED = {
+    "when": "NoETL's canonical v10 admits a step with `spec.policy.admit.rules`",
+    "case": "NoETL's canonical v10 splits `case` into spec.policy.admit, tool.spec.policy.rules and next.arcs[].when",
+    "eval": "NoETL's canonical v10 handles a task's output with `tool.spec.policy.rules`",
+    "expr": "NoETL's canonical v10 writes a guard as `when`",
+}
 
 
 def _check(instance: Any, schema: dict[str, Any], base: tuple, lines: Lines, file: str, origin: str = "") -> None:
@@ -628,10 +635,11 @@ def _check(instance: Any, schema: dict[str, Any], base: tuple, lines: Lines, fil
         unknown = sorted(str(k) for k in error.instance if k not in allowed)
         key = unknown[0] if unknown else ""
         line = line_of(lines, path + (key,))
+        hint = f" ({RETIRED[key]})" if key in RETIRED else ""
         raise PlaybookError(
             file,
             line,
-            f"unknown key '{key}' in {where}",
+            f"unknown key '{key}' in {where}{hint}",
             f"use one of: {', '.join(sorted(allowed))} (or check its indentation)",
         )
     said = f" ({origin})" if origin else ""
