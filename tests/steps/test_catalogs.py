@@ -89,3 +89,15 @@ def test_another_catalogs_files_inside_the_kits_lake_are_refused(tmp_path, insid
         _resolve(tmp_path, connection="postgresql://u:p@db.example/x", data_path=inside, name="analytics")
     outside = _resolve(tmp_path, connection="postgresql://u:p@db.example/x", data_path="s3://lakehouse/a/", name="a")
     assert outside.data_path == "s3://lakehouse/a/"  # a bucket whose name merely starts with the lake's is another
+
+
+def test_a_catalog_connection_may_be_a_credentials_name(tmp_path):
+    _file(
+        tmp_path, {"analytics_pg": {"catalog_connection": "postgresql://u:p@db.example/a", "data_path": "s3://raw/a/"}}
+    )
+    kit = _resolve(tmp_path, connection="kit", name="test_catalog", data_path="s3://lake/")
+    assert (kit.kit, kit.alias) == (True, "test_catalog")
+    other = _resolve(tmp_path, connection="analytics_pg", name="a")
+    assert (other.pg.dbname, other.data_path) == ("a", "s3://raw/a/")
+    with pytest.raises(KitError, match="no credential named 'typo'"):
+        _resolve(tmp_path, connection="typo", name="a")

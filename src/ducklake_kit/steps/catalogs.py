@@ -3,7 +3,8 @@ the client into a `task.Target` the worker attaches.
 
 `auth: kit` (the default when a step names neither) is the kit's own catalog and lake. Other credential names
 come from `steps-credentials.json` in the state folder (0600, never in the repo); a name may also stand for another,
-as `{"noetl_connection": "kit"}` gives NoETL's name to the kit's own:
+as `{"noetl_connection": "kit"}` gives NoETL's name to the kit's own. A `catalog_connection` that is a name, not a
+DSN, is such a credential name (`--set catalog_connection=kit`: the kit's own catalog):
 
     {"analytics_pg": {"catalog_connection": "postgresql://user:password@host:5432/dbname",
                       "data_path": "s3://raw/analytics/"}}
@@ -113,6 +114,8 @@ def resolve(where: str, catalog: Catalog, *, endpoints: Endpoints, home: Path) -
         )
     if name in RESERVED:
         raise KitError(f"{where}: catalog_name '{name}' is taken on the workers", "choose another name, e.g. analytics")
+    if connection is not None and "://" not in connection and "=" not in connection:
+        auth, connection = connection, None  # a credential's name where a DSN goes: `--set catalog_connection=kit`
     known = credentials(home) if connection is None and auth not in (None, KIT_AUTH) else {}
     if connection is None and _is_kit(known, auth):
         if data_path is not None and data_path.rstrip("/") != endpoints.data_path.rstrip("/"):

@@ -419,14 +419,7 @@ class Runner:
     def _run_loop(self, step: Step, run: StepRun) -> None:
         loop = step.loop
         assert loop is not None
-        try:
-            collection = templates.render_value(loop.collection, self.context)
-        except KitError as exc:
-            raise _StepFailed(Failure(f"its loop collection: {exc.what}")) from None
-        if not isinstance(collection, (list, tuple)):
-            raise _StepFailed(
-                Failure(f"its loop collection is {type(collection).__name__} {collection!r}, not a list", None, None)
-            )
+        collection = self._collection(step)
         # async: at most `limit` iterations running at once. Dask itself runs one task per worker thread, so a limit of
         # at least the plane's threads is met by submitting every iteration at once (queued at the scheduler, each
         # handed to the next free worker without a round trip through this client); a lower one by a window
