@@ -58,25 +58,25 @@ def test_the_duckdb_engines_take_turns_after_spark():
 
 def test_the_floor_is_cpu_bound_and_the_lone_writers_latency():
     single = bc.SingleWriter(
-        ops_per_worker=100,
+        ops_per_writer=100,
         median_ms=4.0,
         p95_ms=6.0,
         min_ms=3.0,
         client_cpu_ms_per_insert=5.0,
         catalog_cpu_ms_per_insert=1.0,
     )
-    f = bc.floor(single, workers=3, ops=100, cores=2)
+    f = bc.floor(single, writers=3, ops=100, cores=2)
     assert f.cpu_ms_per_insert == 6.0
     assert f.total_s_at_least == 0.9  # 300 inserts x 6 ms of CPU, 3 writers sharing 2 cores
     assert f.median_ms_at_least == 4.0  # an insert alone: other writers cannot make it shorter
     assert f.ops_per_s_at_most == 333.3  # 2 cores / 6 ms
     assert f.mean_ms_at_least == 9.0  # Little's law: 3 writers / 333.3 inserts a second
     # no more writers than cores: each has a core
-    f = bc.floor(single, workers=2, ops=100, cores=2)
+    f = bc.floor(single, writers=2, ops=100, cores=2)
     assert (f.total_s_at_least, f.median_ms_at_least) == (0.6, 4.0)
     # without the catalog server's CPU (k3d, external) the bound counts the client only, and says so
     single.catalog_cpu_ms_per_insert = None
-    f = bc.floor(single, workers=3, ops=100, cores=2)
+    f = bc.floor(single, writers=3, ops=100, cores=2)
     assert f.cpu_ms_per_insert == 5.0 and f.catalog_cpu_counted is False
 
 
@@ -138,21 +138,21 @@ def test_summary_counts_lost_silently_lost_and_duplicate_rows():
         },
         {"worker": 1, "start": 10.1, "end": 11.0, "latencies_s": [(0, 0.020), (1, 0.040), (2, 0.050)], "errors": {}},
     ]
-    s = bc._summary("file", reports, workers=2, ops=3, actual=5, distinct=4)
+    s = bc._summary("file", reports, writers=2, ops=3, actual=5, distinct=4)
     assert (s.expected_rows, s.succeeded, s.errors, s.errors_by_kind) == (6, 5, 1, {"conflicting lock": 1})
     assert (s.rows_lost, s.silently_lost, s.duplicate_rows) == (1, 0, 1)
     assert (s.total_s, s.median_ms, s.max_ms) == (1.0, 30.0, 50.0)
     assert "reruns" not in s.as_dict() and s.as_dict()["rows_lost"] == 1  # the file mode's JSON has no DuckLake fields
     # one success whose row is not there: lost silently, the defect the suite exists to catch
-    s = bc._summary("file", reports, workers=2, ops=3, actual=4, distinct=4)
+    s = bc._summary("file", reports, writers=2, ops=3, actual=4, distinct=4)
     assert (s.rows_lost, s.silently_lost) == (2, 1)
 
 
 def _figures(**values) -> bc.WriterFigures:
     base = {
         "mode": "ducklake",
-        "workers": 3,
-        "ops_per_worker": 100,
+        "writers": 3,
+        "ops_per_writer": 100,
         "total_s": 0.8,
         "ops_per_s": 375.0,
         "median_ms": 6.0,
@@ -339,7 +339,7 @@ def test_concurrency_suite_counts_add_up(stack, tmp_path):
     # the writers ran with the small-writer settings; what an insert costs was measured, alone and together
     assert lake.settings["threads"] == 1 and lake.client_cpu_ms_per_insert > 0
     single = lake.single_writer
-    assert single.ops_per_worker == 20 and 0 < single.min_ms <= single.median_ms <= single.p95_ms
+    assert single.ops_per_writer == 20 and 0 < single.min_ms <= single.median_ms <= single.p95_ms
     assert single.client_cpu_ms_per_insert > 0
     if stack.env["DUCKLAKE_PLATFORM"] == "local":  # the kit's own PostgreSQL: its CPU is counted too
         assert single.catalog_cpu_ms_per_insert > 0 and lake.catalog_cpu_ms_per_insert > 0
@@ -372,9 +372,10 @@ def test_concurrency_suite_counts_add_up(stack, tmp_path):
     doc = json.loads(json_path.read_text())
     assert (
         doc["results"]["ducklake"]["actual_rows"] == 40
-        and doc["results"]["ducklake"]["single_writer"]["ops_per_worker"] == 20
+        and doc["results"]["ducklake"]["single_writer"]["ops_per_writer"] == 20
     )
     assert "reruns" not in doc["results"]["file"] and doc["floor"]["total_s_at_least"] == result.floor.total_s_at_least
+    assert (doc["writers"], doc["ops_per_writer"], doc["results"]["file"]["writers"]) == (2, 20, 2)
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

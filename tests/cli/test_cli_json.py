@@ -138,7 +138,7 @@ def test_bench_concurrency_out_file(stack, cli, tmp_path):
     assert "bench --suite concurrency: 2 writers x 5 inserts" in result.stderr
     doc = json.loads(out.read_text())
     assert envelope["result"]["results"]["ducklake"]["actual_rows"] == doc["results"]["ducklake"]["actual_rows"] == 10
-    assert (doc["suite"], doc["workers"], doc["ops_per_worker"]) == ("concurrency", 2, 5)
+    assert (doc["suite"], doc["writers"], doc["ops_per_writer"]) == ("concurrency", 2, 5)
     lake, file = doc["results"]["ducklake"], doc["results"]["file"]
     assert (lake["expected_rows"], lake["actual_rows"], lake["rows_lost"], lake["errors"]) == (10, 10, 0, 0)
     assert file["rows_lost"] == file["errors"] and file["succeeded"] + file["errors"] == 10

@@ -26,13 +26,13 @@ concurrent part only (process start, imports and ATTACH happen before the barrie
     connections stay open, and PostgreSQL publishes a live connection's counters only every few seconds.
 
 Per mode: total wall time of the concurrent part, inserts/s, median, p95, p99 and max latency of the successful operations,
-errors (by kind), retries, and rows: expected (workers x ops), actual (counted in the table afterwards), lost
+errors (by kind), retries, and rows: expected (writers x ops), actual (counted in the table afterwards), lost
 (expected - actual), and `silently_lost` (rows whose INSERT reported success but are not there: must be 0).
 DuckLake also: the CPU an insert cost the writers (`client_cpu_ms_per_insert`) and the kit's PostgreSQL
 (`catalog_cpu_ms_per_insert`, local platform only).
 
 Before the concurrent run, one writer alone (`single_writer`) measures what an insert costs without contention;
-`floor` turns that into lower bounds for the concurrent run on this machine (workers share `cores` cores), and
+`floor` turns that into lower bounds for the concurrent run on this machine (writers share `cores` cores), and
 `goals.reachable_here` says whether the time goals are reachable here at all, so a goal that is not met is
 reported with the reason measured beside it.
 """
@@ -70,7 +70,7 @@ from ducklake_kit.platforms.state import State
 
 MODES = ("file", "ducklake", "ducklake-optimistic", "workers", "workers-optimistic")
 TABLE = "concurrency"  # lake.bench.concurrency: recreated by every run, before the workers start
-GOALS = {"total_s": 1.0, "median_ms": 5.0, "errors": 0, "rows_lost": 0}  # DuckLake, 3 workers x 100 inserts
+GOALS = {"total_s": 1.0, "median_ms": 5.0, "errors": 0, "rows_lost": 0}  # DuckLake, 3 writers x 100 inserts
 # Under contention (issue 29, set at 16 writers x 1,000 inserts), for every DuckLake mode: no writer starves (p99 and
 # the slowest insert), at least the optimistic mode's throughput measured before the gate (16,000 inserts in 140 s),
 # every row once.
@@ -83,7 +83,7 @@ def commit_gate_of(mode: str) -> str:
 
 
 CALIBRATE_OPS = 100  # one writer alone, before the concurrent run: the CPU an insert costs (see `floor`)
-BARRIER_TIMEOUT_S = 300  # 16 workers each loading DuckDB and its extensions on 2 cores take a while
+BARRIER_TIMEOUT_S = 300  # 16 writers each loading DuckDB and its extensions on 2 cores take a while
 _INSERT = "INSERT INTO {table} VALUES (?, ?, now())"
 
 
@@ -91,7 +91,7 @@ _INSERT = "INSERT INTO {table} VALUES (?, ?, now())"
 class SingleWriter:
     """One writer alone, before the concurrent run: what an insert costs without contention."""
 
-    ops_per_worker: int
+    ops_per_writer: int
     median_ms: float
     p95_ms: float
     min_ms: float
@@ -104,8 +104,8 @@ class WriterFigures:
     """One mode's figures: time, latency, errors, and the rows counted in the table afterwards."""
 
     mode: str
-    workers: int
-    ops_per_worker: int
+    writers: int
+    ops_per_writer: int
     total_s: float
     ops_per_s: float | None
     median_ms: float | None
@@ -154,8 +154,8 @@ _DUCKLAKE_ONLY = [
     if f.name
     not in {
         "mode",
-        "workers",
-        "ops_per_worker",
+        "writers",
+        "ops_per_writer",
         "total_s",
         "ops_per_s",
         "median_ms",
@@ -186,19 +186,19 @@ class Floor:
     total_s_at_least: float
     median_ms_at_least: float
     ops_per_s_at_most: float = 0.0  # cores / CPU per insert
-    mean_ms_at_least: float = 0.0  # Little's law: `workers` writers in a closed loop wait workers / throughput
+    mean_ms_at_least: float = 0.0  # Little's law: N writers in a closed loop wait N / throughput
     # through the commit gate commits go one at a time, each holding it about as long as the fastest lone insert
     gated_ops_per_s_at_most: float = 0.0
     gated_mean_ms_at_least: float = 0.0
     note: str = (
         "lower bounds from one writer measured alone: its CPU per insert (total) and its median latency; "
-        "the mean latency of `workers` writers in a closed loop is workers / throughput (Little's law)"
+        "the mean latency of N writers in a closed loop is N / throughput (Little's law)"
     )
 
 
 @dataclass
 class Goals:
-    """The goals for DuckLake at 3 workers x 100 inserts: which the run met, and which this machine can reach."""
+    """The goals for DuckLake at 3 writers x 100 inserts: which the run met, and which this machine can reach."""
 
     met: dict[str, bool]
     reachable_here: dict[str, bool] | None = None
@@ -206,12 +206,12 @@ class Goals:
     contention_reachable_here: dict[str, bool] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {**GOALS, "applies_to": "ducklake, 3 workers x 100 inserts", "met": self.met}
+        out: dict[str, Any] = {**GOALS, "applies_to": "ducklake, 3 writers x 100 inserts", "met": self.met}
         if self.reachable_here is not None:
             out["reachable_here"] = self.reachable_here
         out["contention"] = {
             **CONTENTION_GOALS,
-            "applies_to": "every DuckLake mode, set at 16 workers x 1,000 inserts",
+            "applies_to": "every DuckLake mode, set at 16 writers x 1,000 inserts",
             "met": self.contention_met,
         }
         if self.contention_reachable_here is not None:
@@ -221,8 +221,8 @@ class Goals:
 
 @dataclass
 class ConcurrencyRun:
-    workers: int
-    ops_per_worker: int
+    writers: int
+    ops_per_writer: int
     machine: Machine
     results: dict[str, WriterFigures] = field(default_factory=dict)
     floor: Floor | None = None
@@ -252,8 +252,8 @@ class ConcurrencyRun:
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "suite": "concurrency",
-            "workers": self.workers,
-            "ops_per_worker": self.ops_per_worker,
+            "writers": self.writers,
+            "ops_per_writer": self.ops_per_writer,
             **self.machine.as_dict(),
             "results": {m: r.as_dict() for m, r in self.results.items()},
         }
@@ -263,6 +263,8 @@ class ConcurrencyRun:
             out["goals"] = self.goals.as_dict()
         if self.vs_floor:
             out["total_vs_floor"] = self.vs_floor
+        # the old names, still read by the bench line `all` prints (cli/data.py): drop them once it reads `writers`
+        out["workers"], out["ops_per_worker"] = self.writers, self.ops_per_writer
         return out
 
 
@@ -299,7 +301,7 @@ def _timed_inserts(insert: Callable[[int], int], ops: int) -> dict[str, Any]:
     }
 
 
-def _worker(mode: str, target: Any, worker: int, ops: int, barrier, queue, options: dict[str, Any]) -> None:
+def _writer(mode: str, target: Any, worker: int, ops: int, barrier, queue, options: dict[str, Any]) -> None:
     """One process: set up, wait at the barrier, do `ops` INSERTs, send back its timings and errors."""
     report: dict[str, Any] = {"worker": worker, "latencies_s": [], "errors": {}, "setup_error": None}
     lake = None
@@ -348,39 +350,39 @@ def _worker(mode: str, target: Any, worker: int, ops: int, barrier, queue, optio
     queue.put(report)
 
 
-def _run_workers(
+def _run_writers(
     mode: str,
     target: Any,
-    workers: int,
+    writers: int,
     ops: int,
     options: dict[str, Any] | None = None,
     on_release: Callable[[], None] = lambda: None,
 ) -> list[dict[str, Any]]:
-    """Start the workers, release them together once all are ready, collect one report from each.
+    """Start the writers, release them together once all are ready, collect one report from each.
     `on_release` runs just before the release (e.g. to read the catalog server's CPU counter)."""
     ctx = multiprocessing.get_context("spawn")  # no fork of a process holding DuckDB or JVM threads
-    barrier = ctx.Barrier(workers + 1)
+    barrier = ctx.Barrier(writers + 1)
     queue = ctx.Queue()
     procs = [
-        ctx.Process(target=_worker, args=(mode, target, w, ops, barrier, queue, options or {}), daemon=True)
-        for w in range(workers)
+        ctx.Process(target=_writer, args=(mode, target, w, ops, barrier, queue, options or {}), daemon=True)
+        for w in range(writers)
     ]
     for p in procs:
         p.start()
     reports: list[dict[str, Any]] = []
     try:
         deadline = time.monotonic() + BARRIER_TIMEOUT_S
-        while barrier.n_waiting < workers:  # a worker that died while starting never arrives: stop waiting
+        while barrier.n_waiting < writers:  # a writer that died while starting never arrives: stop waiting
             if barrier.broken or any(p.exitcode is not None for p in procs) or time.monotonic() > deadline:
                 barrier.abort()
                 break
             time.sleep(0.02)
         on_release()
         try:
-            barrier.wait(BARRIER_TIMEOUT_S)  # every worker is ready: they start together
+            barrier.wait(BARRIER_TIMEOUT_S)  # every writer is ready: they start together
         except threading.BrokenBarrierError:
             pass
-        while len(reports) < workers:
+        while len(reports) < writers:
             try:
                 reports.append(queue.get(timeout=1))
             except queue_mod.Empty:
@@ -395,13 +397,13 @@ def _run_workers(
     if failed:
         real = [f for f in failed if "barrier broke" not in f] or failed
         raise KitError(
-            f"a {mode} worker could not start ({real[0].splitlines()[-1][:300]})", "run `status`; see the error above"
+            f"a {mode} writer could not start ({real[0].splitlines()[-1][:300]})", "run `status`; see the error above"
         )
-    if len(reports) < workers:
+    if len(reports) < writers:
         codes = [p.exitcode for p in procs]
         raise KitError(
-            f"{workers - len(reports)} {mode} worker(s) died without a report (exit codes {codes})",
-            "a script that runs the bench needs `if __name__ == '__main__':` (workers are spawned)",
+            f"{writers - len(reports)} {mode} writer(s) died without a report (exit codes {codes})",
+            "a script that runs the bench needs `if __name__ == '__main__':` (writers are spawned)",
         )
     return reports
 
@@ -413,7 +415,7 @@ def _percentile(sorted_values: list[float], p: float) -> float | None:
 
 
 def _summary(
-    mode: str, reports: list[dict[str, Any]], workers: int, ops: int, actual: int, distinct: int
+    mode: str, reports: list[dict[str, Any]], writers: int, ops: int, actual: int, distinct: int
 ) -> WriterFigures:
     lat = sorted(s for r in reports for _, s in r["latencies_s"])
     slowest = sorted(((s, r["worker"], op) for r in reports for op, s in r["latencies_s"]), reverse=True)[:5]
@@ -421,12 +423,12 @@ def _summary(
     for r in reports:
         errors.update(r["errors"])
     total = max(r["end"] for r in reports) - min(r["start"] for r in reports)
-    expected = workers * ops
+    expected = writers * ops
     n_errors = sum(errors.values())
     return WriterFigures(
         mode=mode,
-        workers=workers,
-        ops_per_worker=ops,
+        writers=writers,
+        ops_per_writer=ops,
         total_s=round(total, 3),
         ops_per_s=round(len(lat) / total, 1) if total else None,
         median_ms=round(statistics.median(lat) * 1000, 2) if lat else None,
@@ -441,25 +443,25 @@ def _summary(
         rows_lost=expected - actual,
         silently_lost=expected - n_errors - actual,  # INSERTs that reported success but whose row is missing
         duplicate_rows=actual - distinct,
-        slowest_ops=[{"worker": w, "op": op, "ms": round(s * 1000, 1)} for s, w, op in slowest],
+        slowest_ops=[{"writer": w, "op": op, "ms": round(s * 1000, 1)} for s, w, op in slowest],
     )
 
 
 # -- (a) one DuckDB file -------------------------------------------------------------------------------------
 
 
-def run_file(home: Path, workers: int, ops: int) -> WriterFigures:
+def run_file(home: Path, writers: int, ops: int) -> WriterFigures:
     folder = Path(tempfile.mkdtemp(prefix="bench-concurrency-", dir=home))
     path = str(folder / "seed.duckdb")
     try:
         with duckdb.connect(path) as con:
             con.execute(f"CREATE TABLE {TABLE} (worker INTEGER, op INTEGER, inserted_at TIMESTAMP)")
-        reports = _run_workers("file", path, workers, ops)
+        reports = _run_writers("file", path, writers, ops)
         with duckdb.connect(path) as con:
             actual, distinct = con.execute(f"SELECT count(*), count(DISTINCT (worker, op)) FROM {TABLE}").fetchone()
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    out = _summary("file", reports, workers, ops, int(actual), int(distinct))
+    out = _summary("file", reports, writers, ops, int(actual), int(distinct))
     out.retries = 0  # the seed did not retry; neither does this mode
     out.retries_note = "none: a failed open is not retried (as in the seed)"
     return out
@@ -547,7 +549,7 @@ def _lake_figures(
     mode: str,
     ep: Endpoints,
     reports: list[dict[str, Any]],
-    workers: int,
+    writers: int,
     ops: int,
     before: tuple[int, int],
     after: tuple[int, int],
@@ -558,7 +560,7 @@ def _lake_figures(
     """A DuckLake side's figures: the writers' reports, the rows counted in the table, the catalog's transaction
     counters and CPU (before, after) around the concurrent part."""
     actual, distinct, snapshots = _counted(ep)
-    out = _summary(mode, reports, workers, ops, actual, distinct)
+    out = _summary(mode, reports, writers, ops, actual, distinct)
     out.retries = after[1] - before[1]
     out.retries_note = retries_note
     out.reruns = sum(r.get("reruns", 0) for r in reports)
@@ -596,7 +598,7 @@ class WriterTuning:
 
 def run_ducklake(
     ep: Endpoints,
-    workers: int,
+    writers: int,
     ops: int,
     tuning: WriterTuning = WriterTuning(),
     catalog_cpu: Callable[[], float | None] = lambda: None,
@@ -616,10 +618,10 @@ def run_ducklake(
     )
     before = _catalog_counters(ep)
     cpu: dict[str, float | None] = {}
-    reports = _run_workers(
+    reports = _run_writers(
         mode,
         ep,
-        workers,
+        writers,
         ops,
         {"settings": worker_settings, "catalog_settings": catalog_settings, "commit_gate": gate},
         on_release=lambda: cpu.update(start=catalog_cpu()),
@@ -630,7 +632,7 @@ def run_ducklake(
         mode,
         ep,
         reports,
-        workers,
+        writers,
         ops,
         before,
         after,
@@ -714,7 +716,7 @@ def _wait_ready(wp, ready, futures) -> None:
 
 def run_plane(
     kit: Kit,
-    workers: int,
+    writers: int,
     ops: int,
     inlining: bool = True,
     catalog_cpu: Callable[[], float | None] = lambda: None,
@@ -734,11 +736,11 @@ def run_plane(
 
     out: dict[str, WriterFigures] = {}
     ep = kit.platform.endpoints()
-    with plane_mod.borrowed(kit.state, ep, workers, kit.scheduler) as status, WorkerPlane(status.address, ep) as wp:
-        names = sorted(wp.names(), key=name_order)[:workers]
-        if len(names) < workers:
+    with plane_mod.borrowed(kit.state, ep, writers, kit.scheduler) as status, WorkerPlane(status.address, ep) as wp:
+        names = sorted(wp.names(), key=name_order)[:writers]
+        if len(names) < writers:
             raise KitError(
-                f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {workers}",
+                f"the Dask cluster at {status.address} has {len(names)} workers, the run needs {writers}",
                 f"start more workers there, or run {len(names)} writers",
             )
         for mode in modes:
@@ -780,7 +782,7 @@ def run_plane(
                 mode,
                 ep,
                 results,
-                workers,
+                writers,
                 ops,
                 before,
                 after,
@@ -827,18 +829,18 @@ def single_writer(
     )
 
 
-def floor(single: SingleWriter, workers: int, ops: int, cores: int) -> Floor:
+def floor(single: SingleWriter, writers: int, ops: int, cores: int) -> Floor:
     """What this machine could do at best with these settings, from one writer measured alone: every insert needs
-    `cpu` ms of CPU (DuckDB client + PostgreSQL) and `workers` processes share `cores` cores, so the run needs at
-    least inserts x cpu / min(workers, cores) seconds (retries only add CPU); and an insert is a chain of catalog
+    `cpu` ms of CPU (DuckDB client + PostgreSQL) and `writers` processes share `cores` cores, so the run needs at
+    least inserts x cpu / min(writers, cores) seconds (retries only add CPU); and an insert is a chain of catalog
     round trips that other writers cannot shorten, so the median is not below the lone writer's. Both are lower
     bounds measured on this machine (noise aside), not predictions. Hence too at most cores / cpu inserts a second,
-    and, as each of `workers` writers in a closed loop waits for the others (Little's law: mean latency = writers /
-    throughput), a mean latency of at least workers x cpu / min(workers, cores). Through the commit gate, commits
+    and, as each of the `writers` in a closed loop waits for the others (Little's law: mean latency = writers /
+    throughput), a mean latency of at least writers x cpu / min(writers, cores). Through the commit gate, commits
     go one at a time, each holding it for about the fastest lone insert: at most 1 / min_ms inserts a second."""
     cpu = single.client_cpu_ms_per_insert + (single.catalog_cpu_ms_per_insert or 0.0)
-    total = workers * ops * cpu / 1000 / min(workers, cores)
-    rate = 1000 * min(workers, cores) / cpu if cpu else 0.0
+    total = writers * ops * cpu / 1000 / min(writers, cores)
+    rate = 1000 * min(writers, cores) / cpu if cpu else 0.0
     # the gate is held for the insert's whole statement (lake.Lake.write): at least the fastest lone insert, less
     # the lock's own round trip (a fraction of a millisecond here)
     gated = 1000 / single.min_ms if single.min_ms else 0.0
@@ -848,9 +850,9 @@ def floor(single: SingleWriter, workers: int, ops: int, cores: int) -> Floor:
         round(total, 3),
         round(single.median_ms or 0.0, 2),
         round(rate, 1),
-        round(workers / rate * 1000, 2) if rate else 0.0,
+        round(writers / rate * 1000, 2) if rate else 0.0,
         round(min(rate, gated), 1),
-        round(workers / min(rate, gated) * 1000, 2) if gated and rate else 0.0,
+        round(writers / min(rate, gated) * 1000, 2) if gated and rate else 0.0,
     )
 
 
@@ -983,7 +985,7 @@ def chart_concurrency(result: ConcurrencyRun, path: Path) -> None:
     right.set_yscale("log")
     right.legend()
     fig.suptitle(
-        f"bench --suite concurrency: {result.workers} writers x {result.ops_per_worker} inserts, "
+        f"bench --suite concurrency: {result.writers} writers x {result.ops_per_writer} inserts, "
         f"{result.machine.cores} cores",
         fontsize=10,
     )
