@@ -11,6 +11,7 @@ import pytest
 
 from ducklake_kit.bench import concurrency as bc
 from ducklake_kit.bench import queries as bq
+from ducklake_kit.bench import reports
 from ducklake_kit.bench.results import Outputs
 from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.platforms.report import CallbackReporter
@@ -236,6 +237,13 @@ def test_the_lake_defect_is_a_lost_or_duplicated_row():
         lost.lake_defect()
         == "DuckLake lost 1 and duplicated 0 of 300 rows (0 inserts reported an error, 1 lost silently)"
     )
+    # the report the CLI renders carries the same defect (exit 1) and shows no PASS line
+    report = reports.concurrency_report(lost)
+    assert report.defect == lost.lake_defect() and report.table.title.startswith("bench --suite concurrency: 3 writers")
+    assert (
+        report.passed[-1].startswith("PASS")
+        and reports.concurrency_report(bc.ConcurrencyRun(3, 100, machine, {"ducklake": _figures()})).defect is None
+    )
     twice = bc.ConcurrencyRun(3, 100, machine, {"ducklake": _figures(duplicate_rows=2)})
     assert twice.lake_defect().startswith("DuckLake lost 0 and duplicated 2")
     # the same rule for the worker plane's writers
@@ -296,6 +304,11 @@ def test_queries_suite_end_to_end(stack, tmp_path):
         and doc["queries"][0]["ducklake"]["median_s"] == result.queries[0].engines["ducklake"].median_s
     )
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # what `bench --suite queries` prints: a row per query with its own figures; --json prints what --out wrote
+    report = reports.queries_report(result)
+    assert [row[0] for row in report.table.rows] == names and report.defect is None
+    assert report.table.rows[0][-1] == "yes" and report.table.rows[0][4] == result.queries[0].ratio_ducklake_to_parquet
+    assert json.loads(json.dumps(report.as_dict(), default=str)) == doc
 
     # a second run finds the same data in the lake and both exports: nothing is reloaded or rewritten
     again = bq.bench_queries(
@@ -376,6 +389,11 @@ def test_concurrency_suite_counts_add_up(stack, tmp_path):
     )
     assert "reruns" not in doc["results"]["file"] and doc["floor"]["total_s_at_least"] == result.floor.total_s_at_least
     assert (doc["writers"], doc["ops_per_writer"], doc["results"]["file"]["writers"]) == (2, 20, 2)
+    report = reports.concurrency_report(result)  # what `bench --suite concurrency` prints
+    assert report.table.title.startswith("bench --suite concurrency: 2 writers x 20 inserts")
+    assert [(row[0], row[9]) for row in report.table.rows] == [(m, r.rows_lost) for m, r in result.results.items()]
+    assert report.defect is None and sum(line.startswith("PASS") for line in report.passed) == 4
+    assert json.loads(json.dumps(report.as_dict(), default=str)) == doc
     assert png_path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -460,6 +478,9 @@ def test_load_suite_on_local_spark_has_every_side_and_ratio(stack):
     assert [g.met for g in r.goals] == [None, None]  # judged at 10M rows only
     doc = json.loads(json.dumps(r.as_dict()))
     assert doc["sizes"][0]["sides"]["c"]["rows_per_s"] == c.rows_per_s and doc["goals"][0]["rows"] == bl.GOAL_ROWS
+    report = reports.load_report(r)  # what `bench --suite load` prints: no cluster side, the goals not measured
+    assert report.table.rows[0][:3] == ["4,000", f"{a.rows_per_s:,}", "-"] and report.document["suite"] == "load"
+    assert all(note.endswith("not measured (add 10000000 to --rows)") for note in report.notes[:2])
 
 
 def test_load_goals_are_judged_at_ten_million_rows():

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from ducklake_kit.bench import reports
 from ducklake_kit.bench.dynamic import INC, TRIPS, bench_dynamic
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import table_exists
@@ -25,6 +26,10 @@ def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp
         assert b.ratio == pytest.approx(b.incremental_median_s / b.full_median_s, abs=0.01)
     assert r.growth == pytest.approx(r.bases[1].incremental_median_s / r.bases[0].incremental_median_s - 1, abs=0.01)
     goals = json.loads(out.read_text())["goals"]
+    report = reports.dynamic_report(r)  # what `bench --suite dynamic` prints
+    assert [row[:3] for row in report.table.rows] == [[1, "2,000", "2,000"], [2, "4,000", "2,000"]]
+    assert "median of 1 " in report.table.title and "file cache off" in report.table.title
+    assert "(the goal is set at 12,000,000 base rows: --rows 1000000)" in report.notes[0]
     assert goals["at_goal_size"] is False and goals["ratio_goal"] == 0.1 and goals["growth_goal"] == 0.2
     with Lake(stack.platform.endpoints()) as lake:
         for name in (TRIPS, INC):

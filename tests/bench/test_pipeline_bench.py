@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from ducklake_kit.bench import reports
 from ducklake_kit.bench.pipeline import DagShape, bench_pipeline, dag_source
 from ducklake_kit.pipelines.dag import build
 from ducklake_kit.platforms.kit import Kit
@@ -35,3 +36,9 @@ def test_pipeline_bench_figures_hold_together(stack, tmp_path):
     doc = json.loads(out.read_text())
     assert set(doc["goals"]) == {"makespan <= 1.15 x bound", "scheduling < 10 ms a node"}
     assert doc["machine"]["cores"] and doc["parallel"]["vs_bound"] == p.vs_bound
+    report = reports.pipeline_report(r)  # what `bench --suite pipeline` prints
+    assert [row[:2] for row in report.table.rows] == [
+        ["DAG on 2 workers", p.makespan_s],
+        ["serial (one worker)", s.makespan_s],
+    ]
+    assert report.defect is None and json.loads(json.dumps(report.as_dict(), default=str)) == doc

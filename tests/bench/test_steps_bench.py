@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from ducklake_kit.bench import reports
 from ducklake_kit.bench.steps import bench_steps
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.kit import Kit
@@ -33,3 +34,7 @@ def test_steps_bench_counts_every_iteration_and_compares_in_one_run(stack, tmp_p
     doc = json.loads(out.read_text())
     assert doc["seed"] == {"total_s": 28.0, "median_ms": 280.0} and doc["goal_vs_direct"] == 1.3
     assert doc["machine"]["cores"] and doc["runner"]["rows_counted"] == 12
+    report = reports.steps_report(r)  # what `bench --suite steps` prints
+    assert report.table.title.startswith("bench --suite steps: 12 one-row INSERTs over 2 workers")
+    assert report.table.rows[1][0] == "direct: 2 processes x 6, scaled to 12" and report.defect is None
+    assert report.passed == ["PASS: all 12 iterations inserted their row exactly once (12 rows counted)"]

@@ -158,8 +158,8 @@ def bench_dynamic(
 ) -> DynamicBench:
     if months < 1 or rows_per_month < 1000 or runs < 1:
         raise KitError(
-            "--months, --runs must be at least 1 and --rows-per-month at least 1000",
-            "e.g. bench --suite dynamic --months 12 --rows-per-month 1000000",
+            "--months, --runs must be at least 1 and --rows (rows per month) at least 1000",
+            "e.g. bench --suite dynamic --months 12 --rows 1000000",
         )
     before = load_average()
     appended = list(range(2 * months, 2 * months + runs))

@@ -1,12 +1,13 @@
 """What every suite shares: the schema benchmarks write (never `main`), the machine header printed beside every
-figure (cores, load average before and after), and the result writer (JSON, PNG chart)."""
+figure (cores, load average before and after), the result writer (JSON, PNG chart), and the renderer-neutral
+Report a suite run hands the CLI (bench/reports.py)."""
 
 from __future__ import annotations
 
 import json
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +61,29 @@ def write_outputs(
     if png_path and chart is not None:
         Path(png_path).parent.mkdir(parents=True, exist_ok=True)
         chart(result, Path(png_path))
+
+
+@dataclass(frozen=True)
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[Any]]
+
+
+@dataclass
+class Report:
+    """What one suite run shows, for any renderer. `figures` is the suite's own typed result (LoadBench, ...);
+    `notes` are printed under the table; `defect` is a computed check that failed (the command exits 1; `fix` says
+    what to do); `passed`, printed only when there is no defect, is what the run proved."""
+
+    figures: Any
+    table: Table
+    notes: list[str]
+    document: dict[str, Any]  # the --json result and the --out file
+    written: list[Path] = field(default_factory=list)
+    defect: str | None = None
+    fix: str = "see the JSON results (--out FILE)"
+    passed: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self.document
