@@ -65,6 +65,15 @@ def test_an_option_the_suite_does_not_take_is_refused_in_one_line(cli, tmp_path,
     assert not home.exists()  # refused before anything started
 
 
+@pytest.mark.parametrize("suite", ["queries", "dynamic"])
+def test_a_suite_of_one_size_refuses_a_list(cli, tmp_path, suite):
+    home = tmp_path / "home"
+    result = cli({"DUCKLAKE_HOME": str(home)}, "bench", "--suite", suite, "--rows", "2000,4000")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == f"Error: --suite {suite} takes one size, not 2. Try: --rows 2000."
+    assert not home.exists()
+
+
 def test_the_refusals_above_are_every_option_a_suite_does_not_take():
     expected = {(name, suites.flag(o)) for name, s in suites.SUITES.items() for o in set(suites.OPTIONS) - set(s.takes)}
     assert {(suite, option[0]) for suite, option, _ in REFUSALS} == expected

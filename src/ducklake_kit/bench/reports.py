@@ -97,9 +97,9 @@ def load_report(r: LoadBench) -> Report:
 def queries(
     kit: Kit, *, rows: tuple[int, ...] | None = None, runs: int = 5, out: Path | None = None, png: Path | None = None
 ) -> Report:
+    size = _one_size("queries", rows, 1_000_000)  # refused before the suite's module (Spark) loads
     from ducklake_kit.bench.queries import bench_queries
 
-    size = _one_size("queries", rows, 1_000_000)
     report = queries_report(bench_queries(kit, rows=size, runs=runs, outputs=Outputs(out, png)))
     report.written = _files(out, png)
     return report
@@ -329,9 +329,9 @@ def dynamic(
     file_cache: bool = False,
     out: Path | None = None,
 ) -> Report:
+    size = _one_size("dynamic", rows, 100_000)  # refused before the suite's module (Spark) loads
     from ducklake_kit.bench.dynamic import bench_dynamic
 
-    size = _one_size("dynamic", rows, 100_000)
     r = bench_dynamic(kit, months=months, rows_per_month=size, runs=runs, file_cache=file_cache, json_path=out)
     report = dynamic_report(r)
     report.written = _files(out)
