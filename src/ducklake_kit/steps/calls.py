@@ -50,11 +50,8 @@ def call(step: Step, ctx: dict[str, Any], env: CallEnv) -> kinds.KindResult:
         return kinds.run_http(templates.render_value(config, ctx))
     if step.tool == PYTHON:
         return _python(step, ctx, env)
-    if step.tool == PLAYBOOK:
-        raise KitError(
-            f"{where}: `tool: playbook` (a sub-playbook) is not run by the kit yet",
-            "run the sub-playbook with its own `steps run`, or inline its steps",
-        )
+    if step.tool == PLAYBOOK:  # the runner runs it (a run of its own on the same plane)
+        raise KitError(f"{where}: a sub-playbook is run by the runner, not as a call", "this is a bug of the kit")
     raise KitError(f"{where}: the kit's step runner does not run tool kind '{step.tool}'", "run it with NoETL")
 
 
@@ -122,3 +119,28 @@ def workbook_task(step: Step, ctx: dict[str, Any], playbook: Playbook) -> Step:
     if task.tool == WORKBOOK:
         raise KitError(f"workbook task '{name}' is itself a `tool: workbook`", "give it a tool of its own")
     return replace(task, name=step.name, input={**task.input, **step.input})
+
+
+def playbook_file(step: Step, ctx: dict[str, Any], folder: Path) -> Path:
+    """The file a `tool: playbook` step's `path` names. NoETL's paths name a playbook in its catalog
+    (`api_integration/auth0/get_auth0_token`); here, a file: the path itself, with `.yaml`, or its folder's
+    `playbook.yaml` or `<last part>.yaml`, from the calling playbook's folder and then from the current one."""
+    path = templates.render_text(str(step.config.get("path") or ""), ctx).strip()
+    if not path:
+        raise KitError(f"step '{step.name}' runs a sub-playbook but names no `path`", "give the playbook's path")
+    tried = []
+    for base in (folder, Path.cwd()):
+        target = base / path
+        for candidate in (
+            target,
+            target.with_name(target.name + ".yaml"),
+            target / "playbook.yaml",
+            target / f"{target.name}.yaml",
+        ):
+            tried.append(str(candidate))
+            if candidate.is_file():
+                return candidate
+    raise KitError(
+        f"step '{step.name}': no playbook at {path} (looked for {', '.join(tried[:4])}, ...)",
+        "give the path of the sub-playbook's file (NoETL's catalog paths are read as files here)",
+    )

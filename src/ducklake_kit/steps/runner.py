@@ -46,6 +46,7 @@ from ducklake_kit.steps.model import (
     EXCLUSIVE,
     FAIL,
     JUMP,
+    PLAYBOOK,
     WORKBOOK,
     Playbook,
     Rule,
@@ -58,6 +59,7 @@ from ducklake_kit.workers.config import PlaneConfig
 from ducklake_kit.workers.tasks import TaskResult
 
 Event = Callable[[str, dict[str, Any]], None]
+MAX_DEPTH = 5  # sub-playbooks in sub-playbooks: deeper than this is a playbook calling itself
 
 
 # -- one step --------------------------------------------------------------------------------------------------
@@ -99,6 +101,7 @@ class Runner:
         self.ctx: dict[str, Any] = dict(workload)  # NoETL's ctx: the workload, then what `set:` writes
         self.jumps: dict[str, str] = {}  # step -> the step a policy rule's `jump` chose
         self.broken: set[str] = set()  # loop steps a policy rule's `break` ended
+        self.depth = 0  # how deep in sub-playbooks (`tool: playbook`) this run is
         self.databases: set = set()  # the other catalogs' PostgreSQL databases known to exist in this run
         self.context: dict[str, Any] = {
             **workload,
@@ -290,9 +293,42 @@ class Runner:
     # -- other tool kinds and policies -------------------------------------------------------------------------
     def _kind_attempt(self, step: Step, ctx: dict[str, Any]) -> Attempt:
         try:
-            return Attempt().take_kind(calls.call(step, ctx, self.env))
+            out = self._sub_playbook(step, ctx) if step.tool == PLAYBOOK else calls.call(step, ctx, self.env)
+            return Attempt().take_kind(out)
         except KitError as exc:
             return Attempt(failure=Failure(exc.what))
+
+    def _sub_playbook(self, step: Step, ctx: dict[str, Any]) -> kinds.KindResult:
+        """`tool: playbook`: the playbook `path` names, run to its end on the same plane with the step's `input`
+        (or `payload`/`args`) as its workload, under an execution id of its own (in the step's details: `--resume`
+        of this run does not run it again; resume it by its own id). Its data: its `return_step`'s, or its ctx."""
+        if self.resume is not None:
+            raise KitError(
+                f"step '{step.name}' runs a sub-playbook, whose run has its own execution id: not run again by --resume",
+                "resume the sub-playbook's run by the execution id its first run printed, or run it afresh",
+            )
+        if self.depth >= MAX_DEPTH:
+            raise KitError(f"step '{step.name}': sub-playbooks nest deeper than {MAX_DEPTH}", "is one calling itself?")
+        path = calls.playbook_file(step, ctx, Path(self.playbook.file).parent)
+        given = {**templates.render_value(step.config.get("payload") or {}, ctx), **calls.inputs(step, ctx)}
+        child = Runner(load(path, given), self.plane, self.endpoints, self.home, overrides=given)
+        child.depth = self.depth + 1
+        done = child.run()
+        back = str(step.config.get("return_step") or "")
+        returned = next((s for s in done.steps if s.step == back), None)
+        out = kinds.KindResult(data=returned.data if returned else done.ctx, worker="runner")
+        out.details = {"playbook": str(path), "execution_id": done.execution_id, **done.summary()}
+        if not done.ok:
+            failed = next((s for s in done.steps if s.error), None)
+            out.fail(
+                f"sub-playbook {path} (run {done.execution_id}) failed"
+                + (
+                    f" at step '{failed.step}': {failed.error.line()}"
+                    if failed and failed.error
+                    else f": {done.aborted}"
+                )
+            )
+        return out
 
     def _run_kind(self, step: Step, run: StepRun) -> None:
         if step.loop is None:
@@ -546,9 +582,12 @@ class Runner:
                 policy.apply_set(step.set, {**ctx, "step": mine}, {"ctx": self.ctx, "iter": self.ctx, "step": {}})
             return self._route(step, run, ctx)
         except KitError as exc:
-            run.failure, run.status = Failure(f"its vars: {exc.what}"), ERROR
+            run.failure, run.status = Failure(f"its vars or set: {exc.what}"), ERROR
         except _StepFailed as exc:
-            run.failure, run.status = exc.failure, ERROR
+            if run.status == ERROR:  # the step's own error stays its error: a route that cannot be read is a warning
+                run.warnings.append(f"step '{step.name}': {exc.failure.line()}")
+            else:
+                run.failure, run.status = exc.failure, ERROR
         self.context[step.name] = run.context()
         return []
 

@@ -189,7 +189,13 @@ KIND_KEYS: dict[str, dict[str, Any]] = {
         "verify_ssl": {"type": ["boolean", "string"]},
     },
     model.NOOP: {},
-    model.PLAYBOOK: {"path": {"type": "string", "minLength": 1}, "args": _OBJECT, "payload": _OBJECT},
+    model.PLAYBOOK: {
+        "path": {"type": "string", "minLength": 1},
+        "args": _OBJECT,
+        "payload": _OBJECT,
+        "return_step": {"type": "string", "minLength": 1},  # whose data the sub-playbook's run returns
+        "timeout": {"type": ["number", "string"]},  # NoETL's; the kit waits for the sub-playbook's end
+    },
     model.WORKBOOK: {"name": {"type": "string", "minLength": 1}, "args": _OBJECT},
 }
 # NoETL's older flat steps (`tool: <kind>` or `type: <kind>` with the tool's keys on the step): python's input was `data`
