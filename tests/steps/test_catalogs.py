@@ -101,3 +101,19 @@ def test_a_catalog_connection_may_be_a_credentials_name(tmp_path):
     assert (other.pg.dbname, other.data_path) == ("a", "s3://raw/a/")
     with pytest.raises(KitError, match="no credential named 'typo'"):
         _resolve(tmp_path, connection="typo", name="a")
+
+
+def test_keychain_entries_are_the_credentials_of_their_names(tmp_path):
+    _file(tmp_path, {"amadeus": {"client_id": "abc", "client_secret": "s3cr3t"}, "pg": "kit"})
+    chain = catalogs.keychain(
+        [{"name": "amadeus", "kind": "secret_manager", "provider": "gcp"}, {"name": "pg"}], endpoints=EP, home=tmp_path
+    )
+    assert chain["amadeus"] == {"client_id": "abc", "client_secret": "s3cr3t"}
+    assert (chain["pg"]["user"], chain["pg"]["password"], chain["pg"]["database"]) == (
+        "ducklake",
+        "kit-secret-pw",
+        "ducklake_catalog",
+    )
+    with pytest.raises(KitError, match="keychain entry 'openai_token' has no credential of that name") as exc:
+        catalogs.keychain([{"name": "openai_token"}], endpoints=EP, home=tmp_path)
+    assert "s3cr3t" not in str(exc.value)

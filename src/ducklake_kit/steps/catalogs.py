@@ -217,3 +217,31 @@ def postgres(where: str, auth: str | None, *, endpoints: Endpoints, home: Path) 
         str(entry.get("database") or entry.get("dbname")),
     )
     return with_kit_password(pg, endpoints)
+
+
+def keychain(entries: list[dict], *, endpoints: Endpoints, home: Path) -> dict[str, dict]:
+    """NoETL's top-level `keychain:` as templates read it (`{{ keychain.NAME.field }}`): each entry's credential of
+    the same name in the credentials file, its fields as written (`kit`: the kit's PostgreSQL as host, port, user,
+    password, database). NoETL fetches them from a secret manager; the kit reads its own file. KitError naming the
+    first entry without a credential, before anything runs."""
+    known = credentials(home)
+    out: dict[str, dict] = {}
+    for entry in entries:
+        name = str(entry.get("name") or "")
+        if name != KIT_AUTH and name not in known:
+            raise KitError(
+                f"keychain entry '{name}' has no credential of that name in {home / CREDENTIALS_FILE}",
+                f'add it there with the fields the playbook reads, e.g. {{"{name}": {{"api_key": "..."}}}}',
+            )
+        if _is_kit(known, name):
+            pg = endpoints.pg
+            out[name] = {
+                "host": pg.host,
+                "port": pg.port,
+                "user": pg.user,
+                "password": pg.password,
+                "database": pg.dbname,
+            }
+        else:
+            out[name] = dict(_entry(known, name))
+    return out

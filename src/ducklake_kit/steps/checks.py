@@ -30,6 +30,7 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
         | templates.BUILTINS
         | {v for s in playbook.steps.values() for v in s.vars}
         | set(templates._TEXT.globals)
+        | ({"keychain"} if playbook.keychain else set())  # {{ keychain.NAME.field }}: its entries, by name
     )
     ctx_known = set(playbook.workload) | set(extra) | ctx_set(playbook)
     # a workbook task runs as the step that names it, maybe in that step's loop

@@ -112,6 +112,8 @@ class Runner:
             "playbook": {"name": playbook.name, "file": playbook.file},
         }
         self.env = calls.CallEnv(playbook, plane, endpoints, home, self.execution_id)
+        if playbook.keychain:  # NoETL's keychain: each entry by its name, from the credentials file (never printed)
+            self.context["keychain"] = catalogs.keychain(playbook.keychain, endpoints=endpoints, home=home)
 
     def _target(self, step: Step, ctx: dict[str, Any]) -> Target:
         c = step.catalog
