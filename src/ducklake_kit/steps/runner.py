@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,7 @@ from ducklake_kit.steps.model import (
     FAIL,
     JUMP,
     PLAYBOOK,
+    POSTGRES,
     WORKBOOK,
     Playbook,
     Rule,
@@ -60,6 +61,7 @@ from ducklake_kit.workers.tasks import TaskResult
 
 Event = Callable[[str, dict[str, Any]], None]
 MAX_DEPTH = 5  # sub-playbooks in sub-playbooks: deeper than this is a playbook calling itself
+MAX_CLAIMS = 100_000  # a cursor loop's claims: more is a claim that never marks its rows taken
 
 
 # -- one step --------------------------------------------------------------------------------------------------
@@ -254,6 +256,8 @@ class Runner:
                 run.kind = f"{WORKBOOK}:{step.tool}"
             if step.tool is None:
                 pass  # a step that only routes
+            elif step.loop is not None and step.loop.cursor is not None:
+                self._run_sequential(step, run, self._cursor(step), None)
             elif step.tool != DUCKLAKE:
                 self._run_kind(step, run)
             elif step.loop is None:
@@ -337,27 +341,76 @@ class Runner:
             run.attempt = self._policied(step, run, lambda _retry: self._kind_attempt(step, self.context), None)
             return
         collection = self._collection(step)
+        self._run_sequential(step, run, collection, len(collection))
+
+    def _run_sequential(self, step: Step, run: StepRun, elements: Iterable[Any], length: int | None) -> None:
+        """A loop's iterations one after another, in the runner (a loop of a kind other than ducklake, or a cursor
+        loop of any kind: its elements are claimed one by one)."""
         run.iterations = []
         started = time.perf_counter()
-        for index, element in enumerate(collection):  # one at a time: see docs/steps.md (loops of other kinds)
-            if step.name in self.broken:
-                run.policy.append(f"iterations {index}-{len(collection) - 1} not run: a `break` rule ended the loop")
-                break
-            scope: dict[str, Any] = {}
-            ctx = {**self._iteration_ctx(step, index, element, len(collection)), "iter": scope}
-            attempt = self._policied(step, run, lambda _retry, c=ctx: self._kind_attempt(step, c), None, ctx)
-            it = Iteration(index=index, element=element)
-            for name in Attempt.__dataclass_fields__:
-                setattr(it, name, getattr(attempt, name))
-            run.iterations.append(it)
-            self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": len(collection)})
-        run.iterations_seconds = round(time.perf_counter() - started, 6)
+        try:
+            for index, element in enumerate(elements):
+                if step.name in self.broken:
+                    run.policy.append(f"iterations from {index} not run: a `break` rule ended the loop")
+                    break
+                ctx = {**self._iteration_ctx(step, index, element, length), "iter": {}}
+                kind: list[str] = []  # the ducklake iteration's once-kind, known once it is prepared
+
+                def attempt(retry: bool, c=ctx, i=index, e=element, k=kind) -> Attempt:
+                    return self._iteration_attempt(step, run, c, (i, e, retry), k)
+
+                unsafe = lambda k=kind: once.UNDECIDED_WHY if once.UNDECIDED in k else None  # noqa: E731
+                it = Iteration(index=index, element=element)
+                done = self._policied(step, run, attempt, unsafe, ctx)
+                for name in Attempt.__dataclass_fields__:
+                    setattr(it, name, getattr(done, name))
+                run.iterations.append(it)
+                self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": length or index + 1})
+        finally:
+            run.iterations_seconds = round(time.perf_counter() - started, 6)
+
+    def _iteration_attempt(self, step: Step, run: StepRun, ctx: dict[str, Any], which: tuple, kind: list) -> Attempt:
+        """One iteration's call: (index, element, whether it is a retry) in `which`."""
+        if step.tool != DUCKLAKE:
+            return self._kind_attempt(step, ctx)
+        index, element, retry = which
+        try:
+            prepared = self._prepare(step, ctx, run.warnings)
+        except _StepFailed as exc:
+            return Attempt(failure=exc.failure)
+        unit = self._unit(step, prepared, index, element)
+        kind[:] = [unit.kind]
+        label = f"step {step.name} iteration {index}"
+        task = self._one(step, prepared, unit, with_info=False, label=label, retry=retry)
+        out = Attempt.of(task)
+        out.data = kinds.sql_data(task.statements, len(prepared[1]))
+        return out
+
+    def _cursor(self, step: Step) -> Iterator[Any]:
+        """NoETL's cursor loop: the claim run on its PostgreSQL again and again, each row it returns one element,
+        until it returns none (each claim marks its rows taken, as NoETL's `FOR UPDATE SKIP LOCKED` claims do)."""
+        cursor = (step.loop.cursor if step.loop else None) or {}
+        if cursor.get("kind") != POSTGRES:
+            raise _StepFailed(Failure(f"a cursor of kind '{cursor.get('kind')}' is not run by the kit: only postgres"))
+        where = f"step '{step.name}' (its cursor)"
+        auth = templates.render_text(str(cursor.get("auth") or ""), self.context).strip()
+        pg = catalogs.postgres(where, auth or None, endpoints=self.endpoints, home=self.home)
+        rendered = templates.render_sql(str(cursor.get("claim") or ""), self.context)
+        refused = sqltext.pasted_values_refused(rendered)
+        if refused:
+            raise _StepFailed(Failure(f"its cursor's claim: {refused}"))
+        for _ in range(MAX_CLAIMS):
+            got = kinds.run_postgres(pg, [rendered.text])
+            if got.error:
+                raise _StepFailed(Failure(f"its cursor's claim failed: {got.error}", None, rendered.text.strip()))
+            if not got.data:
+                return
+            yield from got.data
+        raise _StepFailed(Failure(f"its cursor gave rows for {MAX_CLAIMS} claims: does the claim mark them taken?"))
 
     def _collection(self, step: Step) -> list[Any]:
         loop = step.loop
         assert loop is not None
-        if loop.cursor is not None:
-            raise _StepFailed(Failure("a `cursor:` loop is not run by the kit yet: give the loop `in:` a list"))
         try:
             collection = templates.render_value(loop.collection, self.context)
         except KitError as exc:
@@ -368,13 +421,15 @@ class Runner:
             )
         return list(collection)
 
-    def _iteration_ctx(self, step: Step, index: int, element: Any, length: int) -> dict[str, Any]:
+    def _iteration_ctx(self, step: Step, index: int, element: Any, length: int | None) -> dict[str, Any]:
         loop = step.loop
         assert loop is not None
         info = {"element": element, "index": index, "index1": index + 1, "length": length}
         return {**self.context, loop.iterator: element, "loop": info}
 
-    def _policied(self, step: Step, run: StepRun, attempt, unsafe: str | None, ctx=None) -> Attempt:
+    def _policied(
+        self, step: Step, run: StepRun, attempt, unsafe: str | Callable[[], str | None] | None, ctx=None
+    ) -> Attempt:
         """One call of the step's tool (`attempt(retry)`), then its policy: retried while a `retry` rule holds and
         attempts remain (never when `unsafe` says a retry could land a change twice), then the other rules' effects."""
         ctx = ctx if ctx is not None else self.context
@@ -392,8 +447,9 @@ class Runner:
             if n >= policy.attempts_of(retry):
                 run.policy.append(f"line {retry.line}: retry: {n} attempt(s) of {policy.attempts_of(retry)} made")
                 break
-            if unsafe is not None:
-                run.policy.append(f"line {retry.line}: not retried: {unsafe}")
+            why_not = unsafe() if callable(unsafe) else unsafe
+            if why_not is not None:
+                run.policy.append(f"line {retry.line}: not retried: {why_not}")
                 break
             wait = policy.delay_s(retry, n)
             why = out.failure.line() if out.failure else "its rule held"
