@@ -50,7 +50,7 @@ REASONS = {
     "WINDOW_FUNCTION": "a window function",
     "DISTINCT": "SELECT DISTINCT",
     "LIMIT": "LIMIT / OFFSET",
-    "OUTER_JOIN": "an outer, semi, anti, ASOF or lateral join",
+    "OUTER_JOIN": "a RIGHT or FULL outer, semi, anti, ASOF or lateral join (or a LEFT JOIN in a union)",
     "NONDETERMINISTIC_FUNCTION": "a non-deterministic function",
     "TABLE_FUNCTION": "a table function or a file in FROM (not a table of the lake)",
     "GROUPING_SETS": "GROUPING SETS / ROLLUP / CUBE",
@@ -100,6 +100,7 @@ class Plan:
     query: exp.Expression | None = None  # the query as planned (CTEs inlined); ROWS/AGGREGATE branches: the SELECT
     branches: list[Plan] = field(default_factory=list)  # UNION: each branch's plan (ROWS or AGGREGATE)
     distinct: bool = False  # UNION: the result has no duplicates (UNION, SELECT DISTINCT); ROWS branch: DISTINCT
+    outer: bool = False  # ROWS/AGGREGATE: LEFT JOINs; each result row belongs to one row of the first table
 
     @property
     def sources(self) -> list[str]:
@@ -112,6 +113,11 @@ class Plan:
     def explain(self) -> str:
         if self.kind == FULL:
             return f"{self.reason}: {REASONS[self.reason]}"
+        if self.kind == ROWS and self.outer:
+            return (
+                "rows over LEFT JOINs: the rows of the first table a change reaches (its own, or through a matching "
+                "row) have their result rows, NULL-padded ones included, replaced"
+            )
         if self.kind == ROWS:
             return "rows: inserts appended, other changes replace the affected rows"
         if self.kind == UNION:
@@ -128,7 +134,8 @@ class Plan:
             if self.merge is not None
             else f"inserts recompute their groups ({self.merge_reason})"
         )
-        return f"aggregate by {', '.join(k.column for k in self.keys)}: affected groups recomputed; {how}"
+        over = " over LEFT JOINs" if self.outer else ""
+        return f"aggregate by {', '.join(k.column for k in self.keys)}{over}: affected groups recomputed; {how}"
 
 
 def source_name(table: exp.Table, lake_alias: str) -> str:
@@ -200,13 +207,17 @@ def _check_shape(query: exp.Expression) -> exp.Select:
             raise _Full("NONDETERMINISTIC_FUNCTION")
     for join in query.args.get("joins") or []:
         if (
-            join.args.get("side")
+            (join.args.get("side") or "LEFT").upper() != "LEFT"  # RIGHT, FULL: the first table's rows may be padded
             or join.args.get("kind") in ("SEMI", "ANTI")
             or join.args.get("method")
             or isinstance(join.this, exp.Lateral)
         ):
             raise _Full("OUTER_JOIN")
     return query
+
+
+def _outer(select: exp.Select) -> bool:
+    return any(j.args.get("side") for j in select.args.get("joins") or [])
 
 
 def _is_aggregate(node: exp.Expression) -> bool:
@@ -310,14 +321,25 @@ def _select_plan(
     if not select.args.get("group"):
         if any(_is_aggregate(s) for s in select.selects) or select.args.get("having"):
             raise _Full("GLOBAL_AGGREGATE")
-        return Plan(ROWS, occurrences=occ, columns=names, query=select)
+        return Plan(ROWS, occurrences=occ, columns=names, query=select, outer=_outer(select))
     if any(isinstance(s, exp.Star) or isinstance(s.unalias(), exp.Star) for s in select.selects) or len(
         select.selects
     ) != len(names):
         raise _Full("STAR_WITH_AGGREGATE")
     keys = _group_keys(select, names, source_columns)
     merge, why = _merge_columns(select, names, keys, types)
-    return Plan(AGGREGATE, occurrences=occ, columns=names, keys=keys, merge=merge, merge_reason=why, query=select)
+    if _outer(select):
+        merge, why = None, "a LEFT JOIN: a new row on its optional side can take the place of a NULL-padded one"
+    return Plan(
+        AGGREGATE,
+        occurrences=occ,
+        columns=names,
+        keys=keys,
+        merge=merge,
+        merge_reason=why,
+        query=select,
+        outer=_outer(select),
+    )
 
 
 def _union_branches(query: exp.Expression) -> tuple[list[exp.Select] | None, bool]:
@@ -374,6 +396,8 @@ def _branch(
     if len(select.selects) != len(names) and not any(isinstance(s.unalias(), exp.Star) for s in select.selects):
         raise _Full("SET_OPERATION")
     plan = _select_plan(_check_shape(bare), names, lake_alias, types, source_columns)
+    if plan.outer:
+        raise _Full("OUTER_JOIN")
     plan.query, plan.distinct = select, distinct is not None
     return plan
 
@@ -494,6 +518,26 @@ def term(select: exp.Select, lake_alias: str, bound: dict[int, exp.Table], befor
     for i, t in enumerate(_from_tables(out)):
         new = bound[i] if i in bound else _pinned_table(t, lake_alias, before if i < first else after)
         t.replace(new)
+    return out
+
+
+def preserved_rows(
+    select: exp.Select, lake_alias: str, bound: tuple[int, exp.Table], at: int, columns: list
+) -> exp.Select:
+    """The rows of the query's first table (projected on `columns`) whose result rows hold a row of `bound` (index,
+    temporary table) standing for that occurrence: its join made INNER, the other joins as written, the others read
+    at snapshot `at`. WHERE is dropped: a superset of the rows is harmless, while a filter such as `b.id IS NULL`
+    (rows without a match) would hide exactly the rows whose padding a new match removes."""
+    index, table = bound
+    out = select.copy()
+    for arg in ("group", "having", "order", "limit", "offset", "where", "distinct", "qualify"):
+        out.set(arg, None)
+    join = out.args["joins"][index - 1]
+    join.set("side", None)
+    join.set("kind", None)
+    for i, t in enumerate(_from_tables(out)):
+        t.replace(table if i == index else _pinned_table(t, lake_alias, at))
+    out.set("expressions", [c.copy() for c in columns])
     return out
 
 

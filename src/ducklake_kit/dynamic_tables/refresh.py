@@ -344,7 +344,7 @@ class Refresher:
                     out.append(planner.term(select, self.lake.alias, bound, before, after))
             return out
 
-        if plan.kind == planner.ROWS and insert_only:
+        if plan.kind == planner.ROWS and insert_only and not plan.outer:
             new = " UNION ALL ".join(sql(t) for t in terms(post, prev, now))
             return Work(INCREMENTAL, "inserts appended"), [("insert", new)]
         if plan.kind == planner.AGGREGATE and insert_only and plan.merge is not None:
@@ -355,13 +355,20 @@ class Refresher:
             if plan.kind == planner.AGGREGATE
             else [planner.Key(c, exp.column(c, "__q", quoted=True)) for c in plan.columns]
         )
+        if plan.outer:  # the result rows of the first table's rows a change reaches, as they were and are
+            delta = Delta(pre, post, counts, prev, now)
+            touched = self._outer_rows(
+                select, plan, delta, self._read_columns(plan.occurrences[0].source, select, plan)
+            )
+            temps.append("__dt_outer")
+        else:
+            touched = terms(pre, prev, prev) + terms(post, now, now)
         if plan.kind == planner.AGGREGATE:
-            parts = [planner.key_select(t, keys) for t in terms(pre, prev, prev) + terms(post, now, now)]
-            affected_sql = " UNION ".join(sql(p) for p in parts)
+            affected_sql = " UNION ".join(sql(planner.key_select(t, keys)) for t in touched)
         else:  # the affected rows, compared whole: their columns become the keys __k0, __k1, ...
-            union = " UNION ".join(sql(p) for p in terms(pre, prev, prev) + terms(post, now, now))
+            union = " UNION ".join(sql(p) for p in touched)
             renamed = ", ".join(f"{quote_ident(k.column)} AS {planner.key_column(i)}" for i, k in enumerate(keys))
-            affected_sql = f"SELECT {renamed} FROM ({union}) AS __a"
+            affected_sql = f"SELECT DISTINCT {renamed} FROM ({union}) AS __a"
         affected = self._temp("__dt_keys", affected_sql)
         temps.append("__dt_keys")
         size = int(self.con.execute(f"SELECT count(*) FROM {target(self.lake, d.name)}").fetchone()[0])
@@ -380,6 +387,26 @@ class Refresher:
             ("insert", new),
         ]
         return Work(INCREMENTAL, f"{affected} affected {what} recomputed"), statements
+
+    def _outer_rows(self, select: exp.Select, plan: planner.Plan, delta: Delta, columns: list[str]) -> list:
+        """Over LEFT JOINs every result row belongs to one row of the first table (never padded): the rows of that
+        table a change reaches (its own lost and gained rows; the rows joined to another table's changed rows, read
+        as they were for lost rows and as they are for gained ones) go to temporary table `__dt_outer` (as
+        `columns`, the ones the query reads); the query with its first table read from there, at both snapshots,
+        gives every result row that went or came, NULL-padded ones included."""
+        first = plan.occurrences[0]
+        parts = []
+        if any(delta.counts[first.source]):
+            parts += [f"SELECT * FROM temp.main.{quote_ident(t[first.source])}" for t in (delta.pre, delta.post)]
+        projected = [exp.column(c, first.ref, quoted=True) for c in columns]
+        for o in plan.occurrences[1:]:
+            for images, side, at in ((delta.pre, 0, delta.prev), (delta.post, 1, delta.now)):
+                if delta.counts[o.source][side]:
+                    bound = (o.index, planner.temp_table(images[o.source], o.ref))
+                    parts.append(sql(planner.preserved_rows(select, self.lake.alias, bound, at, projected)))
+        self._temp("__dt_outer", " UNION ".join(parts))
+        reached = {0: planner.temp_table("__dt_outer", first.ref)}
+        return [planner.term(select, self.lake.alias, reached, at, at) for at in (delta.prev, delta.now)]
 
     def _union(
         self, d: Definition, query: exp.Expression, plan: planner.Plan, delta: Delta, temps: list[str]
