@@ -5,6 +5,11 @@ The connection is the worker's own, made once when it joined (no connect, LOAD, 
 catalog other than the kit's `lake` is ATTACHed the first time a step names it and kept for the next steps; the
 kit's own catalog under another name (`catalog_name: analytics`) is the same catalog attached again under that
 alias. `memory_limit` and `threads` apply to the step only: the worker's settings are put back after it.
+
+A write whose DuckLake commit failed is tried again only when its token is not in the lake (steps/retries.py): each
+autocommit write statement is its own transaction carrying a token, a `transaction: true` step's is the step's, and
+the ATTACH of a fresh catalog that two workers raced to create is tried again too. Each retry is recorded with its
+reason (`StatementRun.retries`, `StepTask.retries`).
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from distributed import get_worker
 
 from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake, StatementFailed, attach_statement
-from ducklake_kit.lake.connection import bound_params
+from ducklake_kit.lake.connection import WRITE_KINDS, bound_params
 from ducklake_kit.lake.sql import quote_ident, quote_literal
 from ducklake_kit.lake.transactions import commit_with, snapshot_of_token
 from ducklake_kit.platforms.base import PgEndpoint
+from ducklake_kit.steps import retries as retrying
+from ducklake_kit.steps.retries import WriteFailed, attach_retrying, write_once
 from ducklake_kit.workers.plugin import LakeLost, LakePlugin
 from ducklake_kit.workers.tasks import _fault_after_commit, end_open_transaction, task_lake
 
@@ -66,6 +73,7 @@ class StatementRun:
     seconds: float = 0.0
     snapshot_id: int | None = None  # the snapshot it committed (autocommit), or the step's transaction's
     error: str | None = None
+    retries: list[str] = field(default_factory=list)  # why each earlier try failed (its commit did not land)
 
 
 @dataclass
@@ -81,6 +89,7 @@ class StepTask:
         False  # its token was already in the lake (an earlier attempt committed it): not committed again
     )
     note: str | None = None  # how the runner decided a task whose fate its worker could not report (never the worker)
+    retries: list[str] = field(default_factory=list)  # what was tried again outside the statements (the ATTACH)
     catalog_info: dict[str, Any] | None = None
     last_snapshot: int | None = None  # the instance's last committed snapshot for the step's catalog, at its end
     started_at: float = 0.0
@@ -162,7 +171,7 @@ def _run_held(
     """The step on the worker's connection, held by this task."""
     lake: Lake = lake_plugin.lake
     try:
-        view = _attached(lake_plugin, target)
+        view = _attached(lake_plugin, target, out.retries)
         restore = _apply_settings(lake.con, settings or {})
         try:
             _use(lake_plugin, target.alias if target.use else lake.alias)
@@ -203,8 +212,9 @@ def _known_snapshot(plugin: LakePlugin, alias: str) -> tuple[bool, int | None]:
     return False, None
 
 
-def _attached(plugin: LakePlugin, target: Target) -> Lake:
-    """The worker's connection aimed at the step's catalog, attaching it the first time."""
+def _attached(plugin: LakePlugin, target: Target, retries: list[str]) -> Lake:
+    """The worker's connection aimed at the step's catalog, attaching it the first time (`retries`: why an ATTACH
+    was tried again)."""
     lake: Lake = plugin.lake
     if target.kit and target.alias == lake.alias:
         return lake
@@ -230,11 +240,15 @@ def _attached(plugin: LakePlugin, target: Target) -> Lake:
                 f"DATABASE {quote_literal(pg.dbname)}, USER {quote_literal(pg.user)}, "
                 f"PASSWORD {quote_literal(pg.password)})"
             )
-            con.execute(
+            attach = (
                 f"ATTACH {quote_literal('ducklake:postgres:dbname=' + pg.dbname)} AS {quote_ident(target.alias)} "
                 f"(DATA_PATH {quote_literal(target.data_path)}, METADATA_PARAMETERS MAP {{'SECRET': '{secret}'}}, "
                 f"CREATE_IF_NOT_EXISTS {'true' if target.create else 'false'})"
             )
+            if target.create:
+                attach_retrying(con, attach, pg.dbname, retries)
+            else:
+                con.execute(attach)
         plugin.catalogs[target.alias] = key
     return lake.on(target.alias)
 
@@ -265,6 +279,7 @@ def _autocommit(
     known: tuple[bool, int | None] = (False, None),
 ) -> None:
     last = known[1] if known[0] else view.last_committed_snapshot()
+    worker = out.worker
     for c, text in enumerate(commands):
         try:
             statements = view.statements(text)
@@ -277,11 +292,19 @@ def _autocommit(
             break
         stopped = False
         for s, stmt in enumerate(statements):
+            tried: list[str] = []
             try:
-                r = view.execute(stmt, bound_params(stmt, params, s, len(statements), []))
-            except (duckdb.Error, StatementFailed) as exc:
-                why = exc.error if isinstance(exc, StatementFailed) else first_line(exc)
-                out.statements.append(StatementRun(c, s, stmt.query.strip(), stmt.type.name, error=why))
+                bound = bound_params(stmt, params, s, len(statements), [])
+                if stmt.type.name in WRITE_KINDS and not view.in_transaction:
+                    # its own transaction, whose commit carries a token: tried again when it did not land
+                    written = write_once(view, stmt, bound, {"worker": worker, "statement": [c, s]})
+                    r, tried = written.result, written.retries
+                else:
+                    r = view.execute(stmt, bound)
+            except (duckdb.Error, StatementFailed, WriteFailed) as exc:
+                why = exc.error if isinstance(exc, (StatementFailed, WriteFailed)) else first_line(exc)
+                tried = exc.retries if isinstance(exc, WriteFailed) else tried
+                out.statements.append(StatementRun(c, s, stmt.query.strip(), stmt.type.name, error=why, retries=tried))
                 if not keep_going:
                     stopped = True
                     break
@@ -289,6 +312,7 @@ def _autocommit(
             run = StatementRun(
                 c, s, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows, r.seconds or 0.0
             )
+            run.retries = tried
             now = view.last_committed_snapshot()
             if now != last:
                 run.snapshot_id, last = now, now
@@ -306,7 +330,7 @@ def _transaction(
 ) -> None:
     out.transaction = True
     done: list[StatementRun] = []
-    token = gate.token or uuid.uuid4().hex
+    token = gate.token or uuid.uuid4().hex  # the same for every try: whichever landed, the lake finds it
 
     def work(_con) -> None:
         for c, s, stmt in _parsed(view, commands):
@@ -322,35 +346,53 @@ def _transaction(
                 StatementRun(c, s, r.statement, r.statement_type, r.columns, r.rows, r.affected_rows, r.seconds or 0.0)
             )
 
-    def before_commit() -> None:
+    def before_commit(fault) -> None:
+        fault()
         # a re-run (--resume) of an attempt whose worker may have finished it after its plane was lost: the token in
         # the lake says it landed, so this one rolls back instead of committing the same change twice
         landed = snapshot_of_token(view, token) if gate.recheck else None
         if landed is not None:
             raise _AlreadyLanded(landed)
 
-    try:
-        made = commit_with(view, work, message, token=token, extra=gate.extra, before_commit=before_commit)
-        out.snapshot_id = made.snapshot_id
-        for run in done:  # every statement that wrote is part of the one snapshot the transaction made
-            run.snapshot_id = made.snapshot_id if run.statement_type != "SELECT" else None
-        _fault_after_commit()  # test hook: the window between a landed commit and its result reaching the runner
-    except _AlreadyLanded as exc:
-        out.snapshot_id, out.landed_before, done = exc.snapshot, True, []
-    except (duckdb.Error, StatementFailed) as exc:
-        out.rolled_back = True
-        if not any(r.error for r in done):  # the COMMIT itself failed: it may have reached the catalog
-            _failed_commit(view, token, first_line(exc), out)
-            for run in done if not out.rolled_back else []:
-                run.snapshot_id = out.snapshot_id if run.statement_type != "SELECT" else None
-    except Exception as exc:  # noqa: BLE001 - a command that does not parse: nothing ran
-        out.rolled_back = True
-        out.error = getattr(exc, "what", None) or first_line(exc)
+    for attempt in range(1, retrying.ATTEMPTS + 1):
+        done, started = [], time.time()
+        try:
+            with retrying.fault_at_commit(view) as fault:  # test hook: a competing commit fails it (else no-op)
+                made = commit_with(
+                    view, work, message, token=token, extra=gate.extra, before_commit=lambda: before_commit(fault)
+                )
+            out.snapshot_id = made.snapshot_id
+            for run in done:  # every statement that wrote is part of the one snapshot the transaction made
+                run.snapshot_id = made.snapshot_id if run.statement_type != "SELECT" else None
+            _fault_after_commit()  # test hook: the window between a landed commit and its result reaching the runner
+        except _AlreadyLanded as exc:
+            out.snapshot_id, out.landed_before, done = exc.snapshot, True, []
+        except (duckdb.Error, StatementFailed) as exc:
+            out.rolled_back = True
+            if not any(r.error for r in done):  # the COMMIT itself failed: it may have reached the catalog
+                landed = _failed_commit(view, token, first_line(exc), out)
+                if landed is False:  # the lake says it committed nothing: the whole transaction may run again
+                    why = f"{retrying.conflict(view, '; '.join(r.sql for r in done), started) or 'its commit failed'}"
+                    why += f" ({first_line(exc)}); it did not land (its token is not in the lake)"
+                    if attempt < retrying.ATTEMPTS and not retrying.DISABLED:
+                        out.retries.append(f"try {attempt}: {why}, so the transaction ran again")
+                        out.rolled_back = False
+                        retrying.pause(attempt)
+                        continue
+                    out.error = f"the step's commit failed: {why} after {attempt} tries: nothing of it committed"
+                for run in done if not out.rolled_back else []:
+                    run.snapshot_id = out.snapshot_id if run.statement_type != "SELECT" else None
+        except Exception as exc:  # noqa: BLE001 - a command that does not parse: nothing ran
+            out.rolled_back = True
+            out.error = getattr(exc, "what", None) or first_line(exc)
+        break
     out.statements = done
 
 
-def _failed_commit(view: Lake, token: str, why: str, out: StepTask) -> None:
-    """A COMMIT that raised may still have reached the catalog: the token in the lake says whether it did."""
+def _failed_commit(view: Lake, token: str, why: str, out: StepTask) -> bool | None:
+    """A COMMIT that raised may still have reached the catalog: the token in the lake says whether it did. True: it
+    landed (a success, whatever the error on the way back said); False: it did not, nothing of it committed; None:
+    the lake could not be asked (the fate stays unknown, and `out.error` says so)."""
     try:
         landed = snapshot_of_token(view, token)
     except Exception:  # noqa: BLE001 - the catalog cannot say either: the fate stays unknown, and is said so
@@ -358,11 +400,11 @@ def _failed_commit(view: Lake, token: str, why: str, out: StepTask) -> None:
             f"the step's commit failed, so it may or may not have committed ({why}): check the lake before "
             "running it again"
         )
-        return
+        return None
     if landed is None:
-        out.error = f"the step's commit failed and did not land ({why}): nothing of it committed"
-    else:  # it landed: a success, whatever the error on the way back said
-        out.snapshot_id, out.rolled_back = landed, False
+        return False
+    out.snapshot_id, out.rolled_back = landed, False
+    return True
 
 
 def catalog_info(view: Lake) -> dict[str, Any]:
