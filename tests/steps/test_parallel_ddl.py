@@ -244,3 +244,23 @@ def test_a_write_to_a_worker_local_table_makes_no_snapshot_of_the_lake(stack, wp
             s.snapshot_id for s in task.statements
         )
         assert lake.current_snapshot() == before
+
+
+def test_only_a_write_whose_tables_are_all_in_the_tokens_catalog_is_decided_by_its_token(stack):
+    """A commit to another catalog carries no token there: its failure is never tried again on the token's word."""
+    with Lake(stack.platform.endpoints()) as lake:
+        lake.con.execute("ATTACH ':memory:' AS other")
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "CREATE TABLE IF NOT EXISTS s.t (i INTEGER)",
+            "INSERT INTO lake.s.t SELECT * FROM read_parquet('s3://raw/x.parquet')",
+        ]:
+            assert retries.token_decides(lake, sql), sql
+        for sql in [
+            "INSERT INTO other.t VALUES (1)",
+            "INSERT INTO t SELECT * FROM other.main.u",
+            "INSERT INTO t VALUES (",  # does not parse: undecided
+        ]:
+            assert not retries.token_decides(lake, sql), sql
+        lake.con.execute("USE other")
+        assert not retries.token_decides(lake, "INSERT INTO t VALUES (1)")  # unqualified: the default database

@@ -177,3 +177,31 @@ def test_what_holds_no_key_of_a_catalog_table_is_left_as_written():
         "CREATE TABLE t (a INT PRIMARY KEY",  # does not parse: DuckDB says why
     ]:
         assert sqltext.drop_constraints(sql) == (sql, []), sql
+
+
+def test_the_merge_printed_for_noetl_upsert_runs_on_a_ducklake_table(stack):
+    """DuckLake 1.5.5 itself runs the MERGE (first a new row, then the same id again: updated, not doubled)."""
+    from ducklake_kit.lake import Lake
+
+    doc = yaml.safe_load((NOETL / "e2e_http_to_databases.yaml").read_text())
+    template = next(
+        s["tool"]["command"]
+        for s in doc["workflow"]
+        if isinstance(s.get("tool"), dict) and "ON CONFLICT" in str(s["tool"].get("command", ""))
+    )
+    table = template.split("INSERT INTO ", 1)[1].split()[0]
+    merge = _merge_of(sqltext.on_conflict_refusal(template)).replace(f"MERGE INTO {table} ", "MERGE INTO sqltext_t.u ")
+    columns = "id INTEGER NOT NULL, name VARCHAR, username VARCHAR, email VARCHAR, phone VARCHAR, website VARCHAR"
+    with Lake(stack.platform.endpoints()) as lake:
+        lake.run(
+            f"DROP SCHEMA IF EXISTS sqltext_t CASCADE; CREATE SCHEMA sqltext_t; CREATE TABLE sqltext_t.u ({columns}, company_name VARCHAR, city VARCHAR)"
+        )
+        try:
+            for name, city in [("Ann", "Oslo"), ("Ann B", "Bergen")]:
+                user = {"id": 7, "name": name, "username": "ann", "email": "a@x", "phone": "1", "website": "w"}
+                lake.run(
+                    jinja2.Environment().from_string(merge).render(user={**user, "company_name": "C", "city": city})
+                )
+            assert lake.con.execute("SELECT id, name, city FROM sqltext_t.u").fetchall() == [(7, "Ann B", "Bergen")]
+        finally:
+            lake.run("DROP SCHEMA IF EXISTS sqltext_t CASCADE")

@@ -9,7 +9,8 @@ succeeds. But a COMMIT that raised may still have reached the catalog, so nothin
 - each autocommit write statement runs as its own transaction whose commit carries a token (commit_extra_info);
 - when its COMMIT fails, the token is looked up in the lake: found, it committed (a success, never run again); not
   found, it committed nothing, and it is tried again, up to ATTEMPTS times with a short jittered wait; the lake
-  cannot be asked: its fate is unknown, said so, and it is not run again;
+  cannot be asked, or the statement names a table of another catalog (where the token is not): its fate is unknown,
+  said so, and it is not run again;
 - a failure of the statement itself (not of its commit) is never tried again: it is the statement's error.
 
 Each retry is recorded with its reason (`StatementRun.retries`), and a failure names the conflict when the catalog
@@ -136,6 +137,12 @@ def write_once(view: Lake, stmt: Any, params: dict[str, Any] | None, extra: dict
                 "check the lake before running it again",
                 retries,
             ) from None
+        if landed is None and not token_decides(view, stmt.query):
+            raise WriteFailed(
+                f"its commit failed ({error}) and it names a table outside catalog {view.alias}, where its token is "
+                "not, so the lake cannot say whether it landed: check before running it again",
+                retries,
+            )
         if landed is not None:  # it landed: a success, whatever the error on the way back said
             retries.append(
                 f"try {attempt}: its commit reported {error!r} but landed (snapshot {landed}, found by its token)"
@@ -183,6 +190,31 @@ def fault_at_commit(view: Lake) -> Iterator[Callable[[], None]]:
         con.execute(f"SET ducklake_max_retry_count = {int(old)}")
         other.execute(f"DROP SCHEMA IF EXISTS {schema}")
         other.close()
+
+
+def token_decides(view: Lake, sql: str) -> bool:
+    """Whether the token (in the view's catalog) can decide the fate of `sql`'s commit: every table it names is in
+    that catalog (qualified with it, or unqualified while it is the default database). A commit to another catalog
+    carries no token there, so a failure of it is never tried again. Text sqlglot cannot parse: False."""
+    try:
+        trees = [t for t in sqlglot.parse(sql, read="duckdb") if t is not None]
+        databases = {r[0].lower() for r in view.con.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
+        default = str(view.con.execute("SELECT current_database()").fetchone()[0]).lower()
+    except (ParseError, TokenError, duckdb.Error):
+        return False
+    for tree in trees:
+        for table in tree.find_all(exp.Table):
+            if not table.name:
+                continue  # a table function (read_parquet(...)): no table of a catalog
+            if table.catalog:
+                where = table.catalog
+            elif table.db and table.db.lower() in databases:
+                where = table.db
+            else:
+                where = default
+            if where.lower() != view.alias.lower():
+                return False
+    return True
 
 
 def _after(error: str, retries: list[str]) -> str:

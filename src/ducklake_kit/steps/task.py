@@ -371,8 +371,15 @@ def _transaction(
             out.rolled_back = True
             if not any(r.error for r in done):  # the COMMIT itself failed: it may have reached the catalog
                 landed = _failed_commit(view, token, first_line(exc), out)
-                if landed is False:  # the lake says it committed nothing: the whole transaction may run again
-                    why = f"{retrying.conflict(view, '; '.join(r.sql for r in done), started) or 'its commit failed'}"
+                sql = "; ".join(r.sql for r in done)
+                if landed is False and not retrying.token_decides(view, sql):
+                    out.error = (
+                        f"the step's commit failed ({first_line(exc)}) and it names a table outside catalog "
+                        f"{view.alias}, where its token is not, so the lake cannot say whether it landed: check "
+                        "before running it again"
+                    )
+                elif landed is False:  # the lake says it committed nothing: the whole transaction may run again
+                    why = f"{retrying.conflict(view, sql, started) or 'its commit failed'}"
                     why += f" ({first_line(exc)}); it did not land (its token is not in the lake)"
                     if attempt < retrying.ATTEMPTS and not retrying.DISABLED:
                         out.retries.append(f"try {attempt}: {why}, so the transaction ran again")
