@@ -1,0 +1,289 @@
+"""NoETL's policy rules on the real worker plane: a retry after a real transient commit failure lands the step's rows
+exactly once (0 lost, 0 duplicated: counted in the lake), a retry that could land a change twice is refused, and
+`set:`/`ctx`, `{{ step.data }}`, `continue`, `fail` and `admit` do what NoETL says, on playbooks in its v10 shape.
+
+The failure is real: `retries.set_test_hooks(conflicts=1, disabled=True)` on each worker makes the next commit of a
+step's writes lose to another commit made after its transaction began (DuckLake's own retries off for it), with the
+worker's own retry of failed commits off, so only the policy can save the step."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ducklake_kit.lake import Lake
+from ducklake_kit.steps import retries, runner
+from ducklake_kit.steps.results import PlaybookRun
+from ducklake_kit.workers import WorkerPlane, plane
+
+S = "steps_policy"
+
+
+@pytest.fixture(scope="module")
+def wp(stack):
+    ep = stack.platform.endpoints()
+    status = plane.up(stack.state, ep, 2)
+    with Lake(ep) as lake:
+        lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}")
+    with WorkerPlane(status.address, ep) as p:
+        yield p
+        p.client.run(retries.set_test_hooks)  # the hooks off again on every worker
+    with Lake(ep) as lake:
+        lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE")
+
+
+def _table(stack, name: str) -> None:
+    with Lake(stack.platform.endpoints()) as lake:
+        lake.run(f"CREATE OR REPLACE TABLE {S}.{name} (id INTEGER)")
+
+
+def _run(stack, wp, tmp_path: Path, body: str, overrides: dict | None = None) -> PlaybookRun:
+    path = tmp_path / "p.yaml"
+    path.write_text(textwrap.dedent(body))
+    return runner.run(runner.load(path, overrides), wp, stack.home, overrides=overrides)
+
+
+def _why(run: PlaybookRun) -> list[tuple[str, str, list[str]]]:
+    return [(s.step, s.error.line(), s.policy) for s in run.steps if s.error]
+
+
+def _count(stack, table: str) -> list[tuple]:
+    with Lake(stack.platform.endpoints()) as lake:
+        return lake.con.execute(f"SELECT id, count(*) FROM {S}.{table} GROUP BY id ORDER BY id").fetchall()
+
+
+WRITE = """\
+    apiVersion: noetl.io/v2
+    kind: Playbook
+    metadata: {name: policy_retry}
+    workflow:
+      - step: write
+        tool:
+          kind: ducklake
+          transaction: TRANSACTION
+          command: "INSERT INTO steps_policy.NAME VALUES (1), (2), (3); INSERT INTO steps_policy.NAME VALUES (4)"
+          spec:
+            policy:
+              rules:
+                - when: "{{ output.status == 'error' }}"
+                  then: {do: retry, attempts: 3, delay: 0.05}
+    """
+
+
+def test_a_retry_rule_lands_a_transaction_once_after_a_transient_conflict(stack, wp, tmp_path):
+    _table(stack, "once")
+    wp.client.run(retries.set_test_hooks, conflicts=1, disabled=True)
+    run = _run(stack, wp, tmp_path, WRITE.replace("NAME", "once").replace("TRANSACTION", "true"))
+    step = next(s for s in run.steps if s.step == "write")
+    assert run.ok, _why(run)
+    # it did fail, for real (once per worker it reached: each worker's hook breaks its next commit), and the lake
+    # said each failed attempt committed nothing before it was tried again
+    assert 1 <= len(step.attempt.tries) <= 2, step.attempt.tries
+    assert all("did not land" in t and "nothing of it committed" in t for t in step.attempt.tries)
+    assert any("retry 2 of 3" in p for p in step.policy)
+    assert _count(stack, "once") == [(1, 1), (2, 1), (3, 1), (4, 1)]  # 0 lost, 0 duplicated
+
+
+def test_without_the_policy_the_same_conflict_fails_the_step_and_commits_nothing(stack, wp, tmp_path):
+    _table(stack, "none")
+    wp.client.run(retries.set_test_hooks, conflicts=1, disabled=True)
+    body = WRITE.replace("NAME", "none").replace("TRANSACTION", "true").split("          spec:")[0]
+    run = _run(stack, wp, tmp_path, body)
+    assert not run.ok
+    assert _count(stack, "none") == []  # the conflict was real: the transaction committed nothing
+    wp.client.run(retries.set_test_hooks)
+
+
+def test_statements_that_autocommit_one_by_one_are_not_retried_by_a_policy(stack, wp, tmp_path):
+    _table(stack, "auto")
+    wp.client.run(retries.set_test_hooks, conflicts=1, disabled=True)
+    run = _run(stack, wp, tmp_path, WRITE.replace("NAME", "auto").replace("TRANSACTION", "false"))
+    step = next(s for s in run.steps if s.step == "write")
+    assert not run.ok
+    assert any("not retried" in p and "autocommit one by one" in p for p in step.policy)
+    rows = _count(stack, "auto")
+    assert all(n == 1 for _, n in rows)  # whatever committed, committed once
+    wp.client.run(retries.set_test_hooks)
+
+
+def test_set_ctx_step_data_continue_fail_and_admit(stack, wp, tmp_path):
+    body = """\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: policy_ctx}
+        workload: {enabled: false, limit: 2}
+        workflow:
+          - step: start
+            tool:
+              kind: ducklake
+              command: "SELECT range AS id FROM range(5)"
+              spec:
+                policy:
+                  rules:
+                    - else:
+                        then:
+                          do: continue
+                          set: {ctx.seen: "{{ start.data | length }}", ctx.first: "{{ output.data[0].id }}"}
+            next:
+              arcs:
+                - step: tolerated
+                  when: "{{ ctx.seen > limit }}"
+                  set: {ctx.route: big}
+          - step: tolerated
+            tool:
+              kind: python
+              code: |
+                raise ValueError("expected")
+              spec:
+                policy:
+                  rules:
+                    - when: "{{ output.status == 'error' }}"
+                      then: {do: continue, set: {ctx.error_seen: "{{ output.error }}"}}
+            next: {arcs: [{step: gated}]}
+          - step: gated
+            spec:
+              policy:
+                admit:
+                  rules:
+                    - when: "{{ ctx.enabled }}"
+                      then: {allow: true}
+                    - else:
+                        then: {allow: false}
+            tool: {kind: noop}
+            next: {arcs: [{step: refused}]}
+          - step: refused
+            tool:
+              kind: python
+              code: |
+                result = {"n": 1}
+              spec:
+                policy:
+                  rules:
+                    - when: "{{ output.data.n == 1 }}"
+                      then: {do: fail}
+        """
+    run = _run(stack, wp, tmp_path, body)
+    steps = {s.step: s for s in run.steps}
+    assert run.ctx == {"seen": 5, "first": 0, "route": "big", "error_seen": "ValueError: expected"}
+    assert steps["tolerated"].status == "ok" and any("continued past its error" in p for p in steps["tolerated"].policy)
+    assert steps["gated"].status == "skipped" and "admit rule" in steps["gated"].reason
+    assert steps["refused"].status == "skipped"  # not reached: the admit skipped the step that leads to it
+    assert run.ok, run.as_dict()  # none failed: the python error was continued past, the admit only skipped
+
+
+def test_an_else_rule_never_hides_a_failure(stack, wp, tmp_path):
+    body = """\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: policy_else}
+        workflow:
+          - step: broken
+            tool:
+              kind: ducklake
+              command: "SELECT * FROM steps_policy.no_such_table"
+              spec:
+                policy:
+                  rules:
+                    - else:
+                        then: {do: continue, set: {ctx.n: "{{ broken.data | length }}"}}
+        """
+    run = _run(stack, wp, tmp_path, body)
+    step = run.steps[0]
+    assert not run.ok and step.status == "error"
+    assert "no_such_table" in step.error.line()
+    assert any("`else` rule not applied: the task failed" in p for p in step.policy)
+    assert run.ctx == {}
+
+
+def test_a_sub_playbook_runs_with_its_inputs_and_returns_its_steps_data(stack, wp, tmp_path):
+    _table(stack, "sub")
+    (tmp_path / "child").mkdir()
+    (tmp_path / "child" / "playbook.yaml").write_text(
+        textwrap.dedent(
+            """\
+            apiVersion: noetl.io/v2
+            kind: Playbook
+            metadata: {name: child}
+            workload: {ids: []}
+            workflow:
+              - step: start
+                loop: {in: "{{ ids }}", iterator: id, spec: {mode: parallel}}
+                tool: {kind: ducklake, command: "INSERT INTO steps_policy.sub VALUES ({{ id | sql }})"}
+                next: {arcs: [{step: total}]}
+              - step: total
+                tool: {kind: ducklake, command: "SELECT count(*) AS n, sum(id) AS s FROM steps_policy.sub"}
+            """
+        )
+    )
+    body = """\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: parent}
+        workload: {wanted: [1, 2, 3]}
+        workflow:
+          - step: start
+            tool: {kind: playbook, path: child, return_step: total, input: {ids: "{{ wanted }}"}}
+            next: {arcs: [{step: check, when: "{{ start.data[0].n == 3 }}"}]}
+          - step: check
+            tool: {kind: python, code: "result = {'ok': True}"}
+        """
+    run = _run(stack, wp, tmp_path, body)
+    steps = {s.step: s for s in run.steps}
+    assert run.ok, _why(run)
+    assert steps["start"].data == [{"n": 3, "s": 6}]
+    assert steps["check"].status == "ok"  # the route read the sub-playbook's data
+    assert _count(stack, "sub") == [(1, 1), (2, 1), (3, 1)]
+    assert steps["start"].attempt.details["execution_id"] != run.execution_id
+    lost = _run(stack, wp, tmp_path, body.replace("path: child, return_step: total", "path: nowhere"))
+    assert not lost.ok and "no playbook at nowhere" in lost.steps[0].error.line()
+
+
+def test_a_cursor_loop_claims_rows_until_none_is_left_each_landing_once(stack, wp, tmp_path):
+    import psycopg
+
+    _table(stack, "cur")
+    pg = stack.platform.endpoints().pg
+    with psycopg.connect(pg.libpq("postgres"), autocommit=True) as con:
+        con.execute("DROP DATABASE IF EXISTS steps_tasks WITH (FORCE)")
+        con.execute("CREATE DATABASE steps_tasks")
+    with psycopg.connect(pg.libpq("steps_tasks"), autocommit=True) as con:
+        con.execute("CREATE TABLE tasks (id int PRIMARY KEY, status text)")
+        con.execute("INSERT INTO tasks SELECT g, 'pending' FROM generate_series(1, 6) g")
+    creds = stack.home / "steps-credentials.json"
+    before = creds.read_text() if creds.exists() else None
+    creds.write_text(
+        json.dumps({"pg_tasks": {"connection": f"postgresql://{pg.user}@{pg.host}:{pg.port}/steps_tasks"}})
+    )
+    creds.chmod(0o600)
+    body = """\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: cursor}
+        workflow:
+          - step: start
+            loop:
+              cursor:
+                kind: postgres
+                auth: pg_tasks
+                claim: |
+                  UPDATE tasks SET status = 'claimed'
+                  WHERE id = (SELECT id FROM tasks WHERE status = 'pending' ORDER BY id FOR UPDATE SKIP LOCKED LIMIT 1)
+                  RETURNING id;
+              iterator: task
+              spec: {mode: cursor, max_in_flight: 4}
+            tool: {kind: ducklake, command: "INSERT INTO steps_policy.cur VALUES ({{ task.id | sql }})"}
+        """
+    try:
+        run = _run(stack, wp, tmp_path, body)
+        assert run.ok, _why(run)
+        assert [it.element for it in run.steps[0].iterations] == [{"id": i} for i in range(1, 7)]
+        assert _count(stack, "cur") == [(i, 1) for i in range(1, 7)]  # each claimed row landed once
+        with psycopg.connect(pg.libpq("steps_tasks"), autocommit=True) as con:
+            assert con.execute("SELECT count(*) FROM tasks WHERE status = 'pending'").fetchone() == (0,)
+    finally:
+        creds.unlink() if before is None else creds.write_text(before)
+        with psycopg.connect(pg.libpq("postgres"), autocommit=True) as con:
+            con.execute("DROP DATABASE IF EXISTS steps_tasks WITH (FORCE)")
