@@ -15,13 +15,14 @@ dynamic     the dynamic tables of dynamic_tables/*.sql created, one more month l
             each refresh incremental and equal to its query run in full, the new month's trips all there
 bench       a short concurrency benchmark (3 writers x 100 inserts: processes, and worker plane tasks), counts checked
 
-Exit 0 only if every check of every stage holds.
+Each lesson stage runs one lesson, `run(kit, checks) -> <Lesson>Result`; `run_all` keeps the typed results
+(`AllResult`), and `AllResult.as_dict()` is what `all --json` prints. Exit 0 only if every check of every stage holds.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ducklake_kit.bench import concurrency as bench_concurrency
@@ -31,6 +32,7 @@ from ducklake_kit.lessons import dynamic, foundation, maintain, pipeline, querie
 from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import flow as taxi_flow
 from ducklake_kit.taxi import sources
+from ducklake_kit.taxi.load import LoadResult
 
 # synthetic by default (offline, quick on 2 cores; `--source auto` downloads ~9M real rows when the TLC host
 # answers); size overridable with DUCKLAKE_ALL_ROWS_PER_MONTH
@@ -42,72 +44,109 @@ def all_rows_per_month() -> int:
     return int(os.environ.get("DUCKLAKE_ALL_ROWS_PER_MONTH") or ALL_ROWS_PER_MONTH)
 
 
+@dataclass
+class AllResult:
+    """Every stage's typed result (the checks themselves are in the CheckRun, grouped by stage)."""
+
+    foundation: foundation.FoundationResult
+    load: LoadResult | None = None  # the first load (the second, a no-op, is checked and not kept)
+    queries: queries.QueriesResult | None = None
+    timetravel: timetravel.TimetravelResult | None = None
+    maintain: maintain.MaintainResult | None = None
+    workers: workers.WorkersResult | None = None
+    pipeline: pipeline.PipelineResult | None = None
+    steps: steps.StepsResult | None = None
+    dynamic: dynamic.DynamicResult | None = None
+    bench: bench_concurrency.ConcurrencyRun | None = None  # None: `--no-bench`
+    catalog_info: dict[str, Any] = field(default_factory=dict)  # the lake's, after everything
+
+    def as_dict(self) -> dict[str, Any]:
+        """`all --json`'s result (without catalog_info, which the envelope carries)."""
+        out: dict[str, Any] = {k: v for k, v in self.foundation.as_dict().items() if k != "catalog_info"}
+        if self.load is not None:
+            out["load"] = self.load.as_dict()
+        if self.queries is not None:
+            out["queries"] = self.queries.summary()
+        if self.timetravel is not None:
+            out["timetravel"] = {"snapshots": self.timetravel.versions}
+        if self.maintain is not None:
+            done = self.maintain.done
+            out["maintain"] = {
+                "expired": done.expired if done else None,
+                "before": self.maintain.before,
+                "after": self.maintain.after,
+            }
+        for name in ("workers", "pipeline", "steps", "dynamic"):
+            stage = getattr(self, name)
+            if stage is not None:
+                out[name] = stage.as_dict()
+        if self.bench is not None:
+            out["bench"] = self.bench.as_dict()
+        return out
+
+
 def run_all(
     kit: Kit, checks: CheckRun, *, source: str = "synthetic", mode: str = "skip", bench: bool = True
-) -> dict[str, Any]:
+) -> AllResult:
     with checks.stage("foundation"):
         kit.say("foundation: services, buckets, a table, two inserts, time travel")
-        result = foundation.run(kit, checks)
+        result = AllResult(foundation.run(kit, checks))
 
     with checks.stage("load"):
-        spec = taxi_flow.LoadSpec(source=source, months=ALL_MONTHS, rows_per_month=all_rows_per_month(), mode=mode)
-        first, _ = taxi_flow.load_checked(kit, spec, checks)
-        kit.say("the same load again: every file must be skipped")
-        again, _ = taxi_flow.load_checked(
-            kit, replace(spec, mode="skip"), checks, verify_skipped=False
-        )  # the figures were just checked
-        checks.equal(
-            "re-running the load skips every file", [f.status for f in again.files], ["skipped"] * len(first.files)
-        )
-    result["load"] = first.as_dict()
+        result.load = _load_twice(kit, checks, source=source, mode=mode)
 
     with checks.stage("queries"):
         kit.say("aggregations: every query in queries/, checked against the raw files")
-        with Lake(kit.platform.endpoints()) as lake:
-            answers = queries.check_queries(lake, checks)
-        result["queries"] = {
-            name: {"rows": len(rows), "seconds": round(sec, 4)} for name, (_c, rows, sec) in answers.items()
-        }
+        result.queries = queries.run(kit, checks)
 
     with checks.stage("timetravel"):
-        lesson = timetravel.run_timetravel(kit, checks, rows_per_month=timetravel.ROWS_PER_MONTH)
-        result["timetravel"] = {"snapshots": [r["snapshot_id"] for r in lesson["counts_at_version"]]}
+        result.timetravel = timetravel.run(kit, checks, rows_per_month=timetravel.ROWS_PER_MONTH)
 
     with checks.stage("maintain"):
         # expire the lesson's first snapshot (its story is told and checked): shows an expired version is gone
         # while everything current answers as before; the learner's own history is left alone
-        first_snapshot = lesson["counts_at_version"][0]["snapshot_id"]
-        done = maintain.run_maintain(kit, checks, versions=[first_snapshot])
-        result["maintain"] = {
-            "expired": done.get("done", {}).get("expired"),
-            "before": done["before"],
-            "after": done["after"],
-        }
+        result.maintain = maintain.run(kit, checks, versions=[result.timetravel.story.month1])
 
     with checks.stage("workers"):
-        result["workers"] = workers.run_workers(kit, checks)
+        result.workers = workers.run(kit, checks)
 
     with checks.stage("pipeline"):
-        result["pipeline"] = pipeline.run_pipeline(kit, checks)
+        result.pipeline = pipeline.run(kit, checks)
 
     with checks.stage("steps"):
-        result["steps"] = steps.run_steps(kit, checks)
+        result.steps = steps.run(kit, checks)
 
     with checks.stage("dynamic"):
-        result["dynamic"] = dynamic.run_dynamic(kit, checks, source=source, rows_per_month=all_rows_per_month())
+        result.dynamic = dynamic.run(kit, checks, source=source, rows_per_month=all_rows_per_month())
 
     if bench:
         with checks.stage("bench"):
-            kit.say(
-                "a short benchmark: 3 writers x 100 inserts into DuckLake (processes, worker plane tasks) and into one DuckDB file"
-            )
-            figures = bench_concurrency.bench_concurrency(kit, writers=3, ops=100)
-            for mode, label in (("ducklake", "DuckLake"), ("workers", "DuckLake from the worker plane")):
-                lake_side = figures.results[mode]
-                checks.equal(f"bench: {label} lost no rows (3 x 100 inserts)", lake_side.rows_lost, 0)
-                checks.equal(f"bench: {label} reported no errors", lake_side.errors, 0)
-            result["bench"] = figures.as_dict()
+            result.bench = _bench(kit, checks)
 
     with Lake(kit.platform.endpoints()) as lake:
-        result["catalog_info"] = lake.catalog_info(kit.platform.name)  # after everything, not before
+        result.catalog_info = lake.catalog_info(kit.platform.name)  # after everything, not before
     return result
+
+
+def _load_twice(kit: Kit, checks: CheckRun, *, source: str, mode: str) -> LoadResult:
+    """The taxi load through PySpark, checked against the raw files; then the same load again, every file skipped."""
+    spec = taxi_flow.LoadSpec(source=source, months=ALL_MONTHS, rows_per_month=all_rows_per_month(), mode=mode)
+    first, _ = taxi_flow.load_checked(kit, spec, checks)
+    kit.say("the same load again: every file must be skipped")
+    again, _ = taxi_flow.load_checked(kit, replace(spec, mode="skip"), checks, verify_skipped=False)  # just checked
+    checks.equal(
+        "re-running the load skips every file", [f.status for f in again.files], ["skipped"] * len(first.files)
+    )
+    return first
+
+
+def _bench(kit: Kit, checks: CheckRun) -> bench_concurrency.ConcurrencyRun:
+    kit.say(
+        "a short benchmark: 3 writers x 100 inserts into DuckLake (processes, worker plane tasks) and into one DuckDB file"
+    )
+    figures = bench_concurrency.bench_concurrency(kit, writers=3, ops=100)
+    for mode, label in (("ducklake", "DuckLake"), ("workers", "DuckLake from the worker plane")):
+        lake_side = figures.results[mode]
+        checks.equal(f"bench: {label} lost no rows (3 x 100 inserts)", lake_side.rows_lost, 0)
+        checks.equal(f"bench: {label} reported no errors", lake_side.errors, 0)
+    return figures

@@ -16,7 +16,8 @@ import pytest
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
-from ducklake_kit.lessons.maintain import fingerprint, referenced_files, run_maintain, s3_objects
+from ducklake_kit.lessons import maintain
+from ducklake_kit.lessons.maintain import fingerprint, referenced_files, s3_objects
 from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import flow
 
@@ -62,12 +63,12 @@ def test_dry_run_changes_nothing_then_a_real_run_keeps_answers_and_expires(fresh
         assert fp["main.events"][0] == rows + 1
 
     with pytest.raises(KitError, match="cannot read the age"):
-        run_maintain(Kit.on(fresh_stack.platform), CheckRun(), older_than="seven days")
+        maintain.run(Kit.on(fresh_stack.platform), CheckRun(), older_than="seven days")
 
     checks = CheckRun()
-    dry = run_maintain(Kit.on(fresh_stack.platform), checks, older_than=cutoff, dry_run=True)
+    dry = maintain.run(Kit.on(fresh_stack.platform), checks, older_than=cutoff, dry_run=True)
     assert checks.ok, [c.as_dict() for c in checks.failed]
-    would = dry["would"]
+    would = dry.would
     assert would["expire_snapshots"] == [0, *snaps]  # everything committed before the cutoff
     assert would["flush_inlined_rows"] == {"main.events": 5 + 5 - 1 + 3 + 1}  # inlined inserts, minus the deleted id 7
     with Lake(ep) as lake:
@@ -80,16 +81,17 @@ def test_dry_run_changes_nothing_then_a_real_run_keeps_answers_and_expires(fresh
         restored = lake.current_snapshot()
 
     checks = CheckRun()
-    done = run_maintain(Kit.on(fresh_stack.platform), checks, versions=[after_cutoff])  # exactly one version
+    done = maintain.run(Kit.on(fresh_stack.platform), checks, versions=[after_cutoff])  # exactly one version
     assert checks.ok, [c.as_dict() for c in checks.failed]
-    assert done["done"]["expired"] == [after_cutoff]
+    assert done.done.expired == [after_cutoff]
+    assert done.name == "maintain" and done.checks == checks.checks and done.ok  # the result carries its checks
 
     checks = CheckRun()
-    real = run_maintain(Kit.on(fresh_stack.platform), checks, older_than=cutoff)
+    real = maintain.run(Kit.on(fresh_stack.platform), checks, older_than=cutoff)
     assert checks.ok, [c.as_dict() for c in checks.failed]
-    assert real["done"]["expired"] == [0, *snaps]
-    assert real["done"]["flushed"] == {}  # the versions run already flushed them
-    assert real["after"]["inlined_rows"] == 0
+    assert real.done.expired == [0, *snaps]
+    assert real.done.flushed == {}  # the versions run already flushed them
+    assert real.after["inlined_rows"] == 0
     with Lake(ep) as lake:
         assert _answers(lake) == (rows + 1, total)
         for version in (snaps[0], snaps[-1]):
@@ -133,13 +135,13 @@ def test_orphaned_files_from_a_killed_load_are_removed_and_answers_unchanged(fre
     assert any("pickup_month=6" in o for o in orphans), orphans  # the killed load's trips file
 
     checks = CheckRun()
-    dry = run_maintain(Kit.on(fresh_stack.platform), checks, older_than="7 days", dry_run=True)
-    assert checks.ok and dry["would"]["orphaned_files"] == []  # younger than the cutoff: a running load is safe
+    dry = maintain.run(Kit.on(fresh_stack.platform), checks, older_than="7 days", dry_run=True)
+    assert checks.ok and dry.would["orphaned_files"] == []  # younger than the cutoff: a running load is safe
 
     checks = CheckRun()
-    real = run_maintain(Kit.on(fresh_stack.platform), checks, older_than=datetime.now(UTC))
+    real = maintain.run(Kit.on(fresh_stack.platform), checks, older_than=datetime.now(UTC))
     assert checks.ok, [c.as_dict() for c in checks.failed]
-    assert orphans <= set(real["done"]["orphans_deleted"])
+    assert orphans <= set(real.done.orphans_deleted)
     assert not orphans & set(s3_objects(ep))
     with Lake(ep) as lake:
         assert lake.con.execute("SELECT count(*), sum(total_amount) FROM trips").fetchone() == answers
@@ -172,12 +174,12 @@ def test_maintain_beside_another_writer_checks_its_own_commits(fresh_stack):
         while len(inserted) < 3:  # the writer is committing before maintain starts, and goes on during it
             stop.wait(0.05)
         checks = CheckRun()
-        result = run_maintain(Kit.on(fresh_stack.platform), checks, versions=[])
+        result = maintain.run(Kit.on(fresh_stack.platform), checks, versions=[])
     finally:
         stop.set()
         writer.join(30)
     assert checks.ok, [c.as_dict() for c in checks.failed]
-    assert result["other_writers_snapshots"], "the other writer committed nothing while maintain ran"
+    assert result.other_writers_snapshots, "the other writer committed nothing while maintain ran"
     own = [c.name for c in checks.checks if "changed no answer" in c.name]
     assert own and any(n.startswith("flushing inlined data") for n in own), own
     assert not any(c.name.startswith("current answers unchanged") for c in checks.checks)
@@ -228,19 +230,19 @@ def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack):
         alive = left["running"]
         assert alive, left
         checks = CheckRun()
-        plain = run_maintain(Kit.on(fresh_stack.platform), checks)  # without the option: they stay, and it says why
-        assert checks.ok and plain["unreferenced_left"] == {
+        plain = maintain.run(Kit.on(fresh_stack.platform), checks)  # without the option: they stay, and it says why
+        assert checks.ok and plain.unreferenced_left == {
             "running": len(alive),
             "dead": len(dead),
             "other": len(other),
         }
         checks = CheckRun()
-        result = run_maintain(Kit.on(fresh_stack.platform), checks, dead_loads=True)
+        result = maintain.run(Kit.on(fresh_stack.platform), checks, dead_loads=True)
         assert checks.ok, [c.as_dict() for c in checks.failed]
-        assert result["done"]["dead_load_files_deleted"] == dead
+        assert result.done.dead_load_files_deleted == dead
         objects = set(s3_objects(ep))
         assert not set(dead) & objects and set(alive) <= objects
-        assert result["unreferenced_left"] == {"running": len(alive), "dead": 0, "other": len(other)}
+        assert result.unreferenced_left == {"running": len(alive), "dead": 0, "other": len(other)}
     finally:
         _out, err = running.communicate(timeout=600)
     assert running.returncode == 0, err[-3000:]  # its own checks passed: every row it wrote is in the lake

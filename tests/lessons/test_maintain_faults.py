@@ -15,7 +15,7 @@ import pytest
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
-from ducklake_kit.lessons.maintain import run_maintain
+from ducklake_kit.lessons import maintain
 from ducklake_kit.platforms import postgres
 from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.platforms.report import CallbackReporter
@@ -86,14 +86,14 @@ def test_maintain_during_an_insert_stream_on_a_catalog_that_ends_idle_transactio
             time.sleep(1)  # the writers are inserting before maintain starts
             checks = CheckRun()
             start = time.monotonic()
-            result = run_maintain(Kit.on(fresh_stack.platform), checks)
+            result = maintain.run(Kit.on(fresh_stack.platform), checks)
             seconds = time.monotonic() - start
             time.sleep(0.5)  # and still after it
     finally:
         admin.execute(f"ALTER DATABASE {ep.pg.dbname} RESET idle_in_transaction_session_timeout")
         admin.close()
     assert checks.ok, [c.as_dict() for c in checks.failed]
-    merged = result["done"]["merged"]["maint.big"]
+    merged = result.done.merged["maint.big"]
     assert merged["files_processed"] >= FILES, merged  # the merge did run, under the timeout
     assert seconds > 1.0  # longer than the timeout: the idle transaction it used to die of had the time to
     assert stream.failures == []
@@ -139,13 +139,13 @@ def test_maintain_during_a_load_on_a_catalog_that_ends_idle_transactions(fresh_s
         assert paused.wait(300), "the load never reached its pause before the commit"
         checks = CheckRun()
         maintain_started = time.monotonic()
-        result = run_maintain(Kit.on(fresh_stack.platform), checks)
+        result = maintain.run(Kit.on(fresh_stack.platform), checks)
         loader.join(600)
     finally:
         admin.execute(f"ALTER DATABASE {ep.pg.dbname} RESET idle_in_transaction_session_timeout")
         admin.close()
     assert checks.ok, [c.as_dict() for c in checks.failed]
-    assert result["done"]["merged"]["maint.big"]["files_processed"] >= FILES
+    assert result.done.merged["maint.big"]["files_processed"] >= FILES
     assert len(loaded) == 1 and not isinstance(loaded[0], Exception), loaded
     assert load_ended[0] > maintain_started  # they did overlap: maintain started while the load ran
     load_result, load_checks = loaded[0]

@@ -8,7 +8,8 @@ import pytest
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
-from ducklake_kit.lessons.timetravel import SCHEMA, build_story, check_story, run_timetravel
+from ducklake_kit.lessons import timetravel
+from ducklake_kit.lessons.timetravel import SCHEMA, build_story, check_story
 from ducklake_kit.platforms.kit import Kit
 
 pytestmark = [pytest.mark.integration, pytest.mark.spark]
@@ -27,21 +28,22 @@ def test_the_lesson_checks_every_figure_and_a_rerun_tells_the_same_story(stack):
     runs = []
     for _ in range(2):
         checks = CheckRun()
-        runs.append(run_timetravel(Kit.on(stack.platform, stack.state), checks, rows_per_month=ROWS))
+        runs.append(timetravel.run(Kit.on(stack.platform, stack.state), checks, rows_per_month=ROWS))
         assert checks.ok, [c.as_dict() for c in checks.failed]
     first, second = runs
     # the same story, in later snapshots: the same counts and changes per step
-    assert [c["trips"] for c in first["counts_at_version"]] == [c["trips"] for c in second["counts_at_version"]]
-    assert second["story"]["month1"] > first["story"]["restore"]
-    counts = {c["step"]: c["trips"] for c in second["counts_at_version"]}
-    m1, m2 = second["story"]["accepted"]
-    zero = second["story"]["zero_distance"]
+    assert [c["trips"] for c in first.counts_at_version] == [c["trips"] for c in second.counts_at_version]
+    assert second.story.month1 > first.story.restore
+    assert second.name == "timetravel" and second.ok and len(second.checks) >= 8 and second.seconds > 0
+    counts = {c["step"]: c["trips"] for c in second.counts_at_version}
+    m1, m2 = second.story.accepted
+    zero = second.story.zero_distance
     assert counts == {"month 1": m1, "month 2": m1 + m2, "correction": m1 + m2 - zero, "restore": m1 + m2}
     assert 0 < zero < m1 + m2 and m1 + m2 < 2 * ROWS  # some trips quarantined, some corrected
-    assert second["at_timestamp"]["trips"] == m1
-    assert second["changes"][1] == {
-        "from": second["story"]["month2"],
-        "to": second["story"]["correction"],
+    assert second.at_timestamp["trips"] == m1
+    assert second.changes[1] == {
+        "from": second.story.month2,
+        "to": second.story.correction,
         "delete": zero,
         "insert": m2,
     }

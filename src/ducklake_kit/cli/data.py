@@ -216,13 +216,14 @@ def query(
     from ducklake_kit.lessons import queries as q  # lessons load only for the command that runs them (start-up)
 
     c: Kit = ctx.obj
-    answers, run, info = q.run_queries(c.platform.endpoints(), c.platform_name, names or None, check=check)
+    run = CheckRun()
+    result = q.run(c, run, names=names or None, check=check)
     if as_json:
-        print_json("ok" if run.ok else "error", {"queries": q.answers_as_dict(answers), **run.as_dict()}, info)
+        print_json("ok" if run.ok else "error", {**result.as_dict(), **run.as_dict()}, result.catalog_info)
     else:
         out = console()
         teaches = {x.name: x.teaches for x in q.list_queries()}
-        for name, (columns, rows, seconds) in answers.items():
+        for name, (columns, rows, seconds) in result.answers.items():
             out.print(
                 table(
                     f"{name} ({len(rows)} rows, {seconds * 1000:.0f} ms): {teaches.get(name, '')}", columns, rows[:25]
@@ -250,18 +251,18 @@ def timetravel(
 
     c: Kit = ctx.obj
     run = CheckRun()
-    result = tt.run_timetravel(c.with_reporter(reporter(as_json)), run, rows_per_month=rows_per_month)
+    result = tt.run(c.with_reporter(reporter(as_json)), run, rows_per_month=rows_per_month)
     if as_json:
-        print_json("ok" if run.ok else "error", {**result, **run.as_dict()})
+        print_json("ok" if run.ok else "error", {**result.as_dict(), **run.as_dict()})
     else:
         out = console()
         out.print(
             table(
-                f"Snapshots of the lesson (schema {result['schema']})",
+                f"Snapshots of the lesson (schema {tt.SCHEMA})",
                 ["step", "snapshot_id", "time", "message"],
                 [
                     [r.get("step"), r.get("snapshot_id"), r.get("snapshot_time"), r.get("commit_message")]
-                    for r in result["snapshots"]
+                    for r in result.snapshots
                 ],
             )
         )
@@ -269,21 +270,18 @@ def timetravel(
             table(
                 "trips AT (VERSION => n)",
                 ["step", "snapshot_id", "trips"],
-                [[r["step"], r["snapshot_id"], f"{r['trips']:,}"] for r in result["counts_at_version"]],
+                [[r["step"], r["snapshot_id"], f"{r['trips']:,}"] for r in result.counts_at_version],
             )
         )
-        out.print(f"AT (TIMESTAMP => ...): {result['at_timestamp']}", markup=False)
+        out.print(f"AT (TIMESTAMP => ...): {result.at_timestamp}", markup=False)
         out.print(
             table(
                 "ducklake_table_changes (from..to, both included)",
                 ["from", "to", "changes"],
-                [
-                    [r["from"], r["to"], {k: v for k, v in r.items() if k not in ("from", "to")}]
-                    for r in result["changes"]
-                ],
+                [[r["from"], r["to"], {k: v for k, v in r.items() if k not in ("from", "to")}] for r in result.changes],
             )
         )
-        out.print(f"correction: {result['rule']} ({result['rule_why']}); restore: {result['restore']}", markup=False)
+        out.print(f"correction: {tt.RULE} ({tt.RULE_WHY}); restore: {result.restore}", markup=False)
         print_checks(run, "Time travel checks")
     if not run.ok:
         raise typer.Exit(EXIT_CHECK_FAILED)
@@ -317,7 +315,7 @@ def maintain(
 
     c: Kit = ctx.obj
     run = CheckRun()
-    result = mt.run_maintain(
+    result = mt.run(
         c.with_reporter(reporter(as_json)),
         run,
         older_than=older_than,
@@ -326,10 +324,10 @@ def maintain(
         dead_loads=dead_loads,
     )
     if as_json:
-        print_json("ok" if run.ok else "error", {**result, **run.as_dict()})
+        print_json("ok" if run.ok else "error", {**result.as_dict(), **run.as_dict()})
     else:
         out = console()
-        before, after = result["before"], result["after"]
+        before, after = result.before, result.after
         out.print(
             table(
                 "Before / after" + (" (dry run: nothing changed)" if dry_run else ""),
@@ -337,7 +335,7 @@ def maintain(
                 [[k, before[k], after.get(k)] for k in before],
             )
         )
-        detail = result.get("would") if dry_run else result.get("done")
+        detail = result.would if dry_run else (result.done.as_dict() if result.done else None)
         for k, v in (detail or {}).items():
             out.print(
                 f"{'would ' if dry_run else ''}{k}: {v if not isinstance(v, list) or len(v) <= 5 else f'{len(v)} items'}",
@@ -372,14 +370,13 @@ def all_(
     c: Kit = ctx.obj
     run = CheckRun()
     result = all_flow.run_all(c.with_reporter(reporter(as_json)), run, source=source, mode=mode, bench=bench)
-    info = result.pop("catalog_info")
     if as_json:
-        print_json("ok" if run.ok else "error", {**result, **run.as_dict()}, info)
+        print_json("ok" if run.ok else "error", {**result.as_dict(), **run.as_dict()}, result.catalog_info)
     else:
         out = console()
         out.print(render_checks(run, f"ducklake-test on --platform {c.platform_name}"))
-        if "bench" in result:
-            out.print(_bench_concurrency_line(result["bench"]), markup=False)
+        if result.bench is not None:
+            out.print(_bench_concurrency_line(result.bench.as_dict()), markup=False)
         out.print(
             table(
                 "Summary",

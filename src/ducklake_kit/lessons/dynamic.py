@@ -11,14 +11,16 @@ before and after the load, compared both ways. Each load also rewrites `zones` w
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.dynamic_tables import ddl, manage
-from ducklake_kit.dynamic_tables.metadata import Metadata
+from ducklake_kit.dynamic_tables.metadata import Metadata, Refresh
 from ducklake_kit.dynamic_tables.refresh import INCREMENTAL, Refresher
 from ducklake_kit.lake import Lake
+from ducklake_kit.lessons.result import LessonResult, lesson
 from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.platforms.state import project_root
 from ducklake_kit.taxi import flow as taxi_flow
@@ -35,9 +37,18 @@ def examples(folder: Path = FOLDER) -> list[ddl.CreateDynamicTable]:
     return out
 
 
-def run_dynamic(
-    kit: Kit, checks: CheckRun, *, source: str, rows_per_month: int, folder: Path = FOLDER
-) -> dict[str, Any]:
+@dataclass(kw_only=True)
+class DynamicResult(LessonResult):
+    tables: list[str]  # the examples' dynamic tables, in creation order
+    refreshes: list[Refresh]  # the refresh after the extra month's load, one per table, upstream first
+    history: dict[str, list[tuple]]  # per table, its last 3 refreshes: (trigger, status, mode, inserted, deleted)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"tables": self.tables, "refreshes": [r.as_dict() for r in self.refreshes], "history": self.history}
+
+
+@lesson("dynamic")
+def run(kit: Kit, checks: CheckRun, *, source: str, rows_per_month: int, folder: Path = FOLDER) -> DynamicResult:
     ep = kit.platform.endpoints()
     tables = examples(folder)
     names = [t.name for t in tables]
@@ -121,4 +132,4 @@ def run_dynamic(
         }
     for name, rows in history.items():
         kit.say(f"dynamic: history of {name} (newest first): {rows}")
-    return {"tables": names, "refreshes": [r.as_dict() for r in batch.refreshes], "history": history}
+    return DynamicResult(tables=names, refreshes=batch.refreshes, history=history)

@@ -6,10 +6,12 @@ Expected figures are computed here in Python, independently of DuckDB.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
+from ducklake_kit.lessons.result import LessonResult, lesson
 from ducklake_kit.platforms import postgres, s3
 from ducklake_kit.platforms.base import BUCKETS
 from ducklake_kit.platforms.kit import Kit
@@ -22,7 +24,18 @@ def _amount(i: int) -> int:
     return (i * 7) % 1000  # the same formula as the SQL below
 
 
-def run(kit: Kit, checks: CheckRun) -> dict[str, Any]:
+@dataclass(kw_only=True)
+class FoundationResult(LessonResult):
+    table: str
+    snapshots: list[int]  # the two inserts' snapshots
+    catalog_info: dict[str, Any] = field(default_factory=dict)  # the lake's, after the lesson
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"table": self.table, "snapshots": self.snapshots, "catalog_info": self.catalog_info}
+
+
+@lesson("foundation")
+def run(kit: Kit, checks: CheckRun) -> FoundationResult:
     with checks.step("up"):
         kit.platform.up()
     statuses = kit.platform.status()  # measured after `up`, by a fresh round trip to each service
@@ -96,4 +109,4 @@ def run(kit: Kit, checks: CheckRun) -> dict[str, Any]:
             pg_snapshots = pg.execute("SELECT count(*) FROM ducklake_snapshot").fetchone()[0]
         checks.equal("the catalog in PostgreSQL holds the same snapshots DuckDB sees", pg_snapshots, duck_snapshots)
         info = lake.catalog_info(kit.platform.name)
-    return {"table": f"lake.main.{TABLE}", "snapshots": snapshots, "catalog_info": info}
+    return FoundationResult(table=f"lake.main.{TABLE}", snapshots=snapshots, catalog_info=info)

@@ -13,7 +13,7 @@ Checked, not just printed:
 - a dry run changes nothing: the same snapshots, the same objects on S3 (key and size), the same fingerprint.
 
 The operations themselves are in lake/maintenance.py (with the DuckLake semantics they rely on); this lesson
-runs them in order and checks each one.
+runs them in order and checks each one: `run(kit, checks, ...) -> MaintainResult`.
 """
 
 from __future__ import annotations
@@ -28,20 +28,89 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.lake import maintenance as ops
 from ducklake_kit.lake.inventory import fingerprint, inventory, referenced_files, s3_objects, snapshot_ids
 from ducklake_kit.lake.maintenance import CATALOG_SETTINGS, DEFAULT_OLDER_THAN, unreferenced_files
+from ducklake_kit.lessons.result import LessonResult, lesson
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.platforms.kit import Kit
 
 __all__ = [
     "DEFAULT_OLDER_THAN",
+    "Done",
+    "MaintainResult",
     "fingerprint",
     "referenced_files",
+    "run",
     "run_maintain",
     "s3_objects",
     "unreferenced_files",
 ]
 
+_LEFT_BECAUSE = {
+    "running": "written by a load that is still running (it may commit them)",
+    "dead": "of loads known dead, kept until they are older than {cutoff} (`maintain --dead-loads` removes them now)",
+    "other": "not named for a load, kept until they are older than {cutoff}",
+}
 
-def run_maintain(
+
+@dataclass
+class Done:
+    """What a real run did, operation by operation."""
+
+    flushed: dict[str, int] = field(default_factory=dict)  # schema.table -> inlined rows written to Parquet
+    merged: dict[str, dict[str, int]] = field(default_factory=dict)  # schema.table -> files_processed, files_created
+    expired: list[int] = field(default_factory=list)  # snapshot ids
+    cleaned: list[str] = field(default_factory=list)  # files only expired snapshots used, deleted
+    orphans_deleted: list[str] = field(default_factory=list)
+    dead_load_files_deleted: list[str] | None = None  # None: not asked for (`dead_loads`)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "flushed": self.flushed,
+            "merged": self.merged,
+            "expired": self.expired,
+            "cleaned": self.cleaned,
+            "orphans_deleted": self.orphans_deleted,
+        }
+        if self.dead_load_files_deleted is not None:
+            out["dead_load_files_deleted"] = self.dead_load_files_deleted
+        return out
+
+
+@dataclass(kw_only=True)
+class MaintainResult(LessonResult):
+    dry_run: bool
+    cutoff: str  # ISO timestamp: snapshots and orphaned files older than it go
+    versions: list[int] | None  # the snapshots asked to expire (None: by age)
+    before: dict[str, Any]  # the lake's inventory before
+    after: dict[str, Any] = field(default_factory=dict)  # and after
+    would: dict[str, Any] | None = None  # a dry run: what would go
+    done: Done | None = None  # a real run: what went
+    unreferenced_left: dict[str, int] = field(default_factory=dict)  # running | dead | other -> files left on S3
+    other_writers_snapshots: list[int] = field(default_factory=list)  # other writers' commits while maintain ran
+    reachability: dict[str, Any] = field(default_factory=dict)  # the expired and the current version, read back
+    deleted_from_s3: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "dry_run": self.dry_run,
+            "cutoff": self.cutoff,
+            "versions": self.versions,
+            "before": self.before,
+        }
+        if self.dry_run:
+            return {**out, "would": self.would, "unreferenced_left": self.unreferenced_left, "after": self.after}
+        return {
+            **out,
+            "unreferenced_left": self.unreferenced_left,
+            "done": self.done.as_dict() if self.done else None,
+            "after": self.after,
+            "other_writers_snapshots": self.other_writers_snapshots,
+            "reachability": self.reachability,
+            "deleted_from_s3": self.deleted_from_s3,
+        }
+
+
+@lesson("maintain")
+def run(
     kit: Kit,
     checks: CheckRun,
     *,
@@ -49,26 +118,32 @@ def run_maintain(
     versions: list[int] | None = None,
     dry_run: bool = False,
     dead_loads: bool = False,
-) -> dict[str, Any]:
+) -> MaintainResult:
     """`older_than`: snapshots committed before it expire, and orphaned files last written before it are deleted.
     `versions`: expire exactly these snapshots instead (orphans still use `older_than`). `dead_loads`: also delete
     now, whatever their age, the files of loads known dead (their life lock is free: see `unreferenced_files`)."""
     ep = kit.platform.endpoints()
     with Lake(ep, catalog_settings=CATALOG_SETTINGS) as lake:
         cutoff = ops.resolve_cutoff(lake, older_than)
-        run = _Maintain(lake, ep, checks, kit.say, cutoff, ops.expire_args(lake, cutoff, versions), versions)
-        run.read_before()
+        m = _Maintain(lake, ep, checks, kit.say, cutoff, ops.expire_args(lake, cutoff, versions))
+        m.read_before(versions, dry_run=dry_run)
         if dry_run:
-            run.dry_run(dead_loads=dead_loads)
+            m.dry_run(dead_loads=dead_loads)
         else:
-            run.operations(dead_loads=dead_loads)
-            run.check_after()
-    return run.result
+            m.operations(dead_loads=dead_loads)
+            m.check_after()
+    return m.result
+
+
+def run_maintain(kit: Kit, checks: CheckRun, **options: Any) -> dict[str, Any]:
+    """`run(...).as_dict()`: the name and the dict notebook 05 still use (kept until the notebook reads the result)."""
+    return run(kit, checks, **options).as_dict()
 
 
 @dataclass
 class _Maintain:
-    """One maintain run: the lake, what it was before, and the result as it grows."""
+    """One maintain run: the lake, what it was before, and the result as it grows. Each method is one operation
+    and its checks, or one group of checks."""
 
     lake: Lake
     ep: Endpoints
@@ -76,38 +151,38 @@ class _Maintain:
     say: Callable[[str], None]
     cutoff: datetime
     args: ops.ExpireArgs
-    versions: list[int] | None
-    result: dict[str, Any] = field(default_factory=dict)
     own: list[int] = field(default_factory=list)  # the snapshots maintain's own operations committed
 
-    def read_before(self) -> None:
-        lake, checks = self.lake, self.checks
-        self.result.update(
-            dry_run=False, cutoff=self.cutoff.isoformat(), versions=self.versions, before=inventory(lake, self.ep)
+    def read_before(self, versions: list[int] | None, *, dry_run: bool) -> None:
+        lake = self.lake
+        self.result = MaintainResult(
+            dry_run=dry_run, cutoff=self.cutoff.isoformat(), versions=versions, before=inventory(lake, self.ep)
         )
         self.snaps_before = snapshot_ids(lake)
         self.objects_before = s3_objects(self.ep)
-        with checks.step("maintain: fingerprint before"):
+        with self.checks.step("maintain: fingerprint before"):
             self.fp_before = fingerprint(lake)
             # the oldest snapshot that will survive (not the current one): its answers must not change either
             survivors = [s for s in self.snaps_before[:-1] if s not in ops.expire(lake, self.args, dry_run=True)]
             self.kept = survivors[0] if survivors else None
             self.fp_kept = fingerprint(lake, self.kept) if self.kept is not None else {}
 
+    # -- a dry run: lists, then checks that nothing changed
+
     def dry_run(self, *, dead_loads: bool) -> None:
-        lake, ep, checks = self.lake, self.ep, self.checks
-        self.result["dry_run"] = True
+        lake, ep, checks, result = self.lake, self.ep, self.checks, self.result
         self.say("dry run: listing what would go, changing nothing")
-        self.result["would"] = ops.would_do(lake, self.args, self.cutoff)
+        result.would = ops.would_do(lake, self.args, self.cutoff)
         left = unreferenced_files(lake, ep)
-        self.result["unreferenced_left"] = {k: len(v) for k, v in left.items()}
+        result.unreferenced_left = {k: len(v) for k, v in left.items()}
         if dead_loads:
-            self.result["would"]["dead_load_files"] = left["dead"]
-        after = inventory(lake, ep)
+            result.would["dead_load_files"] = left["dead"]
+        result.after = inventory(lake, ep)
         checks.equal("dry run: the snapshots are unchanged", snapshot_ids(lake), self.snaps_before)
         checks.equal("dry run: the files on S3 are unchanged (keys and sizes)", s3_objects(ep), self.objects_before)
         checks.equal("dry run: every table's fingerprint is unchanged", fingerprint(lake), self.fp_before)
-        self.result["after"] = after
+
+    # -- a real run: each operation, and the check that goes with it
 
     def answer_preserving(self, what: str, operation: Callable[[], list[tuple]]) -> list[tuple]:
         """Run one committing operation; the snapshot it made (if any) must answer exactly as the one it was
@@ -123,91 +198,104 @@ class _Maintain:
         return rows
 
     def operations(self, *, dead_loads: bool) -> None:
-        lake, checks, say, done = self.lake, self.checks, self.say, {}
-        with checks.step("maintain: flush inlined data"):
-            say("flushing inlined data into Parquet files")
-            rows = self.answer_preserving("flushing inlined data", lambda: ops.flush(lake))
-            done["flushed"] = {f"{s}.{t}": int(n) for s, t, n in rows}
-        with checks.step("maintain: merge adjacent files"):
-            say("merging adjacent small files")
-            rows = self.answer_preserving("merging adjacent files", lambda: ops.merge(lake))
-            done["merged"] = {f"{s}.{t}": {"files_processed": int(p), "files_created": int(c)} for s, t, p, c in rows}
-        with checks.step("maintain: expire snapshots"):
-            which = "in " + str(self.versions) if self.versions else "older than " + self.cutoff.isoformat()
-            say(f"expiring snapshots {which}")
-            done["expired"] = ops.expire(lake, self.args, dry_run=False)
-        with checks.step("maintain: clean up old files"):
-            say("deleting the files only expired snapshots used")
-            done["cleaned"] = ops.cleanup_old_files(lake)
-        with checks.step("maintain: delete orphaned files"):
-            say("deleting orphaned files (written but never committed, e.g. by a killed load)")
-            done["orphans_deleted"] = ops.delete_orphans(lake, self.cutoff)
-        with checks.step("maintain: files of dead loads"):
+        done = self.result.done = Done()
+        done.flushed = self._flush()
+        done.merged = self._merge()
+        done.expired = self._expire()
+        with self.checks.step("maintain: clean up old files"):
+            self.say("deleting the files only expired snapshots used")
+            done.cleaned = ops.cleanup_old_files(self.lake)
+        with self.checks.step("maintain: delete orphaned files"):
+            self.say("deleting orphaned files (written but never committed, e.g. by a killed load)")
+            done.orphans_deleted = ops.delete_orphans(self.lake, self.cutoff)
+        with self.checks.step("maintain: files of dead loads"):
             if dead_loads:
-                self._dead_loads(done)
+                done.dead_load_files_deleted = self._dead_loads()
             self._unreferenced_left()
-        with checks.step("maintain: checkpoint"):
-            say("CHECKPOINT")
-            self.answer_preserving("CHECKPOINT", lambda: ops.checkpoint(lake))
-        self.result["done"] = done
-        self.result["after"] = inventory(lake, self.ep)
+        with self.checks.step("maintain: checkpoint"):
+            self.say("CHECKPOINT")
+            self.answer_preserving("CHECKPOINT", lambda: ops.checkpoint(self.lake))
+        self.result.after = inventory(self.lake, self.ep)
 
-    def _dead_loads(self, done: dict[str, Any]) -> None:
+    def _flush(self) -> dict[str, int]:
+        with self.checks.step("maintain: flush inlined data"):
+            self.say("flushing inlined data into Parquet files")
+            rows = self.answer_preserving("flushing inlined data", lambda: ops.flush(self.lake))
+        return {f"{s}.{t}": int(n) for s, t, n in rows}
+
+    def _merge(self) -> dict[str, dict[str, int]]:
+        with self.checks.step("maintain: merge adjacent files"):
+            self.say("merging adjacent small files")
+            rows = self.answer_preserving("merging adjacent files", lambda: ops.merge(self.lake))
+        return {f"{s}.{t}": {"files_processed": int(p), "files_created": int(c)} for s, t, p, c in rows}
+
+    def _expire(self) -> list[int]:
+        with self.checks.step("maintain: expire snapshots"):
+            versions = self.result.versions
+            self.say(f"expiring snapshots {'in ' + str(versions) if versions else 'older than ' + self.result.cutoff}")
+            return ops.expire(self.lake, self.args, dry_run=False)
+
+    def _dead_loads(self) -> list[str]:
         dead = ops.delete_dead_loads_files(self.lake, self.ep, on_delete=self.say)
-        done["dead_load_files_deleted"] = dead
         if dead:
             still = sorted(set(dead) & set(s3_objects(self.ep)))
             self.checks.equal("the dead loads' files are gone from S3", still, [])
+        return dead
 
     def _unreferenced_left(self) -> None:
         left = unreferenced_files(self.lake, self.ep)
-        self.result["unreferenced_left"] = {k: len(v) for k, v in left.items()}
-        cutoff = self.cutoff.isoformat()
-        reasons = {
-            "running": "written by a load that is still running (it may commit them)",
-            "dead": f"of loads known dead, kept until they are older than {cutoff} "
-            "(`maintain --dead-loads` removes them now)",
-            "other": f"not named for a load, kept until they are older than {cutoff}",
-        }
+        self.result.unreferenced_left = {k: len(v) for k, v in left.items()}
         for kind, files in left.items():
             if files:
-                self.say(f"{len(files)} unreferenced file(s) left: {reasons[kind]}")
+                self.say(
+                    f"{len(files)} unreferenced file(s) left: {_LEFT_BECAUSE[kind].format(cutoff=self.result.cutoff)}"
+                )
+
+    # -- after a real run: the lake answers as before, expired is gone, every needed file is there
 
     def check_after(self) -> None:
-        lake, checks, done = self.lake, self.checks, self.result["done"]
-        with checks.step("maintain: fingerprint after"):
-            fp_after = fingerprint(lake)
-        snaps_after = snapshot_ids(lake)
+        with self.checks.step("maintain: fingerprint after"):
+            fp_after = fingerprint(self.lake)
+        snaps_after = snapshot_ids(self.lake)
+        self._check_answers(fp_after, snaps_after)
+        self._check_expired(snaps_after)
+        if self.kept is not None:
+            self.checks.equal(
+                f"a kept older snapshot ({self.kept}) answers as before (time travel survives the merge)",
+                fingerprint(self.lake, self.kept),
+                self.fp_kept,
+            )
+        self.result.reachability = self._check_reachability(fp_after, snaps_after)
+        self._check_files()
+
+    def _check_answers(self, fp_after: dict[str, Any], snaps_after: list[int]) -> None:
         others = sorted(set(snaps_after) - set(self.snaps_before) - set(self.own))  # other writers' commits meanwhile
-        self.result["other_writers_snapshots"] = others
+        self.result.other_writers_snapshots = others
         if not others:  # nobody else wrote: the whole lake's answers are as before, too
-            checks.equal("current answers unchanged: every table's rows and row-hash sum", fp_after, self.fp_before)
+            self.checks.equal(
+                "current answers unchanged: every table's rows and row-hash sum", fp_after, self.fp_before
+            )
         else:
             self.say(
                 f"{len(others)} snapshot(s) of other writers landed meanwhile: each of maintain's own commits was "
                 "checked against the snapshot it was built on instead"
             )
-        checks.equal("expired snapshots are no longer listed", sorted(set(done["expired"]) & set(snaps_after)), [])
-        if self.versions:
-            checks.equal(
+
+    def _check_expired(self, snaps_after: list[int]) -> None:
+        expired, versions = self._done.expired, self.result.versions
+        self.checks.equal("expired snapshots are no longer listed", sorted(set(expired) & set(snaps_after)), [])
+        if versions:
+            self.checks.equal(
                 "exactly the requested versions expired",
-                done["expired"],
-                sorted({int(v) for v in self.versions} & set(self.snaps_before)),
+                expired,
+                sorted({int(v) for v in versions} & set(self.snaps_before)),
             )
         else:
             gone = [s for s in self.snaps_before if s not in snaps_after]
-            checks.equal("every snapshot that is gone was reported expired", gone, done["expired"])
-        if self.kept is not None:
-            checks.equal(
-                f"a kept older snapshot ({self.kept}) answers as before (time travel survives the merge)",
-                fingerprint(lake, self.kept),
-                self.fp_kept,
-            )
-        self.result["reachability"] = self._check_reachability(fp_after, snaps_after)
-        self._check_files()
+            self.checks.equal("every snapshot that is gone was reported expired", gone, expired)
 
     def _check_reachability(self, fp_after: dict[str, Any], snaps_after: list[int]) -> dict[str, Any]:
-        expired_ids, probe = self.result["done"]["expired"], next(iter(fp_after), None)
+        expired_ids, probe = self._done.expired, next(iter(fp_after), None)
         if not (expired_ids and probe):
             return {}
         expired = expired_ids[-1]
@@ -224,12 +312,17 @@ class _Maintain:
         return {"expired_version": expired, "expired_error": error, "current_version": current, "table": probe}
 
     def _check_files(self) -> None:
-        done = self.result["done"]
+        done = self._done
         objects_after = s3_objects(self.ep)
         needed = referenced_files(self.lake)
         self.checks.equal(
             "every file the current snapshot references is on S3", sorted(needed - set(objects_after)), []
         )
-        deleted = set(done["cleaned"]) | set(done["orphans_deleted"])
+        deleted = set(done.cleaned) | set(done.orphans_deleted)
         self.checks.equal("every file reported deleted is gone from S3", sorted(deleted & set(objects_after)), [])
-        self.result["deleted_from_s3"] = sorted(set(self.objects_before) - set(objects_after))
+        self.result.deleted_from_s3 = sorted(set(self.objects_before) - set(objects_after))
+
+    @property
+    def _done(self) -> Done:
+        assert self.result.done is not None  # check_after runs after operations
+        return self.result.done

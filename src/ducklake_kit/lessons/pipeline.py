@@ -8,11 +8,13 @@ so equal means equal.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
+from ducklake_kit.lessons.result import LessonResult, lesson
 from ducklake_kit.lessons.workers import PLANE_OFF, plane_for
 from ducklake_kit.pipelines import dag, flow
 from ducklake_kit.platforms.kit import Kit
@@ -67,11 +69,31 @@ def differences(lake: Lake, mart: str, direct_at: str, snapshot: int) -> tuple[i
     return rows, only_mart, only_direct
 
 
-def run_pipeline(kit: Kit, checks: CheckRun, *, path: Path = PIPELINE_FILE) -> dict[str, Any]:
+@dataclass(kw_only=True)
+class PipelineResult(LessonResult):
+    run_id: str | None = None
+    nodes: dict[str, str] = field(default_factory=dict)  # node id -> status
+    rows: dict[str, int] = field(default_factory=dict)  # mart -> rows, each checked against its direct computation
+    history_snapshot: int | None = None  # the snapshot that recorded the run's history
+    skipped: str | None = None  # why the lesson's checks were skipped (PLANE_OFF)
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"skipped": self.skipped}
+        return {
+            "run_id": self.run_id,
+            "nodes": self.nodes,
+            "rows": self.rows,
+            "history_snapshot": self.history_snapshot,
+        }
+
+
+@lesson("pipeline")
+def run(kit: Kit, checks: CheckRun, *, path: Path = PIPELINE_FILE) -> PipelineResult:
     ep = kit.platform.endpoints()
     status = plane_for(kit, "pipeline")
     if status is None:
-        return {"skipped": PLANE_OFF}
+        return PipelineResult(skipped=PLANE_OFF)
     kit.say(f"pipeline: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
     outcome = flow.run(
         path,
@@ -80,19 +102,19 @@ def run_pipeline(kit: Kit, checks: CheckRun, *, path: Path = PIPELINE_FILE) -> d
         platform_name=kit.platform.name,
         on_event=lambda kind, n: kit.say(f"pipeline: node {n.id} {'started' if kind == 'start' else n.status}"),
     )
-    run = outcome.run
+    done = outcome.run
     checks.equal(
         "pipeline: every node ran and succeeded",
-        {n.id: n.error or n.status for n in run.nodes},
+        {n.id: n.error or n.status for n in done.nodes},
         dict.fromkeys(dag.load(path).nodes, "ok"),
     )
-    nodes = {n.id: n for n in run.nodes}
+    nodes = {n.id: n for n in done.nodes}
     checks.equal(
         "pipeline: the worker-local steps and the node that reads their table ran on w1",
         [nodes[n].worker if n in nodes else None for n in ("zone_names", "zone_flows", "drop_zone_names")],
         ["w1", "w1", "w1"],
     )
-    figures: dict[str, Any] = {}
+    figures: dict[str, int] = {}
     with Lake(ep) as lake:
         snapshot = lake.current_snapshot()
         # a table read AT a version takes no alias: pinned through a subquery
@@ -111,7 +133,7 @@ def run_pipeline(kit: Kit, checks: CheckRun, *, path: Path = PIPELINE_FILE) -> d
             r[0]
             for r in lake.con.execute(
                 "SELECT parent FROM lineage_tables WHERE pipeline = ? AND child = 'marts.borough_summary'",
-                [run.pipeline],
+                [done.pipeline],
             ).fetchall()
         }
         checks.equal(
@@ -119,9 +141,9 @@ def run_pipeline(kit: Kit, checks: CheckRun, *, path: Path = PIPELINE_FILE) -> d
             parents,
             {"marts.daily_revenue", "marts.airport_trips"},
         )
-    return {
-        "run_id": run.run_id,
-        "nodes": {n.id: n.status for n in run.nodes},
-        "rows": figures,
-        "history_snapshot": outcome.history_snapshot,
-    }
+    return PipelineResult(
+        run_id=done.run_id,
+        nodes={n.id: n.status for n in done.nodes},
+        rows=figures,
+        history_snapshot=outcome.history_snapshot,
+    )

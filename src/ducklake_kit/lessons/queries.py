@@ -3,6 +3,7 @@
     for q in list_queries(): print(q.name, q.teaches)
     columns, rows, seconds = run_query(lake, "q1_trips_by_vendor")
     check_queries(lake, checks)        # one check per query: "query <name> matches the source"
+    done = run(kit, checks)            # the lesson (`query`, `all`): every query, checked; done.answers[name].rows
 
 The check is an independent computation. It does not read `trips`: a private DuckDB connection reads the raw
 objects that `load_log.raw_uri` names (one read per load still in load_log, so a file loaded twice with
@@ -23,27 +24,59 @@ wrong derived column (weekday, hour, date, year) makes the lake's answer differ 
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
-from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.lessons.result import LessonResult, lesson
+from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi.lesson_queries import REFERENCE_SQL, Query, build_reference, get_query, list_queries, run_query
 from ducklake_kit.taxi.reference import UnreadableSource
 
-__all__ = ["REFERENCE_SQL", "Query", "answers_as_dict", "check_queries", "get_query", "list_queries", "run_query"]
+__all__ = ["REFERENCE_SQL", "Answer", "QueriesResult", "Query", "check_queries", "get_query", "list_queries", "run"]
 
 _QUARANTINE_CHECK = "quarantine reasons match the source"
 
 
-def check_queries(
-    lake: Lake, checks: CheckRun, names: list[str] | None = None
-) -> dict[str, tuple[list[str], list[tuple], float]]:
+class Answer(NamedTuple):
+    """One query's answer from the lake."""
+
+    columns: list[str]
+    rows: list[tuple]
+    seconds: float
+
+
+@dataclass(kw_only=True)
+class QueriesResult(LessonResult):
+    answers: dict[str, Answer]  # by query name, in the order they ran
+    catalog_info: dict[str, Any] = field(default_factory=dict)  # the lake's, after the queries
+
+    def as_dict(self) -> dict[str, Any]:
+        """`query --json`: {"queries": {name: {columns, rows, seconds}}} with rows as lists (the CLI makes dates and
+        decimals JSON-safe)."""
+        return {
+            "queries": {
+                n: {"columns": a.columns, "rows": [list(r) for r in a.rows], "seconds": a.seconds}
+                for n, a in self.answers.items()
+            }
+        }
+
+    def summary(self) -> dict[str, Any]:
+        """`all`'s record of the stage: {name: {rows: how many, seconds}}."""
+        return {n: {"rows": len(a.rows), "seconds": round(a.seconds, 4)} for n, a in self.answers.items()}
+
+
+def _answer(lake: Lake, name: str) -> Answer:
+    return Answer(*run_query(lake, name))
+
+
+def check_queries(lake: Lake, checks: CheckRun, names: list[str] | None = None) -> dict[str, Answer]:
     """Run each query (all by default) and check its answer equals the reference computed from the source files.
 
-    Returns the lake's answers by name, (columns, rows, seconds), for rendering. With all queries, also checks
-    that the quarantine holds, per reject_reason, exactly the rows the reference rules reject."""
+    Returns the lake's answers by name, for rendering. With all queries, also checks that the quarantine holds,
+    per reject_reason, exactly the rows the reference rules reject."""
     known = {q.name: q for q in list_queries()}
     for n in names or []:
         get_query(n)  # an unknown name is one clear error, before anything is read
@@ -54,7 +87,7 @@ def check_queries(
             f"query '{missing[0]}' has no reference computation to check it against",
             f"checked queries: {', '.join(n for n in known if n in REFERENCE_SQL)}",
         )
-    answers: dict[str, tuple[list[str], list[tuple], float]] = {}
+    answers: dict[str, Answer] = {}
     try:
         with checks.step("queries: reference from the source files"):
             ref = build_reference(lake)
@@ -62,13 +95,12 @@ def check_queries(
         checks.true(
             "queries: the reference reads every loaded raw object", False, expected="readable", actual=exc.line()
         )
-        return {name: run_query(lake, name) for name in wanted}
+        return {name: _answer(lake, name) for name in wanted}
     try:
         for name in wanted:
-            columns, rows, seconds = run_query(lake, name)
-            answers[name] = (columns, rows, seconds)
+            answers[name] = _answer(lake, name)
             expected = ref.execute(REFERENCE_SQL[name]).fetchall()
-            checks.equal(f"query {name} matches the source", rows, expected)
+            checks.equal(f"query {name} matches the source", answers[name].rows, expected)
         if names is None:
             lake_reasons = lake.con.execute(
                 f"SELECT reject_reason, count(*) FROM {lake.alias}.main.quarantine GROUP BY 1 ORDER BY 1"
@@ -82,21 +114,13 @@ def check_queries(
     return answers
 
 
-def run_queries(
-    endpoints: Endpoints, platform_name: str, names: list[str] | None = None, *, check: bool = True
-) -> tuple[dict[str, tuple[list[str], list[tuple], float]], CheckRun, dict[str, Any]]:
-    """`query`: run the named queries (all by default), each checked against the source files unless `check` is
-    off: (answers by name, the checks, the lake's catalog_info afterwards)."""
-    run = CheckRun()
-    with Lake(endpoints) as lake:
+@lesson("queries")
+def run(kit: Kit, checks: CheckRun, *, names: list[str] | None = None, check: bool = True) -> QueriesResult:
+    """The named queries (all by default), each checked against the source files unless `check` is off."""
+    with Lake(kit.platform.endpoints()) as lake:
         if check:
-            answers = check_queries(lake, run, names)
+            answers = check_queries(lake, checks, names)
         else:
-            answers = {n: run_query(lake, n) for n in (names or [x.name for x in list_queries()])}
-        info = lake.catalog_info(platform_name)
-    return answers, run, info
-
-
-def answers_as_dict(answers: dict[str, tuple[list[str], list[tuple], float]]) -> dict[str, Any]:
-    """{name: {columns, rows, seconds}} with rows as lists (the CLI makes dates and decimals JSON-safe)."""
-    return {n: {"columns": c, "rows": [list(r) for r in rows], "seconds": s} for n, (c, rows, s) in answers.items()}
+            answers = {n: _answer(lake, n) for n in (names or [x.name for x in list_queries()])}
+        info = lake.catalog_info(kit.platform.name)
+    return QueriesResult(answers=answers, catalog_info=info)

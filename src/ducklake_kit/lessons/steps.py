@@ -5,11 +5,13 @@ catalog's own record of that snapshot."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
+from ducklake_kit.lessons.result import LessonResult, lesson
 from ducklake_kit.lessons.workers import PLANE_OFF, plane_for
 from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.platforms.state import project_root
@@ -19,15 +21,39 @@ PLAYBOOK = (project_root() or Path.cwd()) / "steps" / "distributed_loop.yaml"
 BATCH_IDS = list(range(1, 9))
 
 
-def run_steps(kit: Kit, checks: CheckRun, *, path: Path = PLAYBOOK) -> dict[str, Any]:
+@dataclass(kw_only=True)
+class StepsResult(LessonResult):
+    playbook: str = ""
+    execution_id: str | None = None
+    statuses: list[str] = field(default_factory=list)  # each step's status, in order
+    iterations: int = 0  # of the async loop, each checked against the row it wrote
+    workers: list[str] = field(default_factory=list)  # the workers the iterations ran on
+    run_seconds: float | None = None  # the runner's own time for the playbook (`seconds` is the whole lesson's)
+    skipped: str | None = None  # why the lesson's checks were skipped (PLANE_OFF)
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"skipped": self.skipped}
+        return {
+            "playbook": self.playbook,
+            "execution_id": self.execution_id,
+            "steps": self.statuses,
+            "iterations": self.iterations,
+            "workers": self.workers,
+            "seconds": self.run_seconds,
+        }
+
+
+@lesson("steps")
+def run(kit: Kit, checks: CheckRun, *, path: Path = PLAYBOOK) -> StepsResult:
     ep = kit.platform.endpoints()
     status = plane_for(kit, "steps")
     if status is None:
-        return {"skipped": PLANE_OFF}
+        return StepsResult(skipped=PLANE_OFF)
     kit.say(f"steps: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
     overrides = {"batch_ids": BATCH_IDS}
     playbook = runner.load(path, overrides)
-    run = runner.run_file(
+    done = runner.run_file(
         playbook,
         kit,
         scheduler=status.address,
@@ -36,10 +62,10 @@ def run_steps(kit: Kit, checks: CheckRun, *, path: Path = PLAYBOOK) -> dict[str,
     )
     checks.equal(
         "steps: every step of the playbook ran and succeeded",
-        {s.step: (s.error.line() if s.error else s.status) for s in run.steps},
+        {s.step: (s.error.line() if s.error else s.status) for s in done.steps},
         dict.fromkeys(playbook.steps, "ok"),
     )
-    loop = next((s for s in run.steps if s.iterations is not None), None)
+    loop = next((s for s in done.steps if s.iterations is not None), None)
     ran_on = {it.element: it.worker for it in (loop.iterations if loop else [])}
     with Lake(ep) as lake:
         rows = lake.con.execute("SELECT batch_id, worker_id FROM processed_batches ORDER BY batch_id").fetchall()
@@ -58,7 +84,7 @@ def run_steps(kit: Kit, checks: CheckRun, *, path: Path = PLAYBOOK) -> dict[str,
                 expected="> 1 worker",
                 actual=sorted(set(ran_on.values())),
             )
-        info = run.steps[-1].catalog_info or {}
+        info = done.steps[-1].catalog_info or {}
         latest = info.get("latest_snapshot") or {}
         row = lake.con.execute(
             "SELECT snapshot_id, commit_message FROM ducklake_snapshots('lake') WHERE snapshot_id = ?",
@@ -78,11 +104,11 @@ def run_steps(kit: Kit, checks: CheckRun, *, path: Path = PLAYBOOK) -> dict[str,
             expected="the catalog's count",
             actual=info.get("snapshot_count"),
         )
-    return {
-        "playbook": str(path),
-        "execution_id": run.execution_id,
-        "steps": [s.status for s in run.steps],
-        "iterations": len(ran_on),
-        "workers": sorted(set(ran_on.values())),
-        "seconds": run.seconds,
-    }
+    return StepsResult(
+        playbook=str(path),
+        execution_id=done.execution_id,
+        statuses=[s.status for s in done.steps],
+        iterations=len(ran_on),
+        workers=sorted(set(ran_on.values())),
+        run_seconds=done.seconds,
+    )

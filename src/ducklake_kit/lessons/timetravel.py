@@ -41,6 +41,7 @@ from ducklake_kit.lake.changes import change_counts, changes_sql
 from ducklake_kit.lake.sql import schema_exists
 from ducklake_kit.lake.transactions import commit
 from ducklake_kit.lessons import LESSON_ROWS_PER_MONTH
+from ducklake_kit.lessons.result import LessonResult, lesson
 from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import sources
 from ducklake_kit.taxi.flow import SPARK_LOG
@@ -175,7 +176,38 @@ def _count_at(lake: Lake, version: int) -> int:
     return int(lake.scalar(f"SELECT count(*) FROM {TABLE} AT (VERSION => {int(version)})"))
 
 
-def check_story(lake: Lake, story: Story, checks: CheckRun) -> dict[str, Any]:
+@dataclass(kw_only=True)
+class TimetravelResult(LessonResult):
+    """The figures shown, every one of them through a check; the lists hold the rows `timetravel` renders."""
+
+    story: Story
+    snapshots: list[dict[str, Any]]  # the lesson's snapshots: step, snapshot_id, snapshot_time, commit_message, changes
+    counts_at_version: list[dict[str, Any]]  # step, snapshot_id, trips
+    at_timestamp: dict[str, Any]  # timestamp, trips, reads_snapshot ({} when the commits' times were not listed)
+    changes: list[dict[str, Any]]  # from, to, and the change feed's counts per change_type
+    restore: dict[str, Any]  # method, to_version, rows_reinserted, extra_rows, missing_rows, trips_now
+
+    @property
+    def versions(self) -> list[int]:
+        """The snapshots of the story's four steps: month 1, month 2, the correction, the restore."""
+        s = self.story
+        return [s.month1, s.month2, s.correction, s.restore]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "rule": RULE,
+            "rule_why": RULE_WHY,
+            "snapshots": self.snapshots,
+            "counts_at_version": self.counts_at_version,
+            "at_timestamp": self.at_timestamp,
+            "changes": self.changes,
+            "restore": self.restore,
+            "story": self.story.as_dict(),
+        }
+
+
+def check_story(lake: Lake, story: Story, checks: CheckRun) -> TimetravelResult:
     """Show and check: snapshots, counts per version, a timestamp query, the change feed, the restore.
     Returns the figures for rendering; every one of them went through a check."""
     s = story
@@ -289,19 +321,17 @@ def check_story(lake: Lake, story: Story, checks: CheckRun) -> dict[str, Any]:
     current = int(lake.scalar(f"SELECT count(*) FROM {TABLE}"))
     checks.equal("current trips == month 1 + month 2", current, m1 + m2)
 
-    return {
-        "schema": SCHEMA,
-        "rule": RULE,
-        "rule_why": RULE_WHY,
-        "snapshots": snapshots,
-        "counts_at_version": [{"step": k, "snapshot_id": v, "trips": counts[k]} for k, v in steps.items()],
-        "at_timestamp": at_time,
-        "changes": [
+    return TimetravelResult(
+        story=s,
+        snapshots=snapshots,
+        counts_at_version=[{"step": k, "snapshot_id": v, "trips": counts[k]} for k, v in steps.items()],
+        at_timestamp=at_time,
+        changes=[
             {"from": s.correction, "to": s.correction, **only_correction},
             {"from": s.month2, "to": s.correction, **month2_to_correction},
             {"from": s.restore, "to": s.restore, **restore_changes},
         ],
-        "restore": {
+        restore={
             "method": "re-insert the deleted rows from the change feed",
             "to_version": s.month2,
             "rows_reinserted": s.reinserted,
@@ -309,13 +339,12 @@ def check_story(lake: Lake, story: Story, checks: CheckRun) -> dict[str, Any]:
             "missing_rows": missing,
             "trips_now": current,
         },
-        "story": s.as_dict(),
-    }
+    )
 
 
-def run_timetravel(
-    kit: Kit, checks: CheckRun, *, rows_per_month: int = ROWS_PER_MONTH, seed: int = SEED
-) -> dict[str, Any]:
+@lesson("timetravel")
+def run(kit: Kit, checks: CheckRun, *, rows_per_month: int = ROWS_PER_MONTH, seed: int = SEED) -> TimetravelResult:
+    """Steps 1-4 (`build_story`), then every figure shown and checked (`check_story`)."""
     story = build_story(kit, checks, rows_per_month=rows_per_month, seed=seed)
     with checks.step("timetravel: checks"), Lake(kit.platform.endpoints()) as lake:
         return check_story(lake, story, checks)

@@ -9,10 +9,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from ducklake_kit.checks import CheckRun
 from ducklake_kit.lake import Lake
+from ducklake_kit.lessons.result import LessonResult, lesson
 from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.workers import WorkerPlane
 from ducklake_kit.workers import plane as plane_mod
@@ -33,12 +35,28 @@ def plane_for(kit: Kit, stage: str) -> PlaneStatus | None:
     return status
 
 
-def run_workers(kit: Kit, checks: CheckRun) -> dict[str, Any]:
+@dataclass(kw_only=True)
+class WorkersResult(LessonResult):
+    workers: list[str] = field(default_factory=list)  # the plane's workers, w1 first
+    tasks: int | None = None  # the per-month tasks run (None: fewer than two workers, nothing submitted)
+    ran_on: list[str] = field(default_factory=list)  # the workers those tasks ran on
+    skipped: str | None = None  # why the lesson's checks were skipped (PLANE_OFF)
+
+    def as_dict(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"workers": self.workers, "skipped": self.skipped}
+        if self.tasks is None:
+            return {"workers": self.workers}
+        return {"workers": self.workers, "tasks": self.tasks, "ran_on": self.ran_on}
+
+
+@lesson("workers")
+def run(kit: Kit, checks: CheckRun) -> WorkersResult:
     ep = kit.platform.endpoints()
     kit.say("worker plane: the scheduler and the workers, each with the lake attached")
     status = plane_for(kit, "worker plane")
     if status is None:
-        return {"workers": [], "skipped": PLANE_OFF}
+        return WorkersResult(skipped=PLANE_OFF)
     names = sorted((w.name for w in status.workers), key=name_order)
     checks.true(
         "workers: at least two workers, each with the lake attached",
@@ -47,7 +65,7 @@ def run_workers(kit: Kit, checks: CheckRun) -> dict[str, Any]:
         actual=status.detail,
     )
     if len(names) < 2:
-        return {"workers": names}
+        return WorkersResult(workers=names)
     with Lake(ep) as lake:
         snapshot = lake.current_snapshot()
         months = [
@@ -92,4 +110,4 @@ def run_workers(kit: Kit, checks: CheckRun) -> dict[str, Any]:
             dict.fromkeys(names[1:], "does not exist"),
         )
         wp.run(f"DROP TABLE {LOCAL_TABLE}", worker=names[0])
-    return {"workers": names, "tasks": len(results), "ran_on": ran_on}
+    return WorkersResult(workers=names, tasks=len(results), ran_on=ran_on)
