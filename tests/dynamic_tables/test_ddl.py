@@ -175,7 +175,16 @@ def plan_of(
         ("SELECT a FROM t UNION ALL SELECT a FROM u UNION SELECT a FROM v", "SET_OPERATION"),
         ("WITH c AS (SELECT a FROM t) SELECT a FROM c", "WITH_CLAUSE"),  # without the sources' columns
         ("SELECT a FROM t WHERE a IN (SELECT a FROM u)", "SUBQUERY"),
-        ("SELECT a, row_number() OVER (ORDER BY a) AS r FROM t", "WINDOW_FUNCTION"),
+        ("SELECT a, row_number() OVER (ORDER BY a) AS r FROM t", "WINDOW_WITHOUT_PARTITION_BY"),
+        (
+            "SELECT a, rank() OVER (PARTITION BY a) AS r, rank() OVER (PARTITION BY b) AS q FROM t",
+            "WINDOW_WITHOUT_PARTITION_BY",
+        ),
+        ("SELECT b, row_number() OVER (PARTITION BY a ORDER BY b) AS r FROM t", "WINDOW_PARTITION_NOT_SELECTED"),
+        (
+            "SELECT a, sum(b) AS s, rank() OVER (PARTITION BY a ORDER BY sum(b)) AS r FROM t GROUP BY a",
+            "WINDOW_FUNCTION",
+        ),
         ("SELECT DISTINCT ON (a) a, b FROM t ORDER BY a, b", "DISTINCT"),
         ("SELECT a FROM t LIMIT 5", "LIMIT"),
         ("SELECT t.a FROM t RIGHT JOIN u ON t.a = u.a", "OUTER_JOIN"),
@@ -308,6 +317,16 @@ SCHEMA = {"main.t": {"a": "INTEGER", "b": "INTEGER"}, "s.u": {"a": "INTEGER", "c
             "UNION ALL of 2 branches (aggregate, aggregate)",
         ),
         (
+            "SELECT a, b, sum(b) OVER (PARTITION BY a ORDER BY b) AS running FROM t",
+            planner.WINDOW,
+            "window partitioned by a",
+        ),
+        (
+            "SELECT * FROM t QUALIFY row_number() OVER (PARTITION BY a ORDER BY b DESC) = 1",
+            planner.WINDOW,
+            "window partitioned by a",
+        ),
+        (
             "WITH c AS (SELECT a, b * 2 AS d FROM t WHERE b > 0) SELECT a, sum(d) AS s FROM c GROUP BY a",
             planner.AGGREGATE,
             "aggregate by a",
@@ -319,11 +338,13 @@ SCHEMA = {"main.t": {"a": "INTEGER", "b": "INTEGER"}, "s.u": {"a": "INTEGER", "c
         ),
     ],
 )
-def test_unions_distinct_and_inlined_ctes_are_incremental(query, kind, how):
+def test_unions_distinct_windows_and_inlined_ctes_are_incremental(query, kind, how):
     parsed = sqlglot.parse_one(query, read="duckdb")
     names = [
         s.alias_or_name for s in (parsed.selects if isinstance(parsed, sqlglot.exp.Select) else parsed.this.selects)
     ]
+    if names == ["*"]:  # DuckDB names what a star gives
+        names = list(SCHEMA["main.t"])
     p = planner.analyze(parsed, names, "lake", schema=SCHEMA)
     assert p.kind == kind and how in p.explain(), p.explain()
 

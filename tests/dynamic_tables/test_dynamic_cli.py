@@ -193,7 +193,8 @@ def test_sql_takes_the_ddl_among_other_statements(cli_env):
                 "CREATE DYNAMIC TABLE x TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL AS "
                 f"SELECT g, row_number() OVER (ORDER BY g) AS r FROM {S}.t",
             ],
-            "Error: dynamic table main.x cannot be refreshed incrementally: WINDOW_FUNCTION: a window function.",
+            "Error: dynamic table main.x cannot be refreshed incrementally: WINDOW_WITHOUT_PARTITION_BY: a window "
+            "function without PARTITION BY, or windows partitioned differently.",
         ),
         # issue 29: blamed on the services (NumericValueOutOfRange ... Try: run `status`)
         (

@@ -40,14 +40,14 @@ from ducklake_kit.dynamic_tables.ddl import (
     DdlError,
 )
 
-AGGREGATE, ROWS, UNION, FULL = "aggregate", "rows", "union", "full"
+AGGREGATE, ROWS, UNION, WINDOW, FULL = "aggregate", "rows", "union", "window", "full"
 # why a query is refreshed in full (Databricks-style codes, shown by `dynamic show`)
 REASONS = {
     "SET_OPERATION": "INTERSECT / EXCEPT, UNION BY NAME, or UNION mixed with UNION ALL",
     "WITH_CLAUSE": "a WITH clause that cannot be inlined (recursive, or a CTE with an aggregate, DISTINCT, LIMIT or "
     "window that another query reads)",
     "SUBQUERY": "a subquery",
-    "WINDOW_FUNCTION": "a window function",
+    "WINDOW_FUNCTION": "a window function over GROUP BY, beside an aggregate, or over a named WINDOW",
     "DISTINCT": "SELECT DISTINCT",
     "LIMIT": "LIMIT / OFFSET",
     "OUTER_JOIN": "a RIGHT or FULL outer, semi, anti, ASOF or lateral join (or a LEFT JOIN in a union)",
@@ -57,7 +57,9 @@ REASONS = {
     "GROUP_KEY_NOT_SELECTED": "a GROUP BY key that is not a column of the result",
     "GLOBAL_AGGREGATE": "an aggregate without GROUP BY",
     "STAR_WITH_AGGREGATE": "SELECT * with GROUP BY",
-    "QUALIFY": "QUALIFY",
+    "QUALIFY": "QUALIFY without a window function",
+    "WINDOW_WITHOUT_PARTITION_BY": "a window function without PARTITION BY, or windows partitioned differently",
+    "WINDOW_PARTITION_NOT_SELECTED": "a window's PARTITION BY key that is not a column of the result",
     "SAMPLE": "USING SAMPLE / TABLESAMPLE (a different sample each time)",
 }
 MERGEABLE = {exp.Sum: "sum", exp.Min: "min", exp.Max: "max", exp.Count: "count"}
@@ -107,6 +109,11 @@ class Plan:
         return self.read or sorted({o.source for o in self.occurrences})
 
     @property
+    def keyed(self) -> bool:
+        """Maintained by its keys: a GROUP BY's groups, or the partitions of its window functions."""
+        return self.kind in (AGGREGATE, WINDOW)
+
+    @property
     def incremental(self) -> bool:
         return self.kind != FULL
 
@@ -135,6 +142,11 @@ class Plan:
             else f"inserts recompute their groups ({self.merge_reason})"
         )
         over = " over LEFT JOINs" if self.outer else ""
+        if self.kind == WINDOW:
+            return (
+                f"window partitioned by {', '.join(k.column for k in self.keys)}{over}: the partitions a change "
+                "touches are recomputed (QUALIFY included)"
+            )
         return f"aggregate by {', '.join(k.column for k in self.keys)}{over}: affected groups recomputed; {how}"
 
 
@@ -192,13 +204,11 @@ def _check_shape(query: exp.Expression) -> exp.Select:
         raise _Full("DISTINCT")
     if query.args.get("limit") or query.args.get("offset"):
         raise _Full("LIMIT")
-    if query.args.get("qualify"):
+    if query.args.get("qualify") and not any(isinstance(n, exp.Window) for n in query.args["qualify"].walk()):
         raise _Full("QUALIFY")
     for node in query.walk():
         if node is not query and isinstance(node, (exp.Select, exp.Subquery)):
             raise _Full("SUBQUERY")
-        if isinstance(node, exp.Window):
-            raise _Full("WINDOW_FUNCTION")
         if isinstance(node, exp.TableSample):
             raise _Full("SAMPLE")
         if isinstance(node, NONDETERMINISTIC) or (
@@ -318,6 +328,16 @@ def _select_plan(
     select: exp.Select, names: list[str], lake_alias: str, types: dict | None, source_columns: set[str] | None
 ) -> Plan:
     occ = occurrences(select, lake_alias)
+    if any(isinstance(n, exp.Window) for n in select.walk()):
+        return Plan(
+            WINDOW,
+            occurrences=occ,
+            columns=names,
+            keys=_partition_keys(select, names),
+            merge_reason="window functions",
+            query=select,
+            outer=_outer(select),
+        )
     if not select.args.get("group"):
         if any(_is_aggregate(s) for s in select.selects) or select.args.get("having"):
             raise _Full("GLOBAL_AGGREGATE")
@@ -340,6 +360,35 @@ def _select_plan(
         query=select,
         outer=_outer(select),
     )
+
+
+def _partition_keys(select: exp.Select, names: list[str]) -> list[Key]:
+    """The keys of a query whose window functions (in the select list or QUALIFY) all have one PARTITION BY: each
+    must be a column of the result (an item of the select list, or a column a `*` gives), so the table's rows of a
+    partition can be found and replaced."""
+    if select.args.get("group") or select.args.get("windows"):  # windows over groups; WINDOW w AS (...)
+        raise _Full("WINDOW_FUNCTION")
+    for agg in select.find_all(exp.AggFunc):
+        if not agg.find_ancestor(exp.Window):
+            raise _Full("WINDOW_FUNCTION")  # an aggregate beside the windows
+    partitions = {
+        tuple(sorted(p.sql(DIALECT) for p in w.args.get("partition_by") or [])) for w in select.find_all(exp.Window)
+    }
+    if len(partitions) != 1 or not next(iter(partitions)):
+        raise _Full("WINDOW_WITHOUT_PARTITION_BY")
+    items = [s.unalias() for s in select.selects]
+    star = any(isinstance(e, exp.Star) for e in items)
+    by_name = {n.lower(): n for n in names}
+    keys = []
+    for p in next(w for w in select.find_all(exp.Window)).args["partition_by"]:
+        matches = [i for i, e in enumerate(items) if e == p]
+        if matches and len(items) == len(names):
+            keys.append(Key(names[matches[0]], p))
+        elif star and isinstance(p, exp.Column) and p.name.lower() in by_name:
+            keys.append(Key(by_name[p.name.lower()], p))
+        else:
+            raise _Full("WINDOW_PARTITION_NOT_SELECTED")
+    return keys
 
 
 def _union_branches(query: exp.Expression) -> tuple[list[exp.Select] | None, bool]:
@@ -550,7 +599,7 @@ def key_column(i: int) -> str:
 def key_select(select: exp.Select, keys: list[Key]) -> exp.Select:
     """The query's rows reduced to its group keys (columns __k0, __k1, ...), one row per key."""
     out = select.copy()
-    for arg in ("group", "having", "order", "limit", "offset"):
+    for arg in ("group", "having", "order", "limit", "offset", "qualify"):
         out.set(arg, None)
     out.set("expressions", [exp.alias_(k.expr.copy(), key_column(i), quoted=True) for i, k in enumerate(keys)])
     out.set("distinct", exp.Distinct())

@@ -350,11 +350,7 @@ class Refresher:
         if plan.kind == planner.AGGREGATE and insert_only and plan.merge is not None:
             return self._merge(d, plan, terms(post, prev, now), temps)
         # affected keys: pre-images against the old snapshot, post-images against the new one
-        keys = (
-            plan.keys
-            if plan.kind == planner.AGGREGATE
-            else [planner.Key(c, exp.column(c, "__q", quoted=True)) for c in plan.columns]
-        )
+        keys = plan.keys if plan.keyed else [planner.Key(c, exp.column(c, "__q", quoted=True)) for c in plan.columns]
         if plan.outer:  # the result rows of the first table's rows a change reaches, as they were and are
             delta = Delta(pre, post, counts, prev, now)
             touched = self._outer_rows(
@@ -363,7 +359,7 @@ class Refresher:
             temps.append("__dt_outer")
         else:
             touched = terms(pre, prev, prev) + terms(post, now, now)
-        if plan.kind == planner.AGGREGATE:
+        if plan.keyed:
             affected_sql = " UNION ".join(sql(planner.key_select(t, keys)) for t in touched)
         else:  # the affected rows, compared whole: their columns become the keys __k0, __k1, ...
             union = " UNION ".join(sql(p) for p in touched)
@@ -372,12 +368,12 @@ class Refresher:
         affected = self._temp("__dt_keys", affected_sql)
         temps.append("__dt_keys")
         size = int(self.con.execute(f"SELECT count(*) FROM {target(self.lake, d.name)}").fetchone()[0])
-        what = "groups" if plan.kind == planner.AGGREGATE else "distinct rows"
+        what = {planner.AGGREGATE: "groups", planner.WINDOW: "partitions"}.get(plan.kind, "distinct rows")
         if d.refresh_mode != INCREMENTAL and affected > self.full_share * max(size, 1) and size > 0:
             return self._full(
                 query, now, f"AFFECTED_KEYS_SHARE: {affected} affected {what} of {size} rows (> {self.full_share:.0%})"
             )
-        if plan.kind == planner.AGGREGATE:
+        if plan.keyed:
             new = sql(planner.restricted(planner.pinned(select, self.lake.alias, now), keys, "__dt_keys"))
         else:
             inner = planner.pinned(select, self.lake.alias, now).subquery("__q")
