@@ -48,6 +48,8 @@ def command_entry(i: int, s: StatementRun) -> dict[str, Any]:
         entry.update(columns=s.columns, rows=[dict(zip(s.columns, r)) for r in s.rows], row_count=len(s.rows))
     if s.affected_rows is not None:
         entry["affected_rows"] = s.affected_rows
+    if s.retries:  # its commit failed and did not land, and it was tried again (steps/retries.py)
+        entry["retries"] = s.retries
     return entry
 
 
@@ -91,6 +93,7 @@ class Attempt:
             task.finished_at,
         )
         self.seconds, self.snapshot_id, self.rolled_back = task.seconds, task.snapshot_id, task.rolled_back
+        self.tries = [*self.tries, *task.retries]  # what its worker tried again (an ATTACH, a whole transaction)
         self.note = task.note or (
             f"an earlier attempt had already committed it (snapshot {task.snapshot_id}, found in "
             "the lake by its token): not committed again"

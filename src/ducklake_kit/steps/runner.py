@@ -457,7 +457,7 @@ class Runner:
             run.policy.append(f"line {retry.line}: retry {n + 1} of {policy.attempts_of(retry)} in {wait:g}s ({why})")
             time.sleep(wait)
             n += 1
-        out.tries = tries
+        out.tries = tries + out.tries  # the policy's attempts, then what the worker itself tried again
         self._effects(step, run, out, rules, rule_ctx)
         return out
 
