@@ -360,3 +360,17 @@ def test_an_inlined_cte_reads_the_sources_columns_not_its_own_names():
     )
     assert p.kind == planner.ROWS
     assert p.query.sql("duckdb") == "SELECT u.a AS k, t.b AS b FROM s.u AS u JOIN main.t AS t ON u.a = t.a"
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "WITH c AS (SELECT * EXCLUDE (b) FROM t) SELECT a FROM c",
+        "WITH c AS (SELECT a, list_transform([b], x -> x + 1) AS m FROM t) SELECT a, m FROM c",
+        "WITH c AS (SELECT COLUMNS('a|b') FROM t) SELECT a FROM c",
+        "WITH RECURSIVE c AS (SELECT 1 AS a UNION ALL SELECT a + 1 FROM c WHERE a < 3) SELECT a FROM c",
+    ],
+)
+def test_a_with_clause_in_duckdbs_own_column_syntax_or_recursive_is_not_inlined(query):
+    p = planner.analyze(sqlglot.parse_one(query, read="duckdb"), ["a"], "lake", schema=SCHEMA)
+    assert (p.kind, p.reason) == (planner.FULL, "WITH_CLAUSE")

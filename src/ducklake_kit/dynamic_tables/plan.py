@@ -460,6 +460,11 @@ def inline_ctes(query: exp.Expression, lake_alias: str, schema: dict[str, dict[s
         return query
     if with_.args.get("recursive") or schema is None:
         raise _Full("WITH_CLAUSE")
+    for n in query.walk():  # DuckDB's own column syntax, which qualify might read otherwise than DuckDB does
+        if isinstance(n, (exp.Lambda, exp.Columns)) or (
+            isinstance(n, exp.Star) and any(n.args.get(a) for a in ("except", "except_", "replace", "rename"))
+        ):
+            raise _Full("WITH_CLAUSE")
     from sqlglot.optimizer.merge_subqueries import merge_subqueries
     from sqlglot.optimizer.qualify import qualify
 
