@@ -88,6 +88,7 @@ class Written:
 
     result: StatementResult
     retries: list[str] = field(default_factory=list)
+    landed: int | None = None  # the snapshot its token was found in, when its COMMIT reported a failure but landed
 
 
 class WriteFailed(Exception):
@@ -147,7 +148,7 @@ def write_once(view: Lake, stmt: Any, params: dict[str, Any] | None, extra: dict
             retries.append(
                 f"try {attempt}: its commit reported {error!r} but landed (snapshot {landed}, found by its token)"
             )
-            return Written(StatementResult(stmt.type.name, statement=stmt.query.strip()), retries)
+            return Written(StatementResult(stmt.type.name, statement=stmt.query.strip()), retries, landed)
         why = f"{conflict(view, stmt.query, started) or 'its commit failed'} ({error})"
         if attempt == ATTEMPTS or DISABLED:
             raise WriteFailed(

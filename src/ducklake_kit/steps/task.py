@@ -293,12 +293,13 @@ def _autocommit(
         stopped = False
         for s, stmt in enumerate(statements):
             tried: list[str] = []
+            landed = None
             try:
                 bound = bound_params(stmt, params, s, len(statements), [])
                 if stmt.type.name in WRITE_KINDS and not view.in_transaction:
                     # its own transaction, whose commit carries a token: tried again when it did not land
                     written = write_once(view, stmt, bound, {"worker": worker, "statement": [c, s]})
-                    r, tried = written.result, written.retries
+                    r, tried, landed = written.result, written.retries, written.landed
                 else:
                     r = view.execute(stmt, bound)
             except (duckdb.Error, StatementFailed, WriteFailed) as exc:
@@ -314,7 +315,9 @@ def _autocommit(
             )
             run.retries = tried
             now = view.last_committed_snapshot()
-            if now != last:
+            if landed is not None:  # its COMMIT reported a failure, but its token is in the lake
+                run.snapshot_id, last = landed, now
+            elif now != last:
                 run.snapshot_id, last = now, now
             out.statements.append(run)
         if stopped:
