@@ -21,15 +21,14 @@ SET = {"catalog_connection": "postgresql://example/catalog"}
 REFUSED = {
     "e2e_load_test__tooling_non_blocking__tooling_non_blocking.yaml": ("snowflake", "run_snowflake_probe"),
     "e2e_test_gke_lifecycle__test_gke_lifecycle.yaml": ("shell", "start"),
-    "e2e_save_storage_test__save_all_storage_types.yaml": ("list", "test_flat_postgres_save"),
-    "e2e_save_storage_test__save_delegation_test.yaml": ("list", "postgres_test"),
-    "e2e_save_storage_test__save_edge_cases.yaml": ("list", "test_mixed_types"),
     **{p.name: ("snowflake", "create_sf_database") for p in FILES if "http_to_databases" in p.name},
 }
 
 
 def _expected_kind(raw: dict) -> str | None:
     tool = raw.get("tool", raw.get("type"))
+    if isinstance(tool, list) and len(tool) > 1:
+        return model.TASKS  # NoETL's tool pipeline: each task checked below
     if isinstance(tool, list):
         tool = tool[0]
     return tool.get("kind") if isinstance(tool, dict) else tool
@@ -37,6 +36,8 @@ def _expected_kind(raw: dict) -> str | None:
 
 def _expected_rules(raw: dict) -> list[tuple[str | None, str]]:
     tool = raw.get("tool")
+    if isinstance(tool, list) and len(tool) > 1:
+        return []  # a pipeline's rules are its tasks'
     tool = tool[0] if isinstance(tool, list) else tool
     policy = ((tool.get("spec") or {}).get("policy") or {}) if isinstance(tool, dict) else {}
     return [(r.get("when"), (r.get("then") or r.get("else", {}).get("then"))["do"]) for r in policy.get("rules", [])]
@@ -77,7 +78,13 @@ def test_every_noetl_playbook_maps_as_written_or_is_refused_for_one_kind(path):
     for raw in doc["workflow"]:
         step = playbook.steps[raw["step"]]
         assert step.tool == _expected_kind(raw), step.name
-        assert step.tool is None or step.tool in model.KINDS
+        assert step.tool is None or step.tool in (*model.KINDS, model.TASKS)
+        if step.tool == model.TASKS:  # each task as its own tool, in order, named by its label
+            assert [(t.name, t.tool) for t in step.tasks] == [(t["name"], t["kind"]) for t in raw["tool"]]
+            for task, t in zip(step.tasks, raw["tool"]):
+                assert [(r.when, r.do) for r in (task.policy.rules if task.policy else [])] == _expected_rules(
+                    {"tool": t}
+                )
         assert [(r.when, r.do) for r in (step.policy.rules if step.policy else [])] == _expected_rules(raw)
         assert ((step.loop.iterator, step.loop.mode) if step.loop else None) == _expected_loop(raw), step.name
         targets = sorted(t for t, _ in step.next.targets()) if step.next else []

@@ -287,3 +287,46 @@ def test_a_cursor_loop_claims_rows_until_none_is_left_each_landing_once(stack, w
         creds.unlink() if before is None else creds.write_text(before)
         with psycopg.connect(pg.libpq("postgres"), autocommit=True) as con:
             con.execute("DROP DATABASE IF EXISTS steps_tasks WITH (FORCE)")
+
+
+def test_a_tool_pipeline_runs_its_tasks_in_order_with_jumps_for_pages(stack, wp, tmp_path):
+    _table(stack, "pages")
+    body = """\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: pipeline}
+        workflow:
+          - step: start
+            tool:
+              - name: page
+                kind: python
+                libs: {dt: {from: datetime, import: date}}
+                input: {n: "{{ iter.page | default(1) }}"}
+                code: |
+                  result = {"page": n, "more": n < 3, "year": dt(2026, 1, 1).year}
+                spec:
+                  policy:
+                    rules:
+                      - when: "{{ output.data.more }}"
+                        then: {do: jump, to: page, set: {iter.page: "{{ output.data.page + 1 }}", ctx.pages: "{{ output.data.page }}"}}
+                      - else: {then: {do: continue}}
+              - name: store
+                kind: ducklake
+                command: "INSERT INTO steps_policy.pages VALUES ({{ page.page | sql }}), ({{ page.year | sql }})"
+            next: {arcs: [{step: broken}]}
+          - step: broken
+            tool:
+              - {name: fine, kind: noop}
+              - {name: bad, kind: python, code: "raise RuntimeError('no')"}
+              - {name: never, kind: ducklake, command: "INSERT INTO steps_policy.pages VALUES (-1)"}
+        """
+    run = _run(stack, wp, tmp_path, body)
+    steps = {s.step: s for s in run.steps}
+    assert steps["start"].status == "ok", _why(run)
+    assert steps["start"].attempt.details["tasks"] == {"page": "ok", "store": "ok"}
+    assert run.ctx == {"pages": 2}  # the pages before the last one jumped on
+    assert _count(stack, "pages") == [(3, 1), (2026, 1)]  # the last page, stored once
+    assert steps["broken"].status == "error" and steps["broken"].error.line().startswith(
+        "task bad: RuntimeError"
+    )
+    assert steps["broken"].attempt.details["tasks"] == {"fine": "ok", "bad": "error"}  # `never` did not run

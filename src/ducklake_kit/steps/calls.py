@@ -99,7 +99,8 @@ def _python(step: Step, ctx: dict[str, Any], env: CallEnv) -> kinds.KindResult:
     names = {**workload, "workload": workload, "ctx": ctx.get("ctx") or {}, "input": given, **given}
     if "iter" in ctx:
         names["iter"] = ctx["iter"]
-    res = env.plane.result(env.plane.submit_call(kinds.run_python, code, names))
+    libs = step.config.get("libs") or {}
+    res = env.plane.result(env.plane.submit_call(kinds.run_python, code, names, libs))
     if isinstance(res, TaskResult):  # its worker died holding it: python changes no lake, say what happened
         return kinds.KindResult().fail(res.error.error if res.error else "its worker died")
     return res

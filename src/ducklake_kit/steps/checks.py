@@ -35,9 +35,11 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
     ctx_known = set(playbook.workload) | set(extra) | ctx_set(playbook)
     # a workbook task runs as the step that names it, maybe in that step's loop
     iterators = {s.loop.iterator for s in playbook.steps.values() if s.loop} | {"loop_index"}
+    tasks = {id(t) for t in tasks_of(playbook)}
+    known |= {t.name for t in tasks_of(playbook)}  # a task reads the tasks before it by their names
     for step in every_step(playbook):
         _check_vars(playbook, step)
-        if step.name in playbook.workbook and step is playbook.workbook[step.name]:
+        if id(step) in tasks or (step.name in playbook.workbook and step is playbook.workbook[step.name]):
             mine = known | iterators
         elif step.loop:
             mine = known | {step.loop.iterator, "loop_index"}
@@ -54,7 +56,12 @@ def check_names(playbook: Playbook, extra: set[str] = frozenset()) -> None:
 
 def every_step(playbook: Playbook) -> list[Step]:
     """The workflow's steps, then the workbook's tasks (each runs as a step)."""
-    return [*playbook.steps.values(), *playbook.workbook.values()]
+    return [*playbook.steps.values(), *tasks_of(playbook), *playbook.workbook.values()]
+
+
+def tasks_of(playbook: Playbook) -> list[Step]:
+    """The tasks of the steps whose tool is a list of them (each checked as a step)."""
+    return [t for s in playbook.steps.values() for t in s.tasks]
 
 
 def _check_vars(playbook: Playbook, step: Step) -> None:

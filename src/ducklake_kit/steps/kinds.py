@@ -221,15 +221,19 @@ def _decoded(raw: bytes, content_type: str) -> Any:
 
 
 # -- python (on a worker) --------------------------------------------------------------------------------------
-def run_python(plugin: str, code: str, names: dict[str, Any], *, token: str | None = None) -> KindResult:
-    """Run on a worker of the plane (submitted by `WorkerPlane.submit_call`): `code` with `names` bound. NoETL's two
-    forms: code that sets `result`, or code that defines `main(...)`, called with the names its parameters ask for."""
+def run_python(
+    plugin: str, code: str, names: dict[str, Any], libs: dict[str, Any] | None = None, *, token: str | None = None
+) -> KindResult:
+    """Run on a worker of the plane (submitted by `WorkerPlane.submit_call`): `code` with `names` bound, and NoETL's
+    `libs` imported first (`{alias: module}` or `{alias: {from: module, import: name}}`). NoETL's two forms: code
+    that sets `result`, or code that defines `main(...)`, called with the names its parameters ask for."""
     from distributed import get_worker
 
     started, clock = time.time(), time.perf_counter()
     out = KindResult(worker=str(get_worker().name))
     scope: dict[str, Any] = {"__name__": "__noetl_step__", **names}
     try:
+        scope.update(_imports(libs or {}))
         exec(compile(code, "<step code>", "exec"), scope)  # the playbook's own code, run as it asks
         main = scope.get("main")
         if callable(main):
@@ -243,4 +247,17 @@ def run_python(plugin: str, code: str, names: dict[str, Any], *, token: str | No
         out.fail(f"{type(exc).__name__}: {first_line(exc)}")
     out.started_at, out.finished_at = started, time.time()
     out.seconds = round(time.perf_counter() - clock, 6)
+    return out
+
+
+def _imports(libs: dict[str, Any]) -> dict[str, Any]:
+    import importlib
+
+    out = {}
+    for alias, spec in libs.items():
+        if isinstance(spec, dict):
+            module = importlib.import_module(str(spec.get("from") or spec.get("module") or alias))
+            out[str(alias)] = getattr(module, str(spec["import"])) if spec.get("import") else module
+        else:
+            out[str(alias)] = importlib.import_module(str(spec or alias))
     return out

@@ -22,6 +22,7 @@ DUCKLAKE, POSTGRES, DUCKDB, PYTHON, HTTP, NOOP, PLAYBOOK, WORKBOOK = (
     "workbook",
 )
 KINDS = (DUCKLAKE, POSTGRES, DUCKDB, PYTHON, HTTP, NOOP, PLAYBOOK, WORKBOOK)
+TASKS = "tasks"  # a step whose tool is a list of labelled tasks (NoETL's tool pipeline): `Step.tasks`, run in order
 # a policy rule's actions (NoETL's `then.do`)
 RETRY, JUMP, BREAK, FAIL, CONTINUE = "retry", "jump", "break", "fail", "continue"
 
@@ -124,6 +125,7 @@ class Step:
     admit: Admit | None = None  # spec.policy.admit
     input: dict[str, Any] = field(default_factory=dict)  # step (or tool) `input:` bindings, rendered before the tool
     set: dict[str, Any] = field(default_factory=dict)  # step `set:` after it completed: "ctx.x" -> template
+    tasks: list[Step] = field(default_factory=list)  # tool: a list of labelled tasks (tool TASKS), each its own kind
     catalog: Catalog = field(default_factory=Catalog)
     commands: list[str] = field(default_factory=list)  # templates; each may hold several statements
     command_lines: list[int] = field(default_factory=list)

@@ -116,8 +116,10 @@ def _tool_of(raw: dict[str, Any]) -> tuple[str | None, dict[str, Any], tuple]:
     tool = raw.get("tool")
     if isinstance(tool, dict):
         return tool["kind"], tool, ("tool",)
-    if isinstance(tool, list):  # a list of one labelled task (schema.refuse_kinds refused longer ones)
+    if isinstance(tool, list) and len(tool) == 1:  # a list of one labelled task: that task
         return tool[0]["kind"], tool[0], ("tool", 0)
+    if isinstance(tool, list):  # NoETL's tool pipeline: the tasks, each mapped as a step of its own (`_tasks`)
+        return model.TASKS, {}, ("tool",)
     if tool is not None:
         return tool, raw, ()
     return raw.get("type"), raw, ()
@@ -136,6 +138,8 @@ def _step(raw: dict[str, Any], shape: str, path: tuple, lines: Lines, file: str)
     step.lines.update({k: schema.line_of(lines, path + (k,)) or line for k in raw})
     if kind is None:
         _no_tool(step, raw, file)
+    elif kind == model.TASKS:
+        step.tasks = _tasks(step, raw["tool"], path + ("tool",), lines, file)
     else:
         _apply_tool(step, tool_raw, path + tool_path, lines, file)
         step.label = tool_raw.get("name") if tool_path[-1:] == (0,) else None
@@ -149,6 +153,21 @@ def _step(raw: dict[str, Any], shape: str, path: tuple, lines: Lines, file: str)
     if raw.get("next") is not None:
         step.next = _next(raw["next"], shape, path + ("next",), lines)
     return step
+
+
+def _tasks(step: Step, tools: list[dict[str, Any]], path: tuple, lines: Lines, file: str) -> list[Step]:
+    """A tool pipeline's tasks, each a step of its own kind named by its label (in the order they run)."""
+    out: list[Step] = []
+    for i, t in enumerate(tools):
+        at = schema.line_of(lines, path + (i,)) or step.line
+        task = Step(name=str(t["name"]), line=at, tool=t["kind"], label=str(t["name"]))
+        task.lines = {k: schema.line_of(lines, path + (i, k)) or at for k in t}
+        if task.name in {o.name for o in out}:
+            raise PlaybookError(file, at, f"step '{step.name}' has two tasks named '{task.name}'", "rename one")
+        _apply_tool(task, t, path + (i,), lines, file)
+        task.input = dict(t.get("input") or {})
+        out.append(task)
+    return out
 
 
 def _no_tool(step: Step, raw: dict[str, Any], file: str) -> None:
@@ -335,6 +354,15 @@ def check_references(playbook: Playbook) -> None:
     """A policy's `jump` goes to a step of the playbook; a `tool: workbook` step names a task of its `workbook:`
     (unless the name is a template, known when it runs)."""
     for step in _all_steps(playbook):
+        for task in step.tasks:  # a task of a tool pipeline jumps to a task of its step (NoETL's pagination)
+            for rule in task.policy.rules if task.policy else []:
+                if rule.do == JUMP and rule.to not in {t.name for t in step.tasks}:
+                    raise PlaybookError(
+                        playbook.file,
+                        rule.line,
+                        f"task '{task.name}' of step '{step.name}' jumps to '{rule.to}', which is not a task of it",
+                        f"use one of: {', '.join(t.name for t in step.tasks)}",
+                    )
         for rule in step.policy.rules if step.policy else []:
             if rule.do == JUMP and rule.to not in playbook.steps:
                 raise PlaybookError(

@@ -48,6 +48,7 @@ from ducklake_kit.steps.model import (
     JUMP,
     PLAYBOOK,
     POSTGRES,
+    TASKS,
     WORKBOOK,
     Playbook,
     Rule,
@@ -62,6 +63,7 @@ from ducklake_kit.workers.tasks import TaskResult
 Event = Callable[[str, dict[str, Any]], None]
 MAX_DEPTH = 5  # sub-playbooks in sub-playbooks: deeper than this is a playbook calling itself
 MAX_CLAIMS = 100_000  # a cursor loop's claims: more is a claim that never marks its rows taken
+MAX_HOPS = 10_000  # a tool pipeline's jumps (pagination): more is a rule that never stops jumping
 
 
 # -- one step --------------------------------------------------------------------------------------------------
@@ -258,6 +260,11 @@ class Runner:
                 pass  # a step that only routes
             elif step.loop is not None and step.loop.cursor is not None:
                 self._run_sequential(step, run, self._cursor(step), None)
+            elif step.tool == TASKS and step.loop is None:
+                run.attempt = self._pipeline(step, run, self.context)
+            elif step.tool == TASKS:
+                collection = self._collection(step)
+                self._run_sequential(step, run, collection, len(collection))
             elif step.tool != DUCKLAKE:
                 self._run_kind(step, run)
             elif step.loop is None:
@@ -369,8 +376,48 @@ class Runner:
         finally:
             run.iterations_seconds = round(time.perf_counter() - started, 6)
 
+    def _pipeline(self, step: Step, run: StepRun, ctx: dict[str, Any]) -> Attempt:
+        """NoETL's tool pipeline: the step's tasks in order, each with its own policy, each later task reading the
+        earlier ones' data by their names; a `jump` goes back (or on) to a task (pagination), a `break` ends it, a
+        task that failed ends it and fails the step. The step's attempt is the last task's, its data the last data."""
+        scope = {**ctx, "iter": ctx.get("iter", {})}
+        names = [t.name for t in step.tasks]
+        done: dict[str, str] = {}
+        i, hops, out = 0, 0, Attempt()
+        loop = ctx.get("loop") if step.loop else None  # in a loop: the iteration's index and element, for its token
+        index, element = (loop["index"], loop["element"]) if loop else (None, None)
+        while i < len(step.tasks):
+            task = step.tasks[i]
+            kind: list[str] = []
+            # its commits' tokens name the step, the task and the iteration (two steps may have tasks of one name)
+            qualified = replace(task, name=f"{step.name}.{task.name}")
+
+            def attempt(retry: bool, t=qualified, k=kind) -> Attempt:
+                return self._iteration_attempt(t, run, scope, (index, element, retry), k)
+
+            out = self._policied(
+                task, run, attempt, lambda k=kind: once.UNDECIDED_WHY if once.UNDECIDED in k else None, scope
+            )
+            scope[task.name], done[task.name] = out.data, out.status
+            if out.failure:
+                out.failure = replace(out.failure, message=f"task {task.name}: {out.failure.message}")
+                break
+            if task.name in self.broken:
+                self.broken.discard(task.name)
+                break
+            target = self.jumps.pop(task.name, None)
+            hops += target is not None
+            if hops > MAX_HOPS:
+                out.failure = Failure(f"task {task.name}: jumped more than {MAX_HOPS} times (does its rule ever stop?)")
+                break
+            i = names.index(target) if target is not None else i + 1
+        out.details = {**(out.details or {}), "tasks": done}
+        return out
+
     def _iteration_attempt(self, step: Step, run: StepRun, ctx: dict[str, Any], which: tuple, kind: list) -> Attempt:
         """One iteration's call: (index, element, whether it is a retry) in `which`."""
+        if step.tool == TASKS:
+            return self._pipeline(step, run, ctx)
         if step.tool != DUCKLAKE:
             return self._kind_attempt(step, ctx)
         index, element, retry = which

@@ -184,6 +184,7 @@ KIND_KEYS: dict[str, dict[str, Any]] = {
         "payload": _ANY,
         "data": _ANY,
         "json": _ANY,
+        "body": _ANY,
         "timeout": {"type": ["number", "string"]},
         "auth": {"type": ["string", "object"]},
         "verify_ssl": {"type": ["boolean", "string"]},
@@ -260,14 +261,18 @@ def tool_schema(kind: str, labelled: bool = False) -> dict[str, Any]:
     return {"type": "object", "required": ["kind"], "additionalProperties": False, "properties": props}
 
 
-def step_v10(kind: str | None, listed: bool) -> dict[str, Any]:
+def step_v10(kind: str | None, listed: bool, kinds: tuple[str, ...] = ()) -> dict[str, Any]:
     """The kit's schema of a v10 step whose tool has `kind` (None: no tool, or one without a kind); `listed`: the
-    tool is written as a list of one labelled task."""
+    tool is written as a list of labelled tasks, whose kinds are `kinds` (each task checked as its kind's tool, and
+    named when there are several: later tasks read earlier ones by name)."""
     props = {**_COMMON, "spec": _STEP_SPEC, "input": _OBJECT, "set": _SET, "loop": _LOOP_V10, "next": _NEXT_V10}
     if kind is None:
         props["tool"] = {"type": "object", "required": ["kind"]}
     elif listed:
-        props["tool"] = {"type": "array", "minItems": 1, "maxItems": 1, "items": tool_schema(kind, labelled=True)}
+        tasks = [tool_schema(k, labelled=True) for k in (kinds or (kind,))]
+        if len(tasks) > 1:
+            tasks = [{**t, "required": ["kind", "name"]} for t in tasks]
+        props["tool"] = {"type": "array", "minItems": 1, "prefixItems": tasks, "items": False}
     else:
         props["tool"] = tool_schema(kind)
     return {"type": "object", "required": ["step"], "additionalProperties": False, "properties": props}
@@ -510,7 +515,9 @@ def _step_schemas(step: dict[str, Any], shape: str) -> list[tuple[dict[str, Any]
         key = "type" if "type" in step and "tool" not in step else "tool"
         return [(step_flat(kind, key) if kind else STEP_V1, (), "")]
     noetl = [(noetl_def(name), (key,), NOETL) for key, name in _noetl_parts(step)]
-    return [*noetl, (step_v10(kind, isinstance(step.get("tool"), list)), (), "")]
+    listed = isinstance(step.get("tool"), list)
+    each = tuple(k for k, _ in kinds if isinstance(k, str)) if listed else ()
+    return [*noetl, (step_v10(kind, listed, each), (), "")]
 
 
 # the parts of a v2 step NoETL's schema defines, and the name of its definition
@@ -576,7 +583,6 @@ def refuse_kinds(doc: dict[str, Any], lines: Lines, file: str) -> None:
         if isinstance(cursor, dict) and cursor.get("kind") not in (None, model.POSTGRES):
             where = line_of(lines, ("workflow", i, "loop", "cursor", "kind"))
             raise _unrun(file, where, f"step '{name}'", cursor["kind"], "loop cursor kind", "a postgres cursor")
-        _refuse_task_list(step, ("workflow", i), lines, file)
     for j, task in enumerate(doc.get("workbook") or []):
         kind = (task.get("tool") or {}).get("kind") if isinstance(task.get("tool"), dict) else None
         if isinstance(kind, str) and kind not in model.KINDS:
@@ -602,20 +608,6 @@ def _unrun(file: str, line: int | None, who: str, kind: str, what: str = "tool k
     else:
         fix = f"use {alt}, or run it with NoETL" if alt else "run it with NoETL, or remove the step"
     return PlaybookError(file, line, f"{who} uses {what} '{kind}', which the kit's step runner does not run", fix)
-
-
-def _refuse_task_list(step: dict[str, Any], path: tuple, lines: Lines, file: str) -> None:
-    """A tool written as a list of one labelled task is that task; a list of several is not run by the kit (yet)."""
-    tool = step.get("tool")
-    if isinstance(tool, list) and len(tool) > 1:
-        labels = ", ".join(str(t.get("name")) for t in tool if isinstance(t, dict))
-        raise PlaybookError(
-            file,
-            line_of(lines, path + ("tool",)),
-            f"step '{step.get('step')}' gives its tool as a list of {len(tool)} tasks ({labels}), "
-            "which the kit's step runner does not run",
-            "give each task a step of its own, joined by `next`, or run it with NoETL",
-        )
 
 
 NOETL = "NoETL's playbook schema"
