@@ -5,8 +5,11 @@ Skipped with the reason where podman is absent."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -75,3 +78,39 @@ def test_run_without_a_command_is_refused_before_anything_starts(tmp_path):
     with pytest.raises(KitError, match="no command to run"):
         podman_service.run([], tmp_path / "svc")
     assert not (tmp_path / "svc").exists()
+
+
+def test_a_sigterm_lets_the_command_clean_up_then_reaps_and_stops_the_service(tmp_path):
+    image = podman_images.base_image()
+    if not podman_images.exists(image):
+        pytest.skip(f"the kit's base image {image} is not built (`just up podman` builds it)")
+    made, cleaned = tmp_path / "made", tmp_path / "cleaned"
+    # the command makes a labelled container, says so, and waits; Ctrl-C's SIGINT is its cue to clean up
+    child = (
+        "import os, signal, time, docker, pathlib; from ducklake_kit.platforms.podman_service import LABEL\n"
+        f"c = docker.from_env().containers.create({image!r}, 'true', labels={{LABEL: os.environ['DOCKER_HOST']}})\n"
+        f"signal.signal(signal.SIGINT, lambda *a: (pathlib.Path({str(cleaned)!r}).write_text('yes'), os._exit(2)))\n"
+        f"pathlib.Path({str(made)!r}).write_text(os.environ['DOCKER_HOST'] + ' ' + c.id)\n"
+        "time.sleep(120)"
+    )
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "ducklake_kit.platforms.podman_service", "--", sys.executable, "-c", child],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(600):
+            if made.exists() and made.read_text():
+                break
+            assert runner.poll() is None, runner.stderr.read()
+            time.sleep(0.1)
+        docker_host, container = made.read_text().split()
+        runner.send_signal(signal.SIGTERM)
+        assert runner.wait(60) == 128 + signal.SIGTERM
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+    assert cleaned.read_text() == "yes"
+    exists = subprocess.run(["podman", "container", "exists", container], env=podman_env(), timeout=60)
+    assert exists.returncode == 1, f"{container} is still there"
+    assert not Path(docker_host.removeprefix("unix://")).parent.exists()

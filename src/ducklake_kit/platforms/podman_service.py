@@ -35,6 +35,7 @@ LOG_FILE = "podman-service.log"
 # ones still there when its command ends, whatever became of the command
 LABEL = "ducklake-kit.docker-host"
 START_TIMEOUT = 30.0
+CHILD_GRACE = 120.0  # how long an interrupted command may take to clean up (the stack's teardown) before a kill
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,24 @@ def _raise_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)  # unwinds through `run`'s finally: the containers go, the service stops
 
 
+def _wait(proc: subprocess.Popen) -> int:
+    """The command's exit code. Interrupted, it gets time to clean up after itself (pytest tears its fixtures down,
+    removing the containers) before it is killed: a Ctrl-C reached it already (one process group), a SIGTERM did
+    not, so it gets the Ctrl-C's SIGINT; a second signal during its teardown would cut the teardown short."""
+    try:
+        return proc.wait()
+    except BaseException as exc:
+        if proc.poll() is None:
+            if not isinstance(exc, KeyboardInterrupt):
+                proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(CHILD_GRACE)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        raise
+
+
 def run(argv: Sequence[str], folder: Path | None = None) -> int:
     """Run `argv` with the service's client environment; its exit code. Cleans up whatever happens to `argv`."""
     if not argv:
@@ -150,7 +169,7 @@ def run(argv: Sequence[str], folder: Path | None = None) -> int:
         service = start(folder)
         print(f"podman API service: {service.docker_host} (pid {service.pid})", file=sys.stderr)
         try:
-            return subprocess.run(list(argv), env={**os.environ, **service.client_env()}, check=False).returncode
+            return _wait(subprocess.Popen(list(argv), env={**os.environ, **service.client_env()}))
         finally:
             left = remove_labelled(service)
             if left:
