@@ -263,8 +263,6 @@ class ConcurrencyRun:
             out["goals"] = self.goals.as_dict()
         if self.vs_floor:
             out["total_vs_floor"] = self.vs_floor
-        # the old names, still read by the bench line `all` prints (cli/data.py): drop them once it reads `writers`
-        out["workers"], out["ops_per_worker"] = self.writers, self.ops_per_writer
         return out
 
 

@@ -404,4 +404,4 @@ def _bench_concurrency_line(figures: dict) -> str:
             f"{mode}: {r['total_s']:.2f} s total, median {r['median_ms'] or 0:.1f} ms, p95 {r.get('p95_ms') or 0:.1f} ms, "
             f"{r['errors']} errors, {r['rows_lost']} rows lost"
         )
-    return f"bench ({figures['workers']} writers x {figures['ops_per_worker']} inserts): " + "; ".join(parts)
+    return f"bench ({figures['writers']} writers x {figures['ops_per_writer']} inserts): " + "; ".join(parts)
