@@ -326,7 +326,5 @@ def test_a_tool_pipeline_runs_its_tasks_in_order_with_jumps_for_pages(stack, wp,
     assert steps["start"].attempt.details["tasks"] == {"page": "ok", "store": "ok"}
     assert run.ctx == {"pages": 2}  # the pages before the last one jumped on
     assert _count(stack, "pages") == [(3, 1), (2026, 1)]  # the last page, stored once
-    assert steps["broken"].status == "error" and steps["broken"].error.line().startswith(
-        "task bad: RuntimeError"
-    )
+    assert steps["broken"].status == "error" and steps["broken"].error.line().startswith("task bad: RuntimeError")
     assert steps["broken"].attempt.details["tasks"] == {"fine": "ok", "bad": "error"}  # `never` did not run
