@@ -7,6 +7,9 @@ export UV_PYTHON_DOWNLOADS := "never"
 
 uv := "scripts/uv.sh"
 kit := "scripts/uv.sh run --frozen python ducklake_test.py"
+# what `just test-containers` runs by default, and CI: `all` through --platform external (every stage's checks), the
+# lake layer and the worker plane, on containers (docs/development.md says why these and not the whole suite)
+containers_tests := "tests/cli/test_cli.py tests/lake tests/workers/test_workers.py"
 
 # list the recipes
 default:
@@ -26,6 +29,11 @@ test *args: setup
 [group('main')]
 test-fast *args: setup
     {{uv}} run --frozen pytest -m "not service" {{args}}
+
+# the integration tests against containers (testcontainers on podman's Docker API, a unix socket; the kit's images); args go to pytest (default: CI's subset)
+[group('main')]
+test-containers *args: setup
+    DUCKLAKE_TEST_BACKEND=containers {{uv}} run --frozen python -m ducklake_kit.platforms.podman_service -- python -m pytest {{ if args == "" { containers_tests } else { args } }}
 
 # build the manual in docs/ as a site into site/ (--strict: a broken link or anchor, or a page missing from the nav, fails it) and check that docs/cli.md matches --help
 [group('main')]

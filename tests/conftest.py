@@ -2,7 +2,8 @@
 on free ports, the CLI runner, one SparkSession for the whole run, and the real TLC samples in ../shared.
 
 DUCKLAKE_TEST_BACKEND=containers runs the same integration tests against containers (testcontainers) through
-the external platform, where a Docker engine answers; otherwise those tests are skipped with the reason.
+the external platform, where a Docker engine answers: `just test-containers` gives it podman's Docker API on a unix
+socket (ducklake_kit.platforms.podman_service) and the kit's own images; without an engine they are skipped.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import pytest
 from typer.testing import CliRunner
 
 from ducklake_kit.cli import app
+from ducklake_kit.platforms.external import ExternalPlatform
 from ducklake_kit.platforms.local import LocalPlatform
 from ducklake_kit.platforms.procs import free_port
 from ducklake_kit.platforms.spark_cluster import PORT_OPTIONS, SparkCluster
-from ducklake_kit.platforms.state import State
+from ducklake_kit.platforms.state import State, write_private
 from ducklake_kit.workers import plane
 
 # pytester runs the test tiers' own tests (tests/test_tiers.py): a small pytest session with this conftest
@@ -45,7 +47,8 @@ for _var in (
     "DUCKLAKE_SPARK_CONNECT_PORT",
 ):
     os.environ.pop(_var, None)
-PG_IMAGE = "postgres:16.6"
+# the containers backend's images: the manifests' (databases/*.yaml); on podman the kit's local builds stand in
+PG_IMAGE = "postgres:16.15"
 RCLONE_IMAGE = "rclone/rclone:1.75.2"
 
 # -- test tiers -----------------------------------------------------------------------------------------------
@@ -138,55 +141,109 @@ class LocalStack:
         shutil.rmtree(self.home, ignore_errors=True)
 
 
+def container_images(client) -> tuple[str, str]:
+    """The PostgreSQL and rclone images to run. On podman, where no registry answers, the kit's own local builds
+    standing in for PG_IMAGE and RCLONE_IMAGE (built, or reused by the hash of their inputs, as --platform podman
+    does; their entrypoints take the official images' variables); on a Docker engine, the official images."""
+    engines = {c.get("Name", "") for c in client.version().get("Components", [])}
+    if "Podman Engine" not in engines:
+        return PG_IMAGE, RCLONE_IMAGE
+    from ducklake_kit.platforms import podman_images
+
+    local = podman_images.images_map(podman_images.build([PG_IMAGE, RCLONE_IMAGE]))
+    return local[PG_IMAGE], local[RCLONE_IMAGE]
+
+
 class ContainerStack:
-    """PostgreSQL and rclone in containers, reached through --platform external."""
+    """PostgreSQL and rclone S3 in containers (testcontainers), reached through --platform external.
+
+    Ports are published on 127.0.0.1 only; the credentials reach the containers as environment variables (never in
+    argv: rclone reads RCLONE_AUTH_KEY, as on the other platforms) and the tests through the state folder's
+    external.toml (0600). Each container is labelled with DOCKER_HOST, so that `podman_service.run` removes what a
+    killed session left; `close` removes them otherwise, also when a test failed or the start did.
+    """
 
     def __init__(self) -> None:
         refuse_unless_service("PostgreSQL and rclone S3 in containers")
         try:
             import docker
 
-            docker.from_env().ping()
+            client = docker.from_env()
+            client.ping()
         except Exception as exc:  # noqa: BLE001 - any failure means no engine to run containers on
-            pytest.skip(f"DUCKLAKE_TEST_BACKEND=containers but no Docker engine answers ({type(exc).__name__})")
+            pytest.skip(
+                f"DUCKLAKE_TEST_BACKEND=containers but no Docker engine answers ({type(exc).__name__}). "
+                "Try: `just test-containers` (podman's Docker API on a unix socket)"
+            )
+        from testcontainers.community.postgres import PostgresContainer
         from testcontainers.core.container import DockerContainer
-        from testcontainers.core.waiting_utils import wait_for_logs
-        from testcontainers.postgres import PostgresContainer
+        from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
+        from ducklake_kit.platforms.podman_service import LABEL
+
+        pg_image, s3_image = container_images(client)
+        labels = {LABEL: os.environ.get("DOCKER_HOST", "")}
         self.home = make_home()
-        self.pg = PostgresContainer(PG_IMAGE, username="ducklake", password="test-only-pw", dbname="ducklake_catalog")
-        self.pg.start()
+        self.pg = PostgresContainer(
+            pg_image, username="ducklake", password="test-only-pw", dbname="ducklake_catalog"
+        ).with_kwargs(labels=labels)
         self.s3 = (
-            DockerContainer(RCLONE_IMAGE)
-            .with_command("serve s3 /data --addr :9000 --auth-key testkey,test-only-secret")
-            .with_exposed_ports(9000)
+            DockerContainer(s3_image)
+            # the official image's entrypoint is rclone; the kit's image has none: name it, so both run the same
+            .with_kwargs(entrypoint=["rclone"], labels=labels)
+            .with_command(["serve", "s3", "/data", "--addr", ":9000"])
+            # rclone reads list flags from the environment as CSV: quoted, the pair stays one `key,secret`
+            .with_env("RCLONE_AUTH_KEY", '"testkey,test-only-secret"')
+            .waiting_for(LogMessageWaitStrategy("Starting s3 server"))
         )
-        self.s3.start()
-        wait_for_logs(self.s3, "Starting s3 server", timeout=60)
-        host = self.pg.get_container_host_ip()
-        self.env = {
-            "DUCKLAKE_PLATFORM": "external",
-            "DUCKLAKE_HOME": str(self.home),
-            "DUCKLAKE_PG_DSN": f"postgresql://ducklake:test-only-pw@{host}:{self.pg.get_exposed_port(5432)}/ducklake_catalog",
-            "DUCKLAKE_S3_ENDPOINT": f"http://{host}:{self.s3.get_exposed_port(9000)}",
-            "DUCKLAKE_S3_KEY_ID": "testkey",
-            "DUCKLAKE_S3_SECRET": "test-only-secret",
-            # the worker plane runs here, on free loopback ports
-            "DUCKLAKE_SCHEDULER_PORT": str(free_port()),
-            "DUCKLAKE_DASHBOARD_PORT": str(free_port()),
-        }
-        os.environ.update(self.env)
-        from ducklake_kit.platforms.external import ExternalPlatform
-
-        self.state = State(self.home)
-        self.platform = ExternalPlatform(self.state)
-        self.platform.up()
+        # published on the loopback only, on a port the engine picks (testcontainers' own API binds every address)
+        self.pg.ports = {"5432": ("127.0.0.1", None)}
+        self.s3.ports = {"9000": ("127.0.0.1", None)}
+        try:
+            self.pg.start()
+            self.s3.start()
+            host = self.pg.get_container_host_ip()
+            self.pg_port, self.s3_port = self.pg.get_exposed_port(5432), self.s3.get_exposed_port(9000)
+            self.state = State(self.home)
+            write_private(
+                self.home / "external.toml",
+                f'pg_dsn = "postgresql://ducklake:test-only-pw@{host}:{self.pg_port}/ducklake_catalog"\n'
+                f's3_endpoint = "http://{host}:{self.s3_port}"\n'
+                's3_key_id = "testkey"\ns3_secret = "test-only-secret"\n',
+            )
+            # the worker plane and `spark up` run here, on free loopback ports saved in the state folder
+            self.scheduler_port, self.dashboard_port = free_port(), free_port()
+            self.spark_ports = {"master": free_port(), "ui": free_port(), "connect": free_port()}
+            self.state.save_settings(
+                scheduler_port=self.scheduler_port,
+                dashboard_port=self.dashboard_port,
+                **{f"spark_{k}_port": v for k, v in self.spark_ports.items()},
+            )
+            self.env = {
+                "DUCKLAKE_PLATFORM": "external",
+                "DUCKLAKE_HOME": str(self.home),
+                "DUCKLAKE_SCHEDULER_PORT": str(self.scheduler_port),
+                "DUCKLAKE_DASHBOARD_PORT": str(self.dashboard_port),
+                **{PORT_OPTIONS[k]: str(v) for k, v in self.spark_ports.items()},
+            }
+            self.platform = ExternalPlatform(self.state)
+            self.platform.up()
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
-        plane.down(self.state)
-        self.pg.stop()
-        self.s3.stop()
-        shutil.rmtree(self.home, ignore_errors=True)
+        try:
+            if hasattr(self, "state"):
+                plane.down(self.state)
+                SparkCluster(self.state).down()
+        finally:
+            for container in (self.s3, self.pg):
+                try:
+                    container.stop()  # removes it and its anonymous volumes
+                except Exception as exc:  # noqa: BLE001 - try the other; podman_service.run reaps by label
+                    print(f"could not remove a test container: {type(exc).__name__}: {exc}", file=sys.stderr)
+            shutil.rmtree(self.home, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
