@@ -328,3 +328,30 @@ def test_a_tool_pipeline_runs_its_tasks_in_order_with_jumps_for_pages(stack, wp,
     assert _count(stack, "pages") == [(3, 1), (2026, 1)]  # the last page, stored once
     assert steps["broken"].status == "error" and steps["broken"].error.line().startswith("task bad: RuntimeError")
     assert steps["broken"].attempt.details["tasks"] == {"fine": "ok", "bad": "error"}  # `never` did not run
+
+
+def test_a_parallel_loop_of_python_runs_its_iterations_at_once_on_the_plane(stack, wp, tmp_path):
+    body = """\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: parallel_python}
+        workload: {items: [1, 2, 3, 4, 5, 6]}
+        workflow:
+          - step: start
+            loop: {in: "{{ items }}", iterator: n, spec: {mode: parallel, max_in_flight: 3}}
+            tool:
+              kind: python
+              input: {n: "{{ n }}"}
+              code: |
+                import time
+                started = time.time()
+                time.sleep(0.4)
+                result = {"n": n * n, "started": started, "ended": time.time()}
+        """
+    run = _run(stack, wp, tmp_path, body)
+    its = run.steps[0].iterations
+    assert run.ok, _why(run)
+    assert [it.index for it in its] == list(range(6)) and [it.data["n"] for it in its] == [1, 4, 9, 16, 25, 36]
+    spans = sorted((it.data["started"], it.data["ended"]) for it in its)
+    most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)  # iterations running at one moment
+    assert 2 <= most <= 3, spans  # at once, never more than max_in_flight

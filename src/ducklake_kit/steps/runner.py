@@ -45,9 +45,12 @@ from ducklake_kit.steps.model import (
     DUCKLAKE,
     EXCLUSIVE,
     FAIL,
+    HTTP,
     JUMP,
+    NOOP,
     PLAYBOOK,
     POSTGRES,
+    PYTHON,
     TASKS,
     WORKBOOK,
     Playbook,
@@ -64,6 +67,9 @@ Event = Callable[[str, dict[str, Any]], None]
 MAX_DEPTH = 5  # sub-playbooks in sub-playbooks: deeper than this is a playbook calling itself
 MAX_CLAIMS = 100_000  # a cursor loop's claims: more is a claim that never marks its rows taken
 MAX_HOPS = 10_000  # a tool pipeline's jumps (pagination): more is a rule that never stops jumping
+# the kinds whose `mode: parallel` loops run their iterations at once (duckdb's file has one writer; ducklake's
+# loops are submitted to the plane directly, see _run_loop)
+CONCURRENT_KINDS = (PYTHON, HTTP, POSTGRES, NOOP)
 
 
 # -- one step --------------------------------------------------------------------------------------------------
@@ -348,11 +354,29 @@ class Runner:
             run.attempt = self._policied(step, run, lambda _retry: self._kind_attempt(step, self.context), None)
             return
         collection = self._collection(step)
-        self._run_sequential(step, run, collection, len(collection))
+        assert step.loop is not None
+        if step.loop.mode == ASYNC and step.tool in CONCURRENT_KINDS:
+            self._run_concurrent(step, run, collection)
+        else:
+            self._run_sequential(step, run, collection, len(collection))
+
+    def _iteration(self, step: Step, run: StepRun, index: int, element: Any, length: int | None) -> Iteration:
+        """One iteration of a loop the runner drives, with its policy."""
+        ctx = {**self._iteration_ctx(step, index, element, length), "iter": {}}
+        kind: list[str] = []  # the ducklake iteration's once-kind, known once it is prepared
+
+        def attempt(retry: bool) -> Attempt:
+            return self._iteration_attempt(step, run, ctx, (index, element, retry), kind)
+
+        done = self._policied(step, run, attempt, lambda: once.UNDECIDED_WHY if once.UNDECIDED in kind else None, ctx)
+        it = Iteration(index=index, element=element)
+        for name in Attempt.__dataclass_fields__:
+            setattr(it, name, getattr(done, name))
+        return it
 
     def _run_sequential(self, step: Step, run: StepRun, elements: Iterable[Any], length: int | None) -> None:
-        """A loop's iterations one after another, in the runner (a loop of a kind other than ducklake, or a cursor
-        loop of any kind: its elements are claimed one by one)."""
+        """A loop's iterations one after another, in the runner (a loop of a kind other than ducklake in sequential
+        mode, a duckdb one, or a cursor loop of any kind: its elements are claimed one by one)."""
         run.iterations = []
         started = time.perf_counter()
         try:
@@ -360,21 +384,38 @@ class Runner:
                 if step.name in self.broken:
                     run.policy.append(f"iterations from {index} not run: a `break` rule ended the loop")
                     break
-                ctx = {**self._iteration_ctx(step, index, element, length), "iter": {}}
-                kind: list[str] = []  # the ducklake iteration's once-kind, known once it is prepared
-
-                def attempt(retry: bool, c=ctx, i=index, e=element, k=kind) -> Attempt:
-                    return self._iteration_attempt(step, run, c, (i, e, retry), k)
-
-                unsafe = lambda k=kind: once.UNDECIDED_WHY if once.UNDECIDED in k else None  # noqa: E731
-                it = Iteration(index=index, element=element)
-                done = self._policied(step, run, attempt, unsafe, ctx)
-                for name in Attempt.__dataclass_fields__:
-                    setattr(it, name, getattr(done, name))
+                it = self._iteration(step, run, index, element, length)
                 run.iterations.append(it)
                 self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": length or index + 1})
         finally:
             run.iterations_seconds = round(time.perf_counter() - started, 6)
+
+    def _run_concurrent(self, step: Step, run: StepRun, collection: list[Any]) -> None:
+        """`mode: parallel` for python, http and postgres: up to `max_in_flight` iterations at once (default: one per
+        worker thread of the plane), each in a thread of the runner (a python one then runs on a worker); reported as
+        they finish, listed in order. A `break` stops the iterations not started yet."""
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        assert step.loop is not None
+        limit = step.loop.max_in_flight if isinstance(step.loop.max_in_flight, int) else None
+        limit = max(1, limit or sum(self.plane.client.nthreads().values()) or 1)
+        run.iterations, started, length = [], time.perf_counter(), len(collection)
+        todo, running = list(enumerate(collection)), set()
+        with ThreadPoolExecutor(max_workers=limit, thread_name_prefix=f"step-{step.name}") as pool:
+            while todo or running:
+                while todo and len(running) < limit and step.name not in self.broken:
+                    index, element = todo.pop(0)
+                    running.add(pool.submit(self._iteration, step, run, index, element, length))
+                if step.name in self.broken and todo:
+                    run.policy.append(f"{len(todo)} iteration(s) not run: a `break` rule ended the loop")
+                    todo = []
+                finished, running = wait(running, return_when=FIRST_COMPLETED) if running else (set(), set())
+                for future in finished:
+                    it = future.result()
+                    run.iterations.append(it)
+                    self.on_event("iteration", {"step": step.name, "iteration": it.as_dict(), "total": length})
+        run.iterations.sort(key=lambda it: it.index)
+        run.iterations_seconds = round(time.perf_counter() - started, 6)
 
     def _pipeline(self, step: Step, run: StepRun, ctx: dict[str, Any]) -> Attempt:
         """NoETL's tool pipeline: the step's tasks in order, each with its own policy, each later task reading the
