@@ -28,6 +28,9 @@ TABLES = {
     # rows and an aggregate in one union, and a branch read twice (a self-union)
     "u_mixed": f"SELECT k, w FROM {S}.ufacts UNION ALL SELECT k, max(w) FROM {S}.umore GROUP BY k "
     f"UNION ALL SELECT k, w FROM {S}.ufacts WHERE k > 2",
+    # a window branch (the latest row per key) beside a plain one
+    "u_window": f"SELECT k, w FROM {S}.ufacts QUALIFY row_number() OVER (PARTITION BY k ORDER BY id DESC) = 1 "
+    f"UNION ALL SELECT k, w FROM {S}.umore",
     # a DISTINCT branch inside a UNION ALL
     "u_distinct_branch": f"SELECT DISTINCT k FROM {S}.ufacts UNION ALL SELECT k FROM {S}.umore",
     # UNION (distinct) and SELECT DISTINCT: multiplicity, one copy kept until the last goes
@@ -140,6 +143,7 @@ def test_unions_distinct_and_ctes_are_planned_incremental(unions):
     }
     assert plans[f"{S}.u_mixed"].plan.startswith("union: UNION ALL of 3 branches (rows, aggregate, rows)")
     assert plans[f"{S}.distinct"].plan.startswith("union: SELECT DISTINCT of 1 branch (rows)")
+    assert plans[f"{S}.u_window"].plan.startswith("union: UNION ALL of 2 branches (window, rows)")
     assert "inserts merged into their groups" in plans[f"{S}.cte_agg"].plan
 
 
