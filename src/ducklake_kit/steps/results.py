@@ -53,6 +53,14 @@ def command_entry(i: int, s: StatementRun) -> dict[str, Any]:
     return entry
 
 
+class StepFailed(Exception):
+    """A step (or iteration) failed before or outside its task: its template, catalog, loop, route or policy."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.message)
+        self.failure = failure
+
+
 @dataclass
 class Attempt:
     """One run of a step's commands on a worker: the step itself, or one iteration of its loop."""
