@@ -10,12 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ducklake_kit.dynamic_tables import plan as planner
-from ducklake_kit.dynamic_tables.metadata import NO_DATA, SUCCEEDED, Metadata
+from ducklake_kit.dynamic_tables.metadata import SUCCEEDED
 from ducklake_kit.errors import KitError
-from ducklake_kit.lake import Lake
+from tests.dynamic_tables.oracle import apply, created, ops, prove, schema_env, sources
 from tests.dynamic_tables.test_refresh import INCREMENTAL, Env, S
 
-FACTS, MORE, DIMS = f"lake.{S}.ufacts", f"lake.{S}.umore", f"lake.{S}.udims"
 TABLES = {
     # UNION ALL of rows branches: the same (k, v, w) often comes from both, and twice from one
     "u_rows": f"SELECT k, v, w FROM {S}.ufacts WHERE v IS NULL OR v > 1 UNION ALL SELECT k, v, w FROM {S}.umore",
@@ -47,87 +46,26 @@ TABLES = {
 }
 NAMES = [f"{S}.{n}" for n in TABLES]
 
-keys = st.one_of(st.none(), st.integers(0, 4))
-values = st.one_of(st.none(), st.sampled_from(["0.50", "1.50", "2.25"]))  # few values: many duplicate rows
-words = st.one_of(st.none(), st.sampled_from(["a", "b", "c"]))
-table = st.sampled_from([FACTS, MORE])
-ops = st.one_of(
-    st.tuples(
-        st.just("insert"), table, st.lists(st.tuples(keys, st.integers(0, 3), values, words), min_size=1, max_size=4)
-    ),
-    st.tuples(st.just("move_key"), table, st.integers(0, 4), keys),  # rows with id % 5 = n get another key
-    st.tuples(st.just("set_value"), table, st.integers(0, 4), values),
-    st.tuples(st.just("set_word"), table, st.integers(0, 4), words),
-    st.tuples(st.just("delete"), table, st.integers(0, 4)),
-    st.tuples(st.just("delete_one_copy"), table, keys, words),  # one of several equal (k, w) rows goes
-    st.tuples(st.just("rename_region"), st.integers(0, 3), words),
-    st.tuples(st.just("delete_dim"), st.integers(0, 3)),
-    st.tuples(st.just("insert_dim"), st.integers(0, 3), words),
-    st.just(("refresh",)),
-)
-
-
-def apply(env: Env, op: tuple) -> None:
-    kind = op[0]
-    if kind == "insert":
-        t = op[1]
-        start = env.sql(f"SELECT coalesce(max(id), 0) + 1 FROM {t}")[0][0]
-        rows = [[start + i, k, d, v, w] for i, (k, d, v, w) in enumerate(op[2])]
-        env.lake.con.executemany(f"INSERT INTO {t} VALUES (?, ?, ?, ?::DECIMAL(9, 2), ?)", rows)
-    elif kind == "move_key":
-        env.sql(f"UPDATE {op[1]} SET k = ? WHERE id % 5 = ?", [op[3], op[2]])
-    elif kind == "set_value":
-        env.sql(f"UPDATE {op[1]} SET v = ?::DECIMAL(9, 2) WHERE id % 5 = ?", [op[3], op[2]])
-    elif kind == "set_word":
-        env.sql(f"UPDATE {op[1]} SET w = ? WHERE id % 5 = ?", [op[3], op[2]])
-    elif kind == "delete":
-        env.sql(f"DELETE FROM {op[1]} WHERE id % 5 = ?", [op[2]])
-    elif kind == "delete_one_copy":
-        env.sql(
-            f"DELETE FROM {op[1]} WHERE id = (SELECT min(id) FROM {op[1]} "
-            "WHERE k IS NOT DISTINCT FROM ? AND w IS NOT DISTINCT FROM ?)",
-            [op[2], op[3]],
-        )
-    elif kind == "rename_region":
-        env.sql(f"UPDATE {DIMS} SET region = ? WHERE id = ?", [op[2], op[1]])
-    elif kind == "delete_dim":
-        env.sql(f"DELETE FROM {DIMS} WHERE id = ?", [op[1]])
-    elif kind == "insert_dim":
-        env.sql(f"INSERT INTO {DIMS} VALUES (?, ?)", [op[1], op[2]])
-
 
 def refresh_and_prove(env: Env) -> None:
-    batch = env.refresh(*NAMES)
-    for r in batch.refreshes:
-        assert r.status in (SUCCEEDED, NO_DATA), (r.name, r.error)
-        assert r.status == NO_DATA or r.mode == INCREMENTAL, (r.name, r.mode, r.reason)
-    for name in NAMES:
-        env.equal(name)
+    prove(env, NAMES)
 
 
 @pytest.fixture(scope="module")
 def env(stack):
-    ep = stack.platform.endpoints()
-    with Lake(ep) as lake, Metadata(ep) as meta:
-        e = Env(lake, meta)
-        e.drop_all()
-        lake.con.execute(f"CREATE SCHEMA IF NOT EXISTS lake.{S}")
+    with schema_env(stack) as e:
         yield e
-        e.drop_all()
 
 
 @pytest.fixture(scope="module")
 def unions(env):
-    for t in (FACTS, MORE):
-        env.sql(f"CREATE OR REPLACE TABLE {t} (id INTEGER, k INTEGER, d INTEGER, v DECIMAL(9, 2), w VARCHAR)")
-    env.sql(f"CREATE OR REPLACE TABLE {DIMS} (id INTEGER, region VARCHAR)")
-    env.sql(f"INSERT INTO {DIMS} VALUES (0, 'a'), (1, 'b'), (2, NULL), (3, 'a')")
-    env.sql(f"INSERT INTO {FACTS} VALUES (1, 1, 0, 1.50, 'a'), (2, NULL, 1, 2.25, NULL), (3, 1, 0, 1.50, 'a')")
-    env.sql(f"INSERT INTO {MORE} VALUES (1, 1, 0, 1.50, 'a'), (2, 3, 2, NULL, 'b')")
-    for name, query in TABLES.items():
-        env.create(f"CREATE DYNAMIC TABLE {S}.{name} TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL AS {query}")
-    for name in NAMES:
-        env.equal(name)
+    sources(
+        env,
+        dims="(0, 'a'), (1, 'b'), (2, NULL), (3, 'a')",
+        facts="(1, 1, 0, 1.50, 'a'), (2, NULL, 1, 2.25, NULL), (3, 1, 0, 1.50, 'a')",
+        more="(1, 1, 0, 1.50, 'a'), (2, 3, 2, NULL, 'b')",
+    )
+    created(env, TABLES)
     yield env
     env.drop_all()
 

@@ -10,11 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ducklake_kit.dynamic_tables import plan as planner
-from ducklake_kit.dynamic_tables.metadata import NO_DATA, SUCCEEDED, Metadata
 from ducklake_kit.errors import KitError
-from ducklake_kit.lake import Lake
+from tests.dynamic_tables.oracle import apply, created, ops, prove, schema_env, sources
 from tests.dynamic_tables.test_refresh import INCREMENTAL, Env, S
-from tests.dynamic_tables.test_refresh_union import DIMS, FACTS, MORE, apply, ops
 
 TABLES = {
     "w_rank": f"SELECT id, k, v, row_number() OVER (PARTITION BY k ORDER BY v, id) AS rn, "
@@ -35,37 +33,24 @@ NAMES = [f"{S}.{n}" for n in TABLES]
 
 
 def refresh_and_prove(env: Env) -> None:
-    batch = env.refresh(*NAMES)
-    for r in batch.refreshes:
-        assert r.status in (SUCCEEDED, NO_DATA), (r.name, r.error)
-        assert r.status == NO_DATA or r.mode == INCREMENTAL, (r.name, r.mode, r.reason)
-    for name in NAMES:
-        env.equal(name)
+    prove(env, NAMES)
 
 
 @pytest.fixture(scope="module")
 def env(stack):
-    ep = stack.platform.endpoints()
-    with Lake(ep) as lake, Metadata(ep) as meta:
-        e = Env(lake, meta)
-        e.drop_all()
-        lake.con.execute(f"CREATE SCHEMA IF NOT EXISTS lake.{S}")
+    with schema_env(stack) as e:
         yield e
-        e.drop_all()
 
 
 @pytest.fixture(scope="module")
 def windows(env):
-    for t in (FACTS, MORE):
-        env.sql(f"CREATE OR REPLACE TABLE {t} (id INTEGER, k INTEGER, d INTEGER, v DECIMAL(9, 2), w VARCHAR)")
-    env.sql(f"CREATE OR REPLACE TABLE {DIMS} (id INTEGER, region VARCHAR)")
-    env.sql(f"INSERT INTO {DIMS} VALUES (0, 'a'), (1, 'b'), (2, NULL), (3, 'a')")
-    env.sql(f"INSERT INTO {FACTS} VALUES (1, 1, 0, 1.50, 'a'), (2, NULL, 1, 2.25, NULL), (3, 1, 3, 1.50, 'a')")
-    env.sql(f"INSERT INTO {MORE} VALUES (1, 1, 0, 1.50, 'a'), (2, 3, 2, NULL, 'b'), (3, 1, 1, 0.50, 'b')")
-    for name, query in TABLES.items():
-        env.create(f"CREATE DYNAMIC TABLE {S}.{name} TARGET_LAG = '1 hour' REFRESH_MODE = INCREMENTAL AS {query}")
-    for name in NAMES:
-        env.equal(name)
+    sources(
+        env,
+        dims="(0, 'a'), (1, 'b'), (2, NULL), (3, 'a')",
+        facts="(1, 1, 0, 1.50, 'a'), (2, NULL, 1, 2.25, NULL), (3, 1, 3, 1.50, 'a')",
+        more="(1, 1, 0, 1.50, 'a'), (2, 3, 2, NULL, 'b'), (3, 1, 1, 0.50, 'b')",
+    )
+    created(env, TABLES)
     yield env
     env.drop_all()
 
