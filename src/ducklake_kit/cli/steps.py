@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from ducklake_kit.steps.results import PlaybookRun, StepRun
 
 steps_app = typer.Typer(
-    help="The step runner: NoETL-style playbooks (YAML) of `tool: ducklake` steps, run on the worker plane; "
-    "loops with `mode: async` run their iterations in parallel on the workers.",
+    help="The step runner: NoETL's playbooks (YAML) as NoETL writes them: `ducklake` steps run on the worker plane "
+    "(loops with `mode: parallel` or `async` spread over the workers), `postgres`, `duckdb`, `python`, `http`, `noop`, "
+    "`workbook` and `playbook` steps beside them; any other tool kind is refused in one line.",
     no_args_is_help=True,
 )
 app.add_typer(steps_app, name="steps")
