@@ -63,6 +63,12 @@ def test_query_json_has_the_shape_the_answer_and_its_check(stack, cli, may_2012)
     assert daily["columns"][:2] == ["pickup_date", "trips"]
     may = [row for row in daily["rows"] if row[0].startswith(MONTH)]
     assert may and sum(row[1] for row in may) == may_2012
+    # --no-check: the same answers, no check computed, and nothing failed (it said `error` before)
+    unchecked = cli(stack.env, "query", "daily_summary", "--no-check", "--json")
+    assert unchecked.exit_code == 0, unchecked.output
+    doc = _json(unchecked)
+    assert (doc["status"], doc["result"]["checks"]) == ("ok", [])
+    assert doc["result"]["queries"]["daily_summary"]["rows"] == daily["rows"]
 
 
 @pytest.mark.spark
