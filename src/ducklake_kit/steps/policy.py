@@ -82,12 +82,8 @@ def apply_set(sets: dict[str, Any], ctx: dict[str, Any], scopes: dict[str, dict[
     written = {}
     for name, template in sets.items():
         value = templates.render_value(template, ctx)
-        scope, _, key = str(name).partition(".")
-        if not key:
-            scope, key = "ctx", scope
-        target = scopes.get(scope) if scope in ("ctx", "iter", "step") else None
-        if target is None:
-            target, key = scopes["ctx"], str(name) if scope not in ("ctx", "iter", "step") else key
+        scope, dot, key = str(name).partition(".")
+        target, key = (scopes[scope], key) if dot and scope in scopes else (scopes["ctx"], str(name))
         target[key] = value
         written[str(name)] = value
     return written
