@@ -156,6 +156,8 @@ def ensure_database(ep: PgEndpoint, admin_db: str = "postgres") -> bool:
             return False
         try:
             conn.execute(psycopg.sql.SQL("create database {}").format(psycopg.sql.Identifier(ep.dbname)))
-        except psycopg.errors.DuplicateDatabase:  # created concurrently by another `up`
+        except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+            # created concurrently (another `up`, another run's step): a CREATE that lost the race after the check
+            # fails on pg_database's unique index rather than as a duplicate database
             return False
         return True

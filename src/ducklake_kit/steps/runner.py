@@ -25,6 +25,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.platforms import postgres
 from ducklake_kit.platforms.base import Endpoints
@@ -120,7 +122,15 @@ class Runner(Driven):
         target = catalogs.resolve(f"step '{step.name}'", rendered, endpoints=self.endpoints, home=self.home)
         if target.pg is not None and target.create and target.pg not in self.databases:
             # DuckLake creates a catalog's tables, not its database: create that too, once per run, as `up` does
-            postgres.ensure_database(target.pg)
+            try:
+                postgres.ensure_database(target.pg)
+            except psycopg.Error as exc:  # e.g. no CREATEDB right: the step's failure, said in one line
+                pg = target.pg
+                raise KitError(
+                    f"step '{step.name}': cannot create the catalog's database {pg.dbname} on {pg.host}:{pg.port} "
+                    f"({first_line(exc)})",
+                    "create it, or give the user the CREATEDB right",
+                ) from None
             self.databases.add(target.pg)
         return target
 
