@@ -186,3 +186,15 @@ def test_postgres_never_prints_the_password_of_a_refused_connection(stack):
     out = kinds.run_postgres(pg, ["SELECT 1"])
     assert out.status == kinds.FAILED
     assert "wrong-secret-123" not in out.error and pg.user in out.error
+
+
+def test_the_runs_duckdb_files_live_in_a_folder_only_the_kits_user_reads(tmp_path):
+    from ducklake_kit.steps import calls
+    from ducklake_kit.steps.model import Step
+
+    env = calls.CallEnv(None, None, None, tmp_path, "abc123")
+    path = calls.duckdb_file(Step("s", 1, tool="duckdb"), {}, env)
+    assert path == tmp_path / calls.DUCKDB_FOLDER / "abc123.duckdb"
+    assert (path.parent.stat().st_mode & 0o777) == 0o700
+    kinds.run_duckdb(path, ["CREATE TABLE t AS SELECT 1 AS i"])
+    assert (path.parent.stat().st_mode & 0o777) == 0o700

@@ -81,7 +81,10 @@ def duckdb_file(step: Step, ctx: dict[str, Any], env: CallEnv) -> Path | str:
     named = step.config.get("database")
     if named:
         return templates.render_text(str(named), ctx).strip()
-    return env.home / DUCKDB_FOLDER / f"{env.execution_id}.duckdb"
+    folder = env.home / DUCKDB_FOLDER
+    folder.mkdir(mode=0o700, exist_ok=True)  # the runs' data: the kit's user's alone, like the rest of the state
+    folder.chmod(0o700)
+    return folder / f"{env.execution_id}.duckdb"
 
 
 def inputs(step: Step, ctx: dict[str, Any]) -> dict[str, Any]:
