@@ -355,3 +355,21 @@ def test_a_parallel_loop_of_python_runs_its_iterations_at_once_on_the_plane(stac
     spans = sorted((it.data["started"], it.data["ended"]) for it in its)
     most = max(sum(1 for s, e in spans if s <= t < e) for t, _ in spans)  # iterations running at one moment
     assert 2 <= most <= 3, spans  # at once, never more than max_in_flight
+
+
+def test_resume_never_runs_a_step_whose_earlier_fate_cannot_be_known(stack, wp, tmp_path):
+    body = """\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: resumed}
+        workflow:
+          - step: start
+            tool: {kind: postgres, auth: kit, command: "SELECT 1 AS one"}
+        """
+    path = tmp_path / "p.yaml"
+    path.write_text(textwrap.dedent(body))
+    fresh = runner.run(runner.load(path), wp, stack.home)
+    assert fresh.ok, _why(fresh)
+    again = runner.run(runner.load(path), wp, stack.home, resume=fresh.execution_id)
+    assert not again.ok
+    assert "not run again by --resume" in again.steps[0].error.line()

@@ -45,6 +45,15 @@ CONCURRENT_KINDS = (PYTHON, HTTP, POSTGRES, NOOP)
 
 class Driven:
     def _kind_attempt(self, step: Step, ctx: dict[str, Any]) -> Attempt:
+        if self.resume is not None and step.tool not in (NOOP, PLAYBOOK):
+            # only a ducklake commit carries a token the lake can be asked about: what a postgres, python, http or
+            # duckdb step of the earlier run did cannot be known, so it is not run again behind the user's back
+            return Attempt(
+                failure=Failure(
+                    f"not run again by --resume: whether run {self.resume} already ran this {step.tool} step cannot "
+                    "be known (only ducklake commits carry a token); check what it does, then run the playbook afresh"
+                )
+            )
         try:
             out = self._sub_playbook(step, ctx) if step.tool == PLAYBOOK else calls.call(step, ctx, self.env)
             return Attempt().take_kind(out)
