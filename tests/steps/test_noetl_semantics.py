@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.steps import retries, runner
 from ducklake_kit.steps.results import PlaybookRun
@@ -373,3 +374,66 @@ def test_resume_never_runs_a_step_whose_earlier_fate_cannot_be_known(stack, wp, 
     again = runner.run(runner.load(path), wp, stack.home, resume=fresh.execution_id)
     assert not again.ok
     assert "not run again by --resume" in again.steps[0].error.line()
+
+
+def test_the_step_scope_lives_through_its_retries_and_tasks(stack, wp, tmp_path):
+    # NoETL's `set: {step.x: ...}` (its assignment spec's own example counts retries with it): what one attempt or
+    # task writes, the next reads. Before the scope was kept, each write went to a dict nobody read, so `step.tries`
+    # stayed 0 and every attempt failed
+    body = """\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: step_scope}
+        workflow:
+          - step: start
+            tool:
+              - name: flaky
+                kind: python
+                input: {tries: "{{ step.tries | default(0) }}"}
+                code: |
+                  if tries < 2:
+                      raise RuntimeError(f"not yet ({tries})")
+                  result = {"tries": tries, "cursor": "c-42"}
+                spec:
+                  policy:
+                    rules:
+                      - when: "{{ output.status == 'error' }}"
+                        then: {do: retry, attempts: 5, delay: 0.01, set: {step.tries: "{{ (step.tries | default(0)) + 1 }}"}}
+                      - else: {then: {do: continue, set: {step.cursor: "{{ output.data.cursor }}"}}}
+              - name: after
+                kind: python
+                input: {cursor: "{{ step.cursor }}", tries: "{{ step.tries }}"}
+                code: |
+                  result = {"seen": f"{cursor}/{tries}"}
+        """
+    run = _run(stack, wp, tmp_path, body)
+    start = run.steps[0]
+    assert start.status == "ok", _why(run)
+    assert start.data == {"seen": "c-42/2"}  # the second task read what the first task's rules wrote
+    assert start.scope == {"tries": 2, "cursor": "c-42"}
+    assert start.as_dict()["scope"] == {"tries": 2, "cursor": "c-42"}  # steps run --json shows it
+    assert sum("retry" in line for line in start.policy) == 2  # two retries, each counted once
+
+
+def test_a_set_of_the_steps_own_outcome_is_refused_at_validate(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(
+        textwrap.dedent("""\
+        apiVersion: noetl.io/v2
+        kind: Playbook
+        metadata: {name: step_scope}
+        workflow:
+          - step: start
+            tool:
+              kind: python
+              code: "result = 1"
+              spec:
+                policy:
+                  rules:
+                    - else: {then: {do: continue, set: {step.data: "{{ output.data }}"}}}
+        """)
+    )
+    with pytest.raises(
+        KitError, match=r"p.yaml:\d+: step 'start': `set: step.data` names a field of the step's outcome"
+    ):
+        runner.load(path)

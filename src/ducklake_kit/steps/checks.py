@@ -145,6 +145,33 @@ def _rule_templates(step: Step) -> list[tuple[Any, int, bool]]:
     return out
 
 
+# what a rule reads under `step` of the step's own outcome: a `set: step.x` of these would be hidden by it
+STEP_RESULT = ("status", "data", "result", "error")
+
+
+def check_step_sets(playbook: Playbook) -> None:
+    """A `set: {step.x: ...}` writes NoETL's step scope; `step.status`, `.data`, `.result` and `.error` are the step's
+    outcome as its rules read it, so a write there could never be read back: PlaybookError at its line."""
+    for step in every_step(playbook):
+        sets = [(step.set, step.lines.get("set", step.line))]
+        sets += [(r.set, r.line) for r in (step.policy.rules if step.policy else [])]
+        sets += (
+            [(b.set, b.line) for b in (*step.next.always, *step.next.branches, *step.next.otherwise)]
+            if step.next
+            else []
+        )
+        for written, line in sets:
+            for name in written:
+                if str(name).startswith("step.") and str(name)[len("step.") :] in STEP_RESULT:
+                    raise PlaybookError(
+                        playbook.file,
+                        line,
+                        f"step '{step.name}': `set: {name}` names a field of the step's outcome, which its rules read as "
+                        f"`{name}`: the value written could never be read",
+                        f"give it another name (`step.my_{name.removeprefix('step.')}`), or use ctx.x / iter.x",
+                    )
+
+
 def ctx_set(playbook: Playbook) -> set[str]:
     """The ctx names some `set:` writes (a step's, a policy rule's, an arc's): `ctx.x`, or a bare `x`."""
     sets: list[dict[str, Any]] = []
@@ -259,6 +286,7 @@ def load(file: Path, overrides: dict[str, Any] | None = None) -> Playbook:
     """Read, validate and name-check a playbook (what `steps validate` does): PlaybookError at the first problem."""
     playbook = noetl.load(file)
     check_names(playbook, set(overrides or {}))
+    check_step_sets(playbook)
     check_session(playbook)
     check_upserts(playbook)
     return playbook

@@ -286,6 +286,7 @@ class Driven:
             why = out.failure.line() if out.failure else "its rule held"
             tries.append(f"attempt {n}: {why}")
             run.policy.append(f"line {retry.line}: retry {n + 1} of {policy.attempts_of(retry)} in {wait:g}s ({why})")
+            self._sets(run, out, rules, rule_ctx)  # this attempt's `set:` is written before the next one reads it
             time.sleep(wait)
             n += 1
         out.tries = tries + out.tries  # the policy's attempts, then what the worker itself tried again
@@ -317,19 +318,15 @@ class Driven:
         return {
             **ctx,
             step.name: mine,
-            "step": mine,
+            # NoETL's step scope (what `set: step.x` wrote in this step run) beside the outcome, which wins
+            "step": {**(ctx.get("step") or {}), **mine},
             "output": policy.output(out.failure is None, out.data, error, out.details),
         }
 
     def _effects(self, step: Step, run: StepRun, out: Attempt, rules: list[Rule], ctx: dict[str, Any]) -> None:
         """What the held rules say beside a retry: `set`, and `continue` past an error (only a rule whose `when`
         held says so: an `else` does not hide a failure), `fail`, `jump`, `break`."""
-        scopes = {"ctx": self.ctx, "iter": ctx.get("iter", self.ctx), "step": {}}
-        for rule in rules:
-            if out.failure and rule.when is None:
-                run.policy.append(f"line {rule.line}: `else` rule not applied: the task failed")
-                continue
-            policy.apply_set(rule.set, ctx, scopes)
+        for rule in self._sets(run, out, rules, ctx):
             if rule.do == CONTINUE and out.failure:
                 run.policy.append(f"line {rule.line}: continued past its error: {out.failure.line()}")
                 out.failure = None
@@ -339,3 +336,17 @@ class Driven:
                 self.jumps[step.name] = rule.to
             elif rule.do == BREAK:
                 self.broken.add(step.name)
+
+    def _sets(self, run: StepRun, out: Attempt, rules: list[Rule], ctx: dict[str, Any]) -> list[Rule]:
+        """The held rules' `set:` written (into ctx, the iteration's `iter`, the step run's `step`), for every attempt
+        (a retry rule's `set: {step.tries: ...}` counts each one); an `else` rule's is not when the task failed.
+        Returns the rules applied."""
+        scopes = {"ctx": self.ctx, "iter": ctx.get("iter", self.ctx), "step": run.scope}
+        applied = []
+        for rule in rules:
+            if out.failure and rule.when is None:
+                run.policy.append(f"line {rule.line}: `else` rule not applied: the task failed")
+                continue
+            policy.apply_set(rule.set, ctx, scopes)
+            applied.append(rule)
+        return applied

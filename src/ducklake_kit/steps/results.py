@@ -174,6 +174,9 @@ class StepRun:
     iterations_seconds: float | None = None  # a loop: from its first iteration submitted to its last result read
     kind: str | None = None  # the tool's kind (None: a step that only routes)
     policy: list[str] = field(default_factory=list)  # what its policy rules did: "line 12: retry (attempt 2 of 3)"
+    # NoETL's `step` scope: the step run's own state, written by `set: {step.x: ...}` and read as `{{ step.x }}` by
+    # its tasks, retries and rules while it runs (the step's result fields under `step` are read-only)
+    scope: dict[str, Any] = field(default_factory=dict)
 
     @property
     def data(self) -> Any:
@@ -228,6 +231,8 @@ class StepRun:
             out["kind"] = self.kind
         if self.policy:
             out["policy"] = self.policy
+        if self.scope:
+            out["scope"] = self.scope
         return out
 
     def context(self) -> dict[str, Any]:

@@ -241,6 +241,7 @@ class Runner(Driven):
 
     def run_step(self, step: Step) -> StepRun:
         run = StepRun(step.name, OK, step.desc, kind=step.tool)
+        self.context["step"] = run.scope  # NoETL's `step` scope, for its templates until it is finished (_run)
         start = time.perf_counter()
         self.on_event("step", {"step": step.name, "desc": step.desc, "loop": step.loop is not None})
         try:
@@ -405,7 +406,7 @@ class Runner(Driven):
         taken = (step.next.always if run.status == OK else []) + held
         if not held and run.status == OK:
             taken += step.next.otherwise
-        scopes = {"ctx": self.ctx, "iter": self.ctx, "step": {}}
+        scopes = {"ctx": self.ctx, "iter": self.ctx, "step": run.scope}
         for branch in taken:  # an arc's `set:` is written when the arc is taken
             policy.apply_set(branch.set, ctx, scopes)
         return [s for b in taken for s in b.steps]
@@ -426,7 +427,8 @@ class Runner(Driven):
                 for name, template in step.vars.items():
                     value = templates.render_value(template, ctx)
                     run.vars[name] = self.vars[name] = self.context[name] = value
-                policy.apply_set(step.set, {**ctx, "step": mine}, {"ctx": self.ctx, "iter": self.ctx, "step": {}})
+                scopes = {"ctx": self.ctx, "iter": self.ctx, "step": run.scope}
+                policy.apply_set(step.set, {**ctx, "step": {**run.scope, **mine}}, scopes)
             return self._route(step, run, ctx)
         except KitError as exc:
             run.failure, run.status = Failure(f"its vars or set: {exc.what}"), ERROR
@@ -474,6 +476,8 @@ class Runner(Driven):
             else:
                 for target in self._finish(step, run):
                     reached.setdefault(target, name)
+            if self.context.get("step") is run.scope:  # its scope ends with it (unless a step named `step` published)
+                del self.context["step"]
             if run.status == ERROR and failed_before is None:
                 failed_before = name
             out.steps.append(run)
