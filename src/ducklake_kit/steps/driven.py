@@ -141,7 +141,7 @@ class Driven:
 
         assert step.loop is not None
         limit = step.loop.max_in_flight if isinstance(step.loop.max_in_flight, int) else None
-        limit = max(1, limit or sum(self.plane.client.nthreads().values()) or 1)
+        limit = max(1, limit or self.plane.threads())
         run.iterations, started, length = [], time.perf_counter(), len(collection)
         todo, running = list(enumerate(collection)), set()
         with ThreadPoolExecutor(max_workers=limit, thread_name_prefix=f"step-{step.name}") as pool:

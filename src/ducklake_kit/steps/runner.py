@@ -307,7 +307,7 @@ class Runner(Driven):
         # async: at most `limit` iterations running at once. Dask itself runs one task per worker thread, so a limit of
         # at least the plane's threads is met by submitting every iteration at once (queued at the scheduler, each
         # handed to the next free worker without a round trip through this client); a lower one by a window
-        threads = max(1, sum(self.plane.client.nthreads().values()))
+        threads = self.plane.threads()
         limit = 1 if loop.mode != ASYNC else (loop.max_in_flight or threads)
         if loop.mode == ASYNC and limit >= threads:
             limit = len(collection) or 1

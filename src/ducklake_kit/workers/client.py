@@ -106,6 +106,10 @@ class WorkerPlane:
     def close(self) -> None:
         self.client.close()
 
+    def threads(self) -> int:
+        """How many tasks the plane runs at once now: its workers' threads (at least 1)."""
+        return max(1, sum(self.client.nthreads().values()))
+
     def scheduler_lost(self) -> bool:
         """The client is no longer connected to its scheduler (it died, or the connection broke)."""
         return self.client.status != "running"
