@@ -5,7 +5,10 @@ A lab's fenced `bash` blocks run line by line from the project root (as a learne
 must contain. The documented default ports (PostgreSQL, S3, the Dask scheduler and its dashboard) and `.ducklake/`
 are rewritten to the test stack's.
 A block preceded by `<!-- not run by the lab test: why -->` is skipped; `<!-- needs: docker -->` runs only where
-a Docker engine and k3d answer.
+a Docker engine and k3d answer. A lab with `<!-- needs: podman -->` blocks (17) runs where podman can run pods, in a
+state folder and on ports of its own (not the local stack's: the worker plane belongs to a state folder, and two
+platforms in one folder share it), with its pods' names rewritten to that folder's; its pods, volumes and secrets
+are reset afterwards. An `export` line sets the variable for the lab's later lines, as in the learner's shell.
 """
 
 from __future__ import annotations
@@ -15,11 +18,16 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from ducklake_kit.platforms import podman_doctor
+from ducklake_kit.platforms.podman import name_prefix
+from ducklake_kit.platforms.procs import free_port
 from ducklake_kit.platforms.state import (
     DEFAULT_DASHBOARD_PORT,
     DEFAULT_PG_PORT,
@@ -108,13 +116,23 @@ def _docker_and_k3d() -> str | None:
     return None if ok else "no Docker engine answers"
 
 
+SHELL_OWN = {"_", "PWD", "OLDPWD", "SHLVL"}  # what bash sets by itself, not what an `export` line set
+
+
 def _run_block(block: Block, env: dict[str, str], rewrites: dict[str, str]) -> str:
+    """Run the block's lines; an `export` line updates `env` for the lines after it."""
     output = ""
     for line in block.body.splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
             continue
         for old, new in rewrites.items():
             line = line.replace(old, new)
+        if line.startswith("export "):
+            r = subprocess.run(["bash", "-c", f"{line}\nenv -0"], cwd=ROOT, env=env, capture_output=True, text=True)
+            assert r.returncode == 0, f"`{line}` exited {r.returncode}:\n{r.stderr[-3000:]}"
+            exported = dict(item.split("=", 1) for item in r.stdout.split("\0") if "=" in item)
+            env.update({k: v for k, v in exported.items() if k not in SHELL_OWN and env.get(k) != v})
+            continue
         r = subprocess.run(
             ["bash", "-o", "pipefail", "-c", line],
             cwd=ROOT,
@@ -127,14 +145,76 @@ def _run_block(block: Block, env: dict[str, str], rewrites: dict[str, str]) -> s
         assert r.returncode == 0, f"`{line}` exited {r.returncode}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
         output += r.stdout + r.stderr
     for expected in block.expected:
+        for old, new in rewrites.items():
+            expected = expected.replace(old, new)
         assert expected in output, f"expected line '{expected}' not in the output of:\n{block.body}\n{output[-3000:]}"
     return output
+
+
+def _needs_podman(lab: Lab) -> bool:
+    return any(b.note.startswith("needs: podman") for b in lab.steps + lab.verify)
+
+
+@dataclass
+class PodmanLab:
+    """The podman lab's own state folder, ports and pod names: the env and rewrites its lines run with."""
+
+    home: Path
+    env: dict[str, str]
+    rewrites: dict[str, str]
+
+    def kit(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "ducklake_test.py", "--platform", "podman", *args],
+            cwd=ROOT,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+
+@pytest.fixture(scope="module")
+def podman_lab() -> Iterator[PodmanLab]:
+    missing = [t for t in podman_doctor.check(required=True) if not t.ok]
+    if missing:
+        pytest.skip(f"the podman lab needs {', '.join(f'{t.name} ({t.version})' for t in missing)}: {missing[0].hint}")
+    home = Path(tempfile.mkdtemp(prefix="ducklake-podman-lab-"))
+    home.chmod(0o711)  # as root, the worker plane runs as another user, who must traverse it
+    prefix = name_prefix(home)
+    lab = PodmanLab(
+        home,
+        {
+            "DUCKLAKE_HOME": str(home),
+            **{
+                name: str(free_port())
+                for name in (
+                    "DUCKLAKE_PG_PORT",
+                    "DUCKLAKE_S3_PORT",
+                    "DUCKLAKE_SCHEDULER_PORT",
+                    "DUCKLAKE_DASHBOARD_PORT",
+                )
+            },
+        },
+        {
+            "ducklake-postgres-0": f"{prefix}postgres-0",
+            "ducklake-rclone-s3-0": f"{prefix}rclone-s3-0",
+            ".ducklake/": f"{home}/",
+        },
+    )
+    try:
+        yield lab
+    finally:
+        # the pods, their secrets and volumes, and the plane of this folder; then the folder
+        reset = lab.kit("reset", "--yes")
+        shutil.rmtree(home, ignore_errors=True)
+        assert reset.returncode == 0, reset.stderr
 
 
 @pytest.mark.integration
 @pytest.mark.spark
 @pytest.mark.parametrize("lab", LABS, ids=[f"{lab.number}-{lab.title.split()[0].lower()}" for lab in LABS])
-def test_lab(lab: Lab, lab_stack):
+def test_lab(lab: Lab, lab_stack, request: pytest.FixtureRequest):
     env = {
         **os.environ,
         **lab_stack.env,
@@ -149,6 +229,10 @@ def test_lab(lab: Lab, lab_stack):
         f"127.0.0.1:{DEFAULT_DASHBOARD_PORT}": f"127.0.0.1:{lab_stack.dashboard_port}",
         ".ducklake/": f"{lab_stack.home}/",
     }
+    if _needs_podman(lab):
+        podman_lab: PodmanLab = request.getfixturevalue("podman_lab")  # skips, with the reason, without podman
+        env.update(podman_lab.env)
+        rewrites = podman_lab.rewrites
     cluster_missing = (
         _docker_and_k3d() if any(b.note.startswith("needs: docker") for b in lab.steps + lab.verify) else None
     )
@@ -162,3 +246,25 @@ def test_lab(lab: Lab, lab_stack):
         _run_block(block, env, rewrites)
     if skipped:
         pytest.skip(f"lab {lab.number}: the offline commands passed; not run ({cluster_missing}): {'; '.join(skipped)}")
+
+
+PODMAN_LAB = next(lab for lab in LABS if _needs_podman(lab))
+
+
+@pytest.mark.integration
+def test_the_podman_labs_verify_fails_when_a_pod_is_stopped(podman_lab: PodmanLab):
+    """The podman lab's Verify must be able to fail: with the catalog's pod stopped, its first line exits 1 and says
+    why. Runs after the lab (which ended with `down`): it plays the pods again with the lab's own `up` line."""
+    env = {**os.environ, **podman_lab.env, "COLUMNS": "200", "NO_COLOR": "1"}
+    up = next(b for b in PODMAN_LAB.steps if "podman up" in b.body)
+    _run_block(up, env, podman_lab.rewrites)
+    pod = podman_lab.rewrites["ducklake-postgres-0"]
+    stop = subprocess.run(
+        ["podman", "pod", "stop", pod], env=podman_doctor.podman_env(), capture_output=True, text=True, timeout=120
+    )
+    assert stop.returncode == 0, stop.stderr
+    status_line = PODMAN_LAB.verify[0].body.splitlines()[0]
+    assert status_line == "python ducklake_test.py --platform podman status", "the Verify starts with `status`"
+    with pytest.raises(AssertionError, match=r"platform podman status` exited 1") as failed:
+        _run_block(PODMAN_LAB.verify[0], env, podman_lab.rewrites)
+    assert "readiness probe fails" in str(failed.value), str(failed.value)[-2000:]

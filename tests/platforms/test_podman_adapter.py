@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -15,6 +16,8 @@ import yaml
 
 from ducklake_kit.platforms import k8s
 from ducklake_kit.platforms import podman_adapter as adapter
+from ducklake_kit.platforms.podman import PodmanPlatform
+from ducklake_kit.platforms.state import State
 from tests.platforms.test_manifests import K8S_VERSION, Render, render_overlay
 
 HOST_PORTS = {k8s.POSTGRES_SERVICE: 25432, k8s.S3_SERVICE: 29000}
@@ -122,6 +125,24 @@ def test_the_namespace_becomes_a_prefix_so_two_kits_share_no_name(rendered: Rend
     )
 
 
+def test_each_state_folder_has_a_prefix_of_its_own_however_it_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the platform's own names, as `up`, `status` and `down` compute them (no podman call is made)
+    def prefix(home: Path) -> str:
+        return PodmanPlatform(State(home)).prefix
+
+    checkout = Path(__file__).resolve().parents[2]
+    one, two = tmp_path / "one", tmp_path / "two"
+    by_option = prefix(one)
+    monkeypatch.setenv("DUCKLAKE_HOME", str(one))  # the same folder chosen by the environment: the same names
+    assert prefix(one) == by_option != f"{k8s.NAMESPACE}-"
+    monkeypatch.setenv("DUCKLAKE_HOME", str(two))  # CI's podman folder and a user's never share a pod or a volume
+    assert prefix(two) not in (by_option, f"{k8s.NAMESPACE}-")
+    monkeypatch.delenv("DUCKLAKE_HOME")
+    assert prefix(checkout / ".ducklake") == f"{k8s.NAMESPACE}-"  # the checkout's own: ducklake-postgres-0
+
+
 def test_played_pods_are_valid_pods(plan: adapter.PodmanPlan) -> None:
     for doc in yaml.safe_load_all(plan.kube_yaml()):
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -203,6 +224,46 @@ def test_services_publish_on_loopback_only(rendered: Render, plan: adapter.Podma
         for c in doc["spec"]["containers"]:
             for port in c.get("ports", []):
                 assert port.get("hostIP") == "127.0.0.1" and port.get("hostPort"), port
+
+
+PG_POD = "ducklake-postgres-0"
+PG_PUBLISHED = {"5432/tcp": [{"HostIp": "127.0.0.1", "HostPort": str(HOST_PORTS[k8s.POSTGRES_SERVICE])}]}
+
+
+@pytest.mark.parametrize(
+    ("bindings", "problems"),
+    [
+        (PG_PUBLISHED, []),  # `podman pod inspect` of a pod played from this plan, as podman 4.3 prints it
+        (
+            {"5432/tcp": [{"HostIp": "", "HostPort": "25432"}]},  # what kube play does with a port without hostIP
+            [
+                "5432/tcp is published on every address:25432, not 127.0.0.1",
+                "5432/tcp is not published on 127.0.0.1:25432",
+            ],
+        ),
+        (
+            {"5432/tcp": [{"HostIp": "0.0.0.0", "HostPort": "25432"}]},
+            ["5432/tcp is published on 0.0.0.0:25432, not 127.0.0.1", "5432/tcp is not published on 127.0.0.1:25432"],
+        ),
+        (
+            {**PG_PUBLISHED, "9187/tcp": [{"HostIp": "127.0.0.1", "HostPort": "9187"}]},
+            ["9187/tcp is published on 127.0.0.1:9187, which the plan does not publish"],
+        ),
+        (
+            {"5432/tcp": [{"HostIp": "127.0.0.1", "HostPort": "5432"}]},
+            [
+                "5432/tcp is published on 127.0.0.1:5432, which the plan does not publish",
+                "5432/tcp is not published on 127.0.0.1:25432",
+            ],
+        ),
+        (None, ["5432/tcp is not published on 127.0.0.1:25432"]),  # a pod played without its ports
+        ({}, ["5432/tcp is not published on 127.0.0.1:25432"]),
+    ],
+    ids=["as-planned", "every-address", "0.0.0.0", "an-extra-port", "another-host-port", "none", "empty"],
+)
+def test_published_ports_are_compared_with_the_plan(plan: adapter.PodmanPlan, bindings: Any, problems: list) -> None:
+    # what `status` and `up` judge podman's real port bindings by: loopback only, exactly the plan's ports
+    assert plan.binding_problems(PG_POD, bindings) == problems
 
 
 def test_a_port_no_service_targets_is_not_published(rendered: Render) -> None:

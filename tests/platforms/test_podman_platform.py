@@ -114,6 +114,10 @@ def test_data_survives_a_killed_postgres_and_a_replayed_pod(platform: PodmanPlat
             assert time.monotonic() < deadline, "PostgreSQL did not come back after SIGKILL"
             time.sleep(0.5)
     assert int(podman("inspect", container, "--format", "{{.RestartCount}}").stdout) >= 1
+    # the catalog's pod deleted, the other left running (kube play --replace failed on exactly this): up plays both
+    assert podman("pod", "rm", "--force", f"{platform.prefix}postgres-0").returncode == 0
+    assert "played" in platform.up()[0].detail
+    assert query(platform, "select x from survives") == [(42,)]
     # down removes the pods, up plays them again: the volumes still hold the rows and the buckets
     assert any("removed" in m for m in platform.down())
     assert podman("pod", "exists", f"{platform.prefix}postgres-0").returncode != 0

@@ -28,7 +28,6 @@ from ducklake_kit.platforms.state import (
     PODMAN_S3_PORT,
     Credentials,
     State,
-    default_home,
     project_root,
     write_private,
 )
@@ -37,6 +36,17 @@ PART_OF = "app.kubernetes.io/part-of=ducklake-kit"  # the label base/ puts on ev
 PLAN_LABEL = "io.ducklake-kit.plan"  # a hash of what was played: an unchanged plan reuses running pods
 COMMAND_TIMEOUT = 120.0
 READY_TIMEOUT = float(os.environ.get("DUCKLAKE_READY_TIMEOUT", "60"))  # a round trip through a published port
+
+
+def name_prefix(home: Path) -> str:
+    """What this state folder's pods, volumes and secrets are named with: `ducklake-` for the checkout's own
+    `.ducklake` (`ducklake-postgres-0`), `ducklake-<hash of the path>-` for any other folder, however it was chosen
+    (`--home` or DUCKLAKE_HOME): two state folders never share a pod, a volume or a secret, and one folder's names
+    do not depend on how it was named."""
+    home = home.resolve()
+    if home == ((project_root() or Path.cwd()) / ".ducklake").resolve():
+        return f"{k8s.NAMESPACE}-"
+    return f"{k8s.NAMESPACE}-{hashlib.sha256(str(home).encode()).hexdigest()[:6]}-"
 
 
 class PodmanPlatform(Platform):
@@ -54,11 +64,7 @@ class PodmanPlatform(Platform):
         self.state = State(base.home / "podman")
         self._root = root
         self.pg_port, self.s3_port = self.state.ports(pg_port, s3_port, (PODMAN_PG_PORT, PODMAN_S3_PORT))
-        # The default state folder's objects read `ducklake-postgres-0`; any other folder's add a hash of its path.
-        own = base.home.resolve() != default_home().resolve()
-        self.prefix = f"{k8s.NAMESPACE}-" + (
-            hashlib.sha256(str(base.home).encode()).hexdigest()[:6] + "-" if own else ""
-        )
+        self.prefix = name_prefix(base.home)
 
     @property
     def root(self) -> Path:
@@ -174,11 +180,17 @@ class PodmanPlatform(Platform):
             for p in plan.pods
         )
         if not reuse:
-            self._check_ports(plan, running)
-            self._play(plan)
+            self._play(plan, running)
         for kind in ("startup", "readiness"):
             for probe in plan.probes(kind):
                 self._wait_probe(probe)
+        for pod in plan.pods:  # what podman really published, not what it was asked to
+            problems = self._binding_problems(plan, pod.name)
+            if problems:
+                raise KitError(
+                    f"pod {pod.name}: {'; '.join(problems)}",
+                    f"run `down`, then `up`; if it stays, compare `podman pod inspect {pod.name}` with the plan",
+                )
         ep = self.endpoints()
         self._wait_port("PostgreSQL", self.pg_port, lambda: postgres.ping(ep.pg, CATALOG_DB))
         self._wait_port("S3 (rclone)", self.s3_port, lambda: s3.list_buckets(ep.s3))
@@ -200,23 +212,25 @@ class PodmanPlatform(Platform):
                 ServiceStatus(
                     name,
                     True,
-                    f"pod {port.pod} ready (startup and readiness probes passed); {port.host_ip}:{port.host_port} answers",
+                    f"pod {port.pod} ready (startup and readiness probes passed); published on {port.host_ip} only, "
+                    f"{port.host_ip}:{port.host_port} answers",
                     None,
                     port.host_port,
                 )
             )
         return rows
 
-    def _check_ports(self, plan: podman_adapter.PodmanPlan, running: dict[str, dict]) -> None:
-        if running:
-            return  # our own pods hold them; `kube play --replace` frees them first
-        for port in plan.ports:
+    def _play(self, plan: podman_adapter.PodmanPlan, existing: dict[str, dict]) -> None:
+        """Remove this kit's pods that exist (running, stopped or of an older plan), then play them all. Not `kube
+        play --replace`: when one of the YAML's pods is missing, podman 4.3.1 may leave another in place and then fail
+        on its name ("pod already exists"), as it did with the catalog's pod deleted (lab 17)."""
+        for name in existing:
+            self._podman("pod", "rm", "--force", name)
+        for port in plan.ports:  # checked once our own pods hold none of them
             option = "--pg-port or DUCKLAKE_PG_PORT" if port.service == k8s.POSTGRES_SERVICE else "--s3-port"
             busy = procs.busy_port(port.host_port, f"the podman {port.service} pod", option)
             if busy:
                 raise busy
-
-    def _play(self, plan: podman_adapter.PodmanPlan) -> None:
         for secret in plan.secrets:  # recreated: a changed credential must not be read from an old one
             self._podman("secret", "rm", secret.name, check=False)
             self._podman("secret", "create", secret.name, "-", stdin=secret.stdin())
@@ -224,7 +238,7 @@ class PodmanPlatform(Platform):
             if self._podman("volume", "exists", volume.name, check=False).returncode != 0:
                 labels = [arg for k, v in volume.labels.items() for arg in ("--label", f"{k}={v}")]
                 self._podman("volume", "create", *labels, volume.name)
-        self._podman("kube", "play", "--replace", "-", stdin=plan.kube_yaml().encode(), timeout=300)
+        self._podman("kube", "play", "-", stdin=plan.kube_yaml().encode(), timeout=300)
 
     def _wait_probe(self, probe: podman_adapter.Probe) -> None:
         def check() -> bool | None:
@@ -292,20 +306,23 @@ class PodmanPlatform(Platform):
                 rows.append(ServiceStatus(name, False, f"pod {pod_name} not running: run `up`", None, port))
                 continue
             ready, ready_text = self._readiness(plan, pod_name)
+            problems = self._binding_problems(plan, pod_name)
+            bound_text = "; ".join(problems) if problems else "published on 127.0.0.1 only"
             ep = self.endpoints()
             try:
                 postgres.ping(ep.pg, CATALOG_DB) if name == "postgres" else s3.list_buckets(ep.s3)
                 answers, port_text = True, f"127.0.0.1:{port} answers"
             except KitError as exc:
                 answers, port_text = False, exc.what
-            detail = f"pod {pod_name} {pod.get('Status')}; {ready_text}; {port_text}"
-            rows.append(ServiceStatus(name, ready and answers, detail, None, port))
+            detail = f"pod {pod_name} {pod.get('Status')}; {ready_text}; {bound_text}; {port_text}"
+            rows.append(ServiceStatus(name, ready and not problems and answers, detail, None, port))
         if plan is not None:
             rows.append(
                 ServiceStatus(
                     "adapter",
                     True,
-                    f"{len(plan.translations)} translations of the overlay for podman",
+                    f"{len(plan.translations)} translations of the overlay for podman (and, at `up`, each image "
+                    "to its local build: image-built-locally)",
                     extra={"translations": [t.line() for t in plan.translations]},
                 )
             )
@@ -317,6 +334,17 @@ class PodmanPlatform(Platform):
             )
         )
         return rows
+
+    def _binding_problems(self, plan: podman_adapter.PodmanPlan, pod: str) -> list[str]:
+        """How the ports podman published for the pod differ from the plan's (`podman pod inspect`), [] when not."""
+        out = self._podman("pod", "inspect", pod, "--format", "json", check=False)
+        if out.returncode != 0:
+            return [
+                f"`podman pod inspect {pod}` failed: {(out.stderr or out.stdout).decode(errors='replace').strip()[-200:]}"
+            ]
+        data = json.loads(out.stdout or b"{}")
+        data = (data[0] if data else {}) if isinstance(data, list) else data  # one object on podman 4, a list from 5.0
+        return plan.binding_problems(pod, (data.get("InfraConfig") or {}).get("PortBindings"))
 
     def _readiness(self, plan: podman_adapter.PodmanPlan | None, pod: str) -> tuple[bool, str]:
         """The pod's readiness probe, run once now (no kubelet runs it between commands)."""

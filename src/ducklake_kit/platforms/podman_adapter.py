@@ -158,6 +158,27 @@ class PodmanPlan:
     def probes(self, kind: str | None = None) -> list[Probe]:
         return [p for pod in self.pods for p in pod.probes if kind is None or p.kind == kind]
 
+    def binding_problems(self, pod: str, bindings: Mapping[str, Any] | None) -> list[str]:
+        """What differs between the ports podman really published for `pod` (`podman pod inspect`'s
+        InfraConfig.PortBindings: {"5432/tcp": [{"HostIp": ..., "HostPort": ...}]}) and the plan's: a binding on any
+        address but the loopback, a port the plan did not publish, a planned one missing. [] when they agree."""
+        wanted = {f"{p.container_port}/tcp": (p.host_ip, str(p.host_port)) for p in self.ports if p.pod == pod}
+        problems = []
+        for port, binds in sorted((bindings or {}).items()):
+            for b in binds or [{}]:
+                host_ip, host_port = b.get("HostIp") or "", str(b.get("HostPort") or "")
+                if host_ip != LOOPBACK:
+                    problems.append(f"{port} is published on {host_ip or 'every address'}:{host_port}, not {LOOPBACK}")
+                elif wanted.get(port) != (host_ip, host_port):
+                    problems.append(f"{port} is published on {host_ip}:{host_port}, which the plan does not publish")
+        for port, (host_ip, host_port) in sorted(wanted.items()):
+            if not any(
+                (b.get("HostIp"), str(b.get("HostPort"))) == (host_ip, host_port)
+                for b in (bindings or {}).get(port) or []
+            ):
+                problems.append(f"{port} is not published on {host_ip}:{host_port}")
+        return problems
+
 
 class AdapterError(KitError):
     """The rendered overlay holds something the adapter does not translate."""
