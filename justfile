@@ -83,7 +83,7 @@ status platform="local": setup
 workers platform="local": setup
     {{kit}} --platform {{platform}} workers
 
-# stop the worker plane and the services (data stays)
+# stop the console, the worker plane and the services (data stays)
 [group('lake')]
 down platform="local": setup
     {{kit}} --platform {{platform}} down
@@ -92,6 +92,11 @@ down platform="local": setup
 [group('lake')]
 connect platform="local": setup
     {{kit}} --platform {{platform}} connect
+
+# start the lake console (Query and Lake pages) in the background and print its URL with its token; `just down` stops it
+[group('lake')]
+console platform="local": setup
+    {{kit}} --platform {{platform}} console
 
 # run SQL against the lake, e.g. just sql "FROM ducklake_snapshots('lake')" (after `--`: text may start with a comment)
 [group('lake')]

@@ -28,6 +28,7 @@ LAYERS = {
     "bench": 5,
     "all": 6,
     "cli": 7,
+    "console": 7,
 }
 
 

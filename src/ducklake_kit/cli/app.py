@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 # each registers its commands on `app`, in this order (the order of `--help`)
-from ducklake_kit.cli import core, workers, spark, data, steps, pipeline, dynamic, bench  # noqa: F401  # isort: skip
+from ducklake_kit.cli import core, workers, spark, data, steps, pipeline, dynamic, bench, console  # noqa: F401  # isort: skip
 from ducklake_kit.cli.common import app
 from ducklake_kit.platforms import PLATFORMS
 from ducklake_kit.platforms.kit import Kit

@@ -96,13 +96,16 @@ def up(ctx: typer.Context, workers: WorkersOpt = None, as_json: JsonOpt = False)
 @app.command()
 @command
 def down(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Stop the worker plane, the Spark cluster (`spark up`) and the services the kit started. Data stays (see `reset`)."""
+    """Stop the console, the worker plane, the Spark cluster (`spark up`) and the services the kit started. Data stays
+    (see `reset`)."""
     from ducklake_kit.workers import plane as plane_mod
 
     c: Kit = ctx.obj
+    from ducklake_kit.platforms import console as console_mod  # psutil loads only with the commands that use it
     from ducklake_kit.platforms.spark_cluster import SparkCluster
 
-    msgs = [] if c.scheduler else plane_mod.down(c.state)  # a user's Dask cluster is theirs to stop
+    msgs = [console_mod.stop(c.state)]
+    msgs += [] if c.scheduler else plane_mod.down(c.state)  # a user's Dask cluster is theirs to stop
     msgs += SparkCluster(c.state).down()
     msgs += c.platform.down()
     if as_json:
@@ -115,8 +118,8 @@ def down(ctx: typer.Context, as_json: JsonOpt = False) -> None:
 @app.command()
 @command
 def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Show each service's health (a real round trip), port, pid and data size, the workers and the Spark cluster of
-    `spark up`. Exit 1 when one is down."""
+    """Show each service's health (a real round trip), port, pid and data size, the workers, the Spark cluster of
+    `spark up` and the console. Exit 1 when one is down."""
     from ducklake_kit.workers import plane as plane_mod
 
     c: Kit = ctx.obj
@@ -127,7 +130,10 @@ def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     from ducklake_kit.platforms.spark_cluster import SparkCluster
 
     spark = SparkCluster(c.state).status()  # only what `spark up` started counts for the health
-    healthy = healthy and (plane is None or plane.healthy) and spark.healthy
+    from ducklake_kit.platforms import console as console_mod
+
+    web = console_mod.status(c.state)  # as does the console, once `console` started it
+    healthy = healthy and (plane is None or plane.healthy) and spark.healthy and (web.running or web.pid is None)
     if as_json:
         print_json(
             "ok" if healthy else "error",
@@ -135,6 +141,7 @@ def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
                 "services": [vars(s) for s in statuses],
                 "worker_plane": plane.as_dict() if plane else None,
                 "spark": spark.as_dict(),
+                "console": web.as_dict(c.state),
             },
         )
     else:
@@ -149,6 +156,7 @@ def status(ctx: typer.Context, as_json: JsonOpt = False) -> None:
             console().print(
                 "spark: local[*] in each load's own process (no cluster: `spark up` starts one)", markup=False
             )
+        console().print(_console_line(c, web), markup=False)
     if not healthy:
         raise typer.Exit(EXIT_CHECK_FAILED)
 
@@ -164,10 +172,12 @@ def reset(
     c: Kit = ctx.obj
     if not yes and not _confirmed(f"Delete the catalog, the lake data and the credentials in {c.state.home}?"):
         raise KitError("reset cancelled; nothing was deleted", "pass --yes to reset without asking")
+    from ducklake_kit.platforms import console as console_mod  # psutil loads only with the commands that use it
     from ducklake_kit.platforms.spark_cluster import SparkCluster
     from ducklake_kit.workers import plane as plane_mod
 
-    msgs = [] if c.scheduler else plane_mod.down(c.state)
+    msgs = [console_mod.stop(c.state)]
+    msgs += [] if c.scheduler else plane_mod.down(c.state)
     msgs += SparkCluster(c.state).down()
     msgs += c.platform.reset()
     if as_json:
@@ -175,6 +185,15 @@ def reset(
     else:
         for m in msgs:
             console().print(m, markup=False)
+
+
+def _console_line(c: Kit, web) -> str:
+    """`web`: the console's status (platforms.console.ConsoleStatus)."""
+    from ducklake_kit.platforms import console as console_mod
+
+    if not web.running:
+        return f"console: {web.detail}"
+    return f"console: {web.address} (pid {web.pid}, user {web.user}); its token is in {console_mod.token_file(c.state)}"
 
 
 def _confirmed(question: str) -> bool:
@@ -188,12 +207,16 @@ def _confirmed(question: str) -> bool:
 @app.command()
 @command
 def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Print how to reach the catalog (psql, DBeaver), the lake (DuckDB CLI with an init SQL file), the worker plane and
-    the Spark cluster."""
+    """Print how to reach the catalog (psql, DBeaver), the lake (DuckDB CLI with an init SQL file), the worker plane,
+    the Spark cluster and the console."""
     c: Kit = ctx.obj
     info = connect_mod.describe(c.state, c.platform.endpoints())
     info["worker_plane"] = _plane_address(c)
     info["spark"] = _spark_addresses(c)
+    from ducklake_kit.platforms import console as console_mod
+
+    web = console_mod.status(c.state)
+    info["console"] = {"url": web.address, "running": web.running, "token_file": str(console_mod.token_file(c.state))}
     if as_json:
         print_json("ok", info)
         return
@@ -228,6 +251,8 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     out.print("[bold]Spark[/] (the cluster `spark up` starts):")
     out.print(f"  standalone master {sp['master']}, status page {sp['status_page']}", markup=False)
     out.print(f"  Spark Connect {sp['connect']} (the token: {sp['token_file']})", markup=False)
+    out.print("[bold]Console:[/]")
+    out.print("  " + _console_line(c, web).removeprefix("console: "), markup=False)
 
 
 def _plane_address(c: Kit) -> dict[str, Any]:

@@ -1,0 +1,90 @@
+"""The console server's connections: one client of the worker plane and one lake connection, made on first use and
+used from the pages' worker threads (NiceGUI's `run.io_bound`), one call at a time each. What goes wrong is said in
+one line, as the CLI says it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from ducklake_kit.errors import KitError, first_line
+from ducklake_kit.lake import Lake, explore
+from ducklake_kit.platforms.base import Endpoints, PgEndpoint, S3Endpoint
+from ducklake_kit.workers.query import QueryAnswer, ask
+from ducklake_kit.workers.tls import ClientTLS
+
+T = TypeVar("T")
+
+
+def endpoints_of(settings: dict[str, Any]) -> Endpoints:
+    ep = settings["endpoints"]
+    return Endpoints(PgEndpoint(**ep["pg"]), S3Endpoint(**ep["s3"]), ep["data_path"])
+
+
+class Backend:
+    def __init__(self, settings: dict[str, Any]):
+        self.endpoints = endpoints_of(settings)
+        plane = settings.get("plane") or {}
+        self.address: str = plane.get("address", "")
+        self.tls = ClientTLS(**plane["tls"]) if plane.get("tls") else None
+        self.platform = settings.get("platform", "")
+        self._plane = None
+        self._lake: Lake | None = None
+        self._plane_lock = threading.Lock()
+        self._lake_lock = threading.Lock()
+
+    # -- the worker plane -------------------------------------------------------------------------------------
+    def _connected_plane(self):
+        from ducklake_kit.workers.client import WorkerPlane
+
+        if self._plane is not None and self._plane.scheduler_lost():
+            self._plane.close()
+            self._plane = None
+        if self._plane is None:
+            security = self.tls.security() if self.tls else None
+            self._plane = WorkerPlane(self.address, self.endpoints, security=security)
+        return self._plane
+
+    def workers(self) -> list[str]:
+        """The workers' names (w1 first); KitError when the plane does not answer."""
+        from ducklake_kit.workers.client import name_order
+
+        with self._plane_lock:
+            return sorted(self._connected_plane().names(), key=name_order)
+
+    def ask(self, text: str, worker: str | None, rows: int) -> QueryAnswer:
+        """`text` as a task on the plane (on `worker`, or any); a plane that does not answer is the answer's error."""
+        try:
+            with self._plane_lock:
+                plane = self._connected_plane()
+            return ask(plane, text, worker=worker or None, rows=rows)
+        except KitError as exc:
+            return QueryAnswer(error=exc.line())
+
+    # -- the lake -----------------------------------------------------------------------------------------------
+    def on_lake(self, fn: Callable[[Lake], T]) -> T:
+        """`fn(lake)` on the server's lake connection (made again when it broke)."""
+        with self._lake_lock:
+            if self._lake is None:
+                self._lake = Lake(self.endpoints)
+            try:
+                return fn(self._lake)
+            except KitError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the connection may be broken: the next call makes another
+                self._lake.close()
+                self._lake = None
+                raise KitError(f"the lake did not answer ({first_line(exc)})", "run `status`") from None
+
+    def tables(self) -> list[explore.TableInfo]:
+        return self.on_lake(explore.tables)
+
+    def snapshots(self) -> list[explore.SnapshotInfo]:
+        return self.on_lake(explore.snapshots)
+
+    def catalog_tables(self) -> list[str]:
+        return self.on_lake(explore.catalog_tables)
+
+    def catalog_rows(self, table: str) -> explore.CatalogRows:
+        return self.on_lake(lambda lake: explore.catalog_rows(lake, table))

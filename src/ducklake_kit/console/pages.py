@@ -1,0 +1,173 @@
+"""The console's pages. Query: SQL run as a task on the worker plane, the answer as a Message, a Table or a Chart,
+a slider for the rows drawn (only those cross to the page), the run's snapshot, worker and time. Lake: the tables
+with their row counts and columns, the snapshot timeline, the raw catalog tables. Elements the browser tests read
+carry a `data-testid`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nicegui import run, ui
+
+from ducklake_kit.console import shapes
+from ducklake_kit.console.backend import Backend
+from ducklake_kit.errors import KitError
+from ducklake_kit.workers.query import DEFAULT_ROWS, QueryAnswer
+
+SHAPES = ["Message", "Table", "Chart"]
+MOST_DRAWN = 1000
+EXAMPLE = "SELECT schema_name, count(*) AS tables\nFROM duckdb_tables()\nGROUP BY ALL\nORDER BY 1"
+
+
+def _tid(element, name: str):
+    return element.props(f'data-testid="{name}"')
+
+
+def _frame(title: str) -> None:
+    with ui.header().classes("items-center gap-6 bg-blue-grey-9"):
+        ui.label("ducklake-kit console").classes("text-lg font-bold")
+        ui.link("Query", "/").classes("text-white")
+        ui.link("Lake", "/lake").classes("text-white")
+        ui.label(title).classes("opacity-60")
+
+
+def _error(text: str, testid: str = "error") -> None:
+    _tid(ui.label(text).classes("text-negative font-mono whitespace-pre-wrap"), testid)
+
+
+def _summary(answer: QueryAnswer) -> str:
+    if answer.total_rows is None:
+        rows = answer.message or answer.statement_type
+    else:
+        rows = f"{answer.total_rows} rows, {len(answer.rows)} drawn"
+    return f"{rows} · snapshot {answer.snapshot_id} · worker {answer.worker} · {answer.seconds:.3f} s"
+
+
+def _table(columns: list[str], rows: list[tuple], testid: str) -> None:
+    _tid(
+        ui.table(columns=shapes.table_columns(columns), rows=shapes.table_rows(rows), row_key="_row").props(
+            "dense flat bordered"
+        ),
+        testid,
+    ).classes("w-full")
+
+
+def _draw(answer: QueryAnswer, shape: str) -> None:
+    if not answer.ok:
+        _error(answer.error or "")
+        return
+    _tid(ui.label(_summary(answer)).classes("text-caption"), "summary")
+    if answer.total_rows is None or shape == "Message":
+        lines = (
+            [answer.message]
+            if answer.total_rows is None
+            else [", ".join(f"{c}={shapes.cell(v)}" for c, v in zip(answer.columns, r)) for r in answer.rows]
+        )
+        _tid(ui.code("\n".join(lines) or "(no rows)", language="text"), "message").classes("w-full")
+    elif shape == "Table":
+        _table(answer.columns, answer.rows, "result-table")
+    else:
+        spec = shapes.chart_spec(answer.types)
+        if spec is None:
+            _error("no chart for these columns: a chart needs a number column beside another column", "chart-none")
+            return
+        _tid(
+            ui.echart(shapes.chart_options(spec, answer.columns, answer.rows), renderer="svg"), "result-chart"
+        ).classes("w-full h-96")
+        _tid(ui.label(f"{spec.kind} chart"), "chart-kind").classes("text-caption")
+
+
+def query_page(backend: Backend) -> None:
+    @ui.page("/", title="Query · ducklake-kit console")
+    async def page() -> None:
+        _frame("SQL as a task on the worker plane")
+        try:
+            names = await run.io_bound(backend.workers)
+            plane_error = None
+        except KitError as exc:
+            names, plane_error = [], exc.line()
+        options: dict[str, str] = {"": "any worker", **{n: n for n in names}}
+        with ui.column().classes("w-full p-4 gap-2"):
+            sql = _tid(ui.textarea("SQL", value=EXAMPLE), "sql").classes("w-full font-mono").props("outlined autogrow")
+            with ui.row().classes("items-center gap-6 w-full"):
+                worker = _tid(ui.select(options, value="", label="worker"), "worker").classes("w-40")
+                shape = _tid(ui.toggle(SHAPES, value="Table"), "shape")
+                with ui.column().classes("gap-0 w-64"):
+                    drawn = _tid(ui.slider(min=1, max=MOST_DRAWN, value=DEFAULT_ROWS), "rows")
+                    ui.label().bind_text_from(drawn, "value", lambda v: f"rows drawn: {v}")
+                button = _tid(ui.button("Run"), "run")
+            if plane_error:
+                _error(plane_error, "plane-error")
+            out = ui.column().classes("w-full")
+
+        async def go() -> None:
+            button.disable()
+            out.clear()
+            with out:
+                _tid(ui.spinner(), "running")
+            try:
+                answer = await run.io_bound(backend.ask, sql.value or "", worker.value or None, int(drawn.value))
+            finally:
+                button.enable()
+            out.clear()
+            with out:
+                _draw(answer, shape.value)
+
+        button.on_click(go)
+
+
+def lake_page(backend: Backend) -> None:
+    @ui.page("/lake", title="Lake · ducklake-kit console")
+    async def page() -> None:
+        _frame("tables, snapshots and the raw catalog")
+        with ui.column().classes("w-full p-4 gap-4"):
+            try:
+                tables = await run.io_bound(backend.tables)
+                snaps = await run.io_bound(backend.snapshots)
+                catalog = await run.io_bound(backend.catalog_tables)
+            except KitError as exc:
+                _error(exc.line(), "lake-error")
+                return
+            ui.label("Tables").classes("text-h6")
+            _table(
+                ["schema", "table", "rows", "columns"],
+                [(t.schema, t.name, t.rows, ", ".join(f"{c} {ty}" for c, ty in t.columns)) for t in tables],
+                "tables",
+            )
+            _tid(ui.label(f"Snapshots: {len(snaps)}").classes("text-h6"), "snapshot-count")
+            _table(
+                ["snapshot", "time", "author", "commit message", "extra info", "changes"],
+                [
+                    (s.snapshot_id, s.time, s.author, s.commit_message, s.commit_extra_info, _changes(s.changes))
+                    for s in snaps
+                ],
+                "snapshots",
+            )
+            ui.label("Catalog tables (read-only)").classes("text-h6")
+            picked = _tid(ui.select(catalog, label="ducklake_* table"), "catalog-select").classes("w-72")
+            shown = ui.column().classes("w-full")
+
+            async def show(_: Any = None) -> None:
+                shown.clear()
+                if not picked.value:
+                    return
+                try:
+                    got = await run.io_bound(backend.catalog_rows, picked.value)
+                except KitError as exc:
+                    with shown:
+                        _error(exc.line(), "catalog-error")
+                    return
+                with shown:
+                    _tid(ui.label(f"{got.table}: {got.total_rows} rows, {len(got.rows)} shown"), "catalog-summary")
+                    _table(got.columns, got.rows, "catalog-table")
+
+            picked.on_value_change(show)
+
+
+def _changes(changes: dict[str, list[str]]) -> str:
+    return "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(changes.items()))
+
+
+def register(backend: Backend) -> None:
+    query_page(backend)
+    lake_page(backend)

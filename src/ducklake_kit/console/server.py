@@ -1,0 +1,46 @@
+"""The console's process: read its token and settings from its private folder (never from argv or the environment),
+put the token gate in front of NiceGUI's FastAPI app, and serve the pages on 127.0.0.1 (no access log: a first visit's
+URL carries the token)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ducklake_kit.platforms.console import HEALTH_PATH
+
+
+def main(folder: str) -> None:
+    # NiceGUI takes a process that inherited pytest's variable for its own test harness (another port, no server)
+    os.environ.pop("PYTEST_CURRENT_TEST", None)
+    here = Path(folder)
+    settings = json.loads((here / "settings.json").read_text())
+    token = (here / "token").read_text().strip()
+    port = int(settings["port"])
+
+    from nicegui import app, ui
+
+    from ducklake_kit.console import pages
+    from ducklake_kit.console.backend import Backend
+    from ducklake_kit.console.gate import TokenGate
+
+    backend = Backend(settings)
+    pages.register(backend)
+
+    @app.get(HEALTH_PATH)
+    def health() -> dict[str, bool]:
+        return {"ok": True}
+
+    app.add_middleware(TokenGate, token=token, port=port)
+    ui.run(
+        host="127.0.0.1",
+        port=port,
+        title="ducklake-kit console",
+        reload=False,
+        show=False,
+        show_welcome_message=False,
+        uvicorn_logging_level="warning",
+        access_log=False,
+        favicon="🦆",
+    )

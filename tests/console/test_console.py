@@ -1,0 +1,320 @@
+"""The lake console as a user meets it: started by `console` as a background process of the shared stack, refused
+without its token (HTTP and websocket), and driven in a real browser (Debian's chromium through Playwright): a query
+typed in the page runs on a worker and its answer equals the same query run through the lake; an error shows DuckDB's
+own text; the Lake page lists a table with its true row count and the catalog's snapshots. One console and one
+browser for the module; every request the browser makes must stay on the console's own address, and a page that
+logs an error in the browser's console fails the test that opened it. Writes only the schema `console_tests`."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from typer.testing import CliRunner
+
+from ducklake_kit.cli import app
+from ducklake_kit.lake import Lake, StatementFailed
+from ducklake_kit.platforms import console as console_mod
+from ducklake_kit.platforms import postgres
+from ducklake_kit.workers import plane
+
+CHROMIUM = Path("/usr/bin/chromium")
+# no sandbox (root in CI), nothing fetched by the browser itself: Playwright's own browser download never runs here
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCHEMA = "console_tests"
+ROWS = 250
+
+
+@pytest.fixture(scope="module")
+def web(stack):
+    """The console of the shared stack (two workers, a table of ROWS rows), started as a user starts it."""
+    ep = stack.platform.endpoints()
+    plane.up(stack.state, ep, 2)
+    with Lake(ep) as lake:
+        lake.run(
+            f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}; "
+            f"CREATE TABLE {SCHEMA}.trips AS SELECT range AS id, 'zone ' || (range % 4) AS zone, "
+            f"(range * 3) % 17 AS fare FROM range({ROWS})"
+        )
+    made = CliRunner().invoke(app, ["console", "--json"], env={**stack.env, "COLUMNS": "200"})
+    try:
+        assert made.exit_code == 0, made.output
+        info = json.loads(made.stdout)["result"]
+        yield info
+    finally:
+        console_mod.stop(stack.state)
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """One request, redirects not followed: (status, headers, body)."""
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(urllib.request.Request(url, headers=headers or {}), timeout=10) as resp:
+            return resp.status, dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def test_console_prints_its_url_with_a_token_kept_private(web, stack):
+    url, token = web["url_with_token"], console_mod.read_token(stack.state)
+    assert web["url"] == f"http://127.0.0.1:{web['port']}/"
+    assert url == f"{web['url']}?token={token}" and len(token) >= 40
+    assert os.stat(console_mod.token_file(stack.state)).st_mode & 0o777 == 0o600
+    assert os.stat(console_mod.settings_file(stack.state)).st_mode & 0o777 == 0o600
+    # never in the server's arguments, environment or log
+    proc = console_mod.status(stack.state)
+    assert proc.running, proc.detail
+    import psutil
+
+    server = psutil.Process(proc.pid)
+    assert token not in " ".join(server.cmdline())
+    assert all(token not in v for v in server.environ().values())
+    assert token not in stack.state.log_file("console").read_text()
+
+
+def test_http_without_the_token_is_refused(web, stack):
+    base, token = web["url"], console_mod.read_token(stack.state)
+    static = f"{base}_nicegui/3.18.0/static/vue.esm-browser.prod.js"
+    for url, headers in [
+        (base, {}),
+        (f"{base}lake", {}),
+        (static, {}),
+        (f"{base}?token=not-{token}", {}),
+        (base, {"Authorization": "token wrong"}),
+        (base, {"Cookie": f"ducklake-console-{web['port']}=wrong"}),
+    ]:
+        assert _get(url, headers)[0] == 401, (url, headers)
+    # the same requests with the token pass: the refusals above are the gate's, not a wrong address
+    assert _get(static, {"Authorization": f"token {token}"})[0] == 200
+    status, headers, _ = _get(f"{base}lake?token={token}")
+    assert status == 303 and headers["location"] == "/lake"  # the token leaves the address bar
+    cookie = headers["set-cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and token not in cookie
+    assert _get(f"{base}lake", {"Cookie": cookie.split(";")[0]})[0] == 200
+    # another Host (a DNS-rebinding page) is refused even with the token
+    assert _get(f"{base}?token={token}", {"Host": f"evil.example:{web['port']}"})[0] == 403
+
+
+def test_the_websocket_without_the_token_is_refused(web, stack):
+    from websockets.exceptions import InvalidStatus
+    from websockets.sync.client import connect
+
+    ws = f"ws://127.0.0.1:{web['port']}/_nicegui_ws/socket.io/?EIO=4&transport=websocket"
+    origin = f"http://127.0.0.1:{web['port']}"
+    token = console_mod.read_token(stack.state)
+    cookie = _get(f"{web['url']}?token={token}")[1]["set-cookie"].split(";")[0]
+    for headers in ({}, {"Cookie": f"ducklake-console-{web['port']}=wrong"}):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(ws, origin=origin, additional_headers=headers, open_timeout=10)
+        assert refused.value.response.status_code == 403
+    # another site's page, with the browser's cookie: refused by its Origin
+    with pytest.raises(InvalidStatus):
+        connect(ws, origin="http://evil.example", additional_headers={"Cookie": cookie}, open_timeout=10)
+    # with the cookie, from the console's own page: socket.io opens (so the refusals above are the gate's)
+    with connect(ws, origin=origin, additional_headers={"Cookie": cookie}, open_timeout=10) as sock:
+        assert sock.recv(timeout=10).startswith("0{")  # engine.io's open packet
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.urls: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.urls += [v for k, v in attrs if k in ("src", "href", "action") and v]
+
+
+def test_the_served_page_names_no_other_host(web, stack):
+    token = console_mod.read_token(stack.state)
+    for path in ("", "lake"):
+        status, _, body = _get(f"{web['url']}{path}", {"Authorization": f"token {token}"})
+        assert status == 200
+        links = _Links()
+        links.feed(body.decode())
+        assert len(links.urls) >= 5, links.urls  # the parser found the page's scripts and styles
+        foreign = [u for u in links.urls if urlsplit(u).netloc not in ("", f"127.0.0.1:{web['port']}")]
+        assert foreign == []
+
+
+# -- in the browser ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is absent: `apt-get install -y chromium` (Debian's) runs the browser tests")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def session(browser, web):
+    """One page for the module, entered with the token; what it requested and what it logged as an error."""
+    context = browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    seen = {"requests": [], "problems": []}
+    page.on("request", lambda r: seen["requests"].append(r.url))
+    page.on("console", lambda m: seen["problems"].append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: seen["problems"].append(str(e)))
+    page.goto(web["url_with_token"])
+    page.wait_for_selector("[data-testid=run]")
+    assert page.url == web["url"]  # the token went from the address bar
+    try:
+        yield page, seen
+    finally:
+        context.close()
+
+
+@pytest.fixture
+def page(session, web):
+    page, seen = session
+    yield page
+    assert seen["problems"] == [], "the page logged errors in the browser's console"
+    origin = web["url"].rstrip("/")
+    foreign = sorted({u for u in seen["requests"] if not u.startswith((origin + "/", "data:", "blob:"))})
+    assert foreign == [], "the page loaded something from another address"
+
+
+def _run(page, web, sql: str, shape: str = "Table", worker: str | None = None) -> None:
+    page.goto(web["url"])
+    page.wait_for_selector("[data-testid=run]")
+    page.locator("[data-testid=sql]").fill(sql)
+    if worker:
+        page.locator("[data-testid=worker]").click()
+        page.get_by_role("option", name=worker, exact=True).click()
+    page.locator("[data-testid=shape]").get_by_text(shape, exact=True).click()
+
+
+def _answer(page, testid: str) -> None:
+    page.locator("[data-testid=run]").click()
+    page.wait_for_selector(f"[data-testid={testid}], [data-testid=error]")
+
+
+def test_a_query_typed_in_the_page_runs_on_the_chosen_worker(page, stack, web):
+    from playwright.sync_api import expect
+
+    sql = f"SELECT id, zone, fare FROM {SCHEMA}.trips WHERE fare > 3 ORDER BY fare DESC, id"
+    _run(page, web, sql, worker="w2")
+    track = page.locator("[data-testid=rows] .q-slider__track-container")  # the slider's focusable part
+    track.focus()
+    for value in range(90, 10, -10):  # ten rows fewer each press: 100 -> 20, each seen before the next
+        track.press("PageDown")
+        expect(page.locator("[data-testid=rows]")).to_have_attribute("aria-valuenow", str(value))
+    _answer(page, "result-table")
+    with Lake(stack.platform.endpoints()) as lake:
+        expected = lake.run(sql)[-1].rows
+        snapshot = lake.current_snapshot()
+    shown = [r.split("\t") for r in page.locator("[data-testid=result-table] tbody tr").all_inner_texts()]
+    assert shown == [[str(v) for v in r] for r in expected[:20]]
+    summary = page.locator("[data-testid=summary]").inner_text()
+    assert summary.startswith(f"{len(expected)} rows, 20 drawn · snapshot {snapshot} · worker w2 · ")
+
+
+def test_a_chart_is_drawn_from_the_answer(page, stack, web):
+    sql = f"SELECT zone, sum(fare) AS fares FROM {SCHEMA}.trips GROUP BY zone ORDER BY zone"
+    _run(page, web, sql, shape="Chart")
+    _answer(page, "result-chart")
+    assert page.locator("[data-testid=chart-kind]").inner_text() == "bar chart"
+    page.wait_for_selector("[data-testid=result-chart] svg text")
+    labels = page.locator("[data-testid=result-chart] svg text").evaluate_all("els => els.map(e => e.textContent)")
+    with Lake(stack.platform.endpoints()) as lake:
+        zones = [r[0] for r in lake.run(sql)[-1].rows]
+    assert zones == ["zone 0", "zone 1", "zone 2", "zone 3"]
+    assert [t for t in labels if t.startswith("zone ")] == zones  # the x axis, in the answer's order
+    assert "fares" in labels  # the legend names the series
+
+
+def test_an_error_shows_duckdbs_own_text(page, stack, web):
+    sql = f"SELECT no_such_column FROM {SCHEMA}.trips"
+    with Lake(stack.platform.endpoints()) as lake, pytest.raises(StatementFailed) as independent:
+        lake.run(sql)
+    _run(page, web, sql)
+    _answer(page, "result-table")
+    assert page.locator("[data-testid=error]").inner_text() == independent.value.error
+    assert "no_such_column" in independent.value.error
+
+
+def test_the_lake_page_lists_true_counts_and_the_catalogs_snapshots(page, stack, web):
+    with Lake(stack.platform.endpoints()) as lake:
+        lake.run(f"INSERT INTO {SCHEMA}.trips SELECT range + 1000, 'zone 9', 1 FROM range(7)")
+        rows = lake.scalar(f"SELECT count(*) FROM {SCHEMA}.trips")
+    with postgres.connect(stack.platform.endpoints().pg) as conn:
+        snapshots = conn.execute("SELECT count(*) FROM ducklake_snapshot").fetchone()[0]
+    assert rows == ROWS + 7
+    page.goto(web["url"] + "lake")
+    page.wait_for_selector("[data-testid=tables]")
+    tables = [r.split("\t") for r in page.locator("[data-testid=tables] tbody tr").all_inner_texts()]
+    assert [SCHEMA, "trips", str(rows), "id BIGINT, zone VARCHAR, fare BIGINT"] in tables
+    assert page.locator("[data-testid=snapshot-count]").inner_text() == f"Snapshots: {snapshots}"
+    assert page.locator("[data-testid=snapshots] tbody tr").count() == snapshots
+    page.locator("[data-testid=catalog-select]").click()
+    page.get_by_role("option", name="ducklake_snapshot", exact=True).click()
+    page.wait_for_selector("[data-testid=catalog-summary]")
+    shown = min(snapshots, 200)
+    assert page.locator("[data-testid=catalog-summary]").inner_text() == (
+        f"ducklake_snapshot: {snapshots} rows, {shown} shown"
+    )
+
+
+# -- the other commands know it (last: the final test stops it) --------------------------------------------------
+
+
+def test_console_again_reuses_it_and_status_and_connect_show_it_without_the_token(web, stack):
+    runner, env = CliRunner(), {**stack.env, "COLUMNS": "200"}
+    token = console_mod.read_token(stack.state)
+    again = runner.invoke(app, ["console", "--json"], env=env)
+    assert again.exit_code == 0, again.output
+    got = json.loads(again.stdout)["result"]
+    assert (got["detail"], got["pid"], got["url_with_token"]) == (
+        "already running, reused",
+        web["pid"],
+        web["url_with_token"],
+    )
+    status = runner.invoke(app, ["status", "--json"], env=env)
+    shown = json.loads(status.stdout)["result"]["console"]
+    assert (shown["running"], shown["url"], shown["pid"]) == (True, web["url"], web["pid"])
+    assert shown["token_file"] == str(console_mod.token_file(stack.state))
+    text = runner.invoke(app, ["status"], env=env).stdout
+    assert f"console: {web['url']} (pid {web['pid']}" in text and str(console_mod.token_file(stack.state)) in text
+    connect = runner.invoke(app, ["connect", "--json"], env=env)
+    assert json.loads(connect.stdout)["result"]["console"]["url"] == web["url"]
+    for out in (status.stdout, text, connect.stdout, runner.invoke(app, ["connect"], env=env).stdout):
+        assert token not in out
+
+
+def test_stopping_it_ends_the_process_and_its_token(web, stack):
+    import psutil
+
+    assert console_mod.stop(stack.state) == f"console: stopped (pid {web['pid']})"
+    assert not psutil.pid_exists(web["pid"]) or psutil.Process(web["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert console_mod.read_token(stack.state) is None
+    assert not console_mod.status(stack.state).running
+    with pytest.raises(urllib.error.URLError):
+        _get(web["url"])
