@@ -35,6 +35,14 @@ SelectOpt = Annotated[
 StrictOpt = Annotated[
     bool, typer.Option("--strict", help="An inferred dependency the headers do not declare is an error.")
 ]
+ForceOpt = Annotated[
+    bool,
+    typer.Option(
+        "--force",
+        help="Run every chosen node, even those whose fingerprint (normalised SQL + the snapshots of the tables they "
+        "read) is unchanged since their last successful run.",
+    ),
+]
 
 
 def _warn(lines: list[str], as_json: bool) -> None:
@@ -60,14 +68,17 @@ def plan_cmd(
     select: SelectOpt = None,
     strict: StrictOpt = False,
     png: Annotated[Path | None, typer.Option("--png", help="Also draw the DAG to this PNG file.")] = None,
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """The DAG: its waves, every edge (declared or inferred), where each node runs. Runs nothing."""
+    """The DAG: its waves, every edge (declared or inferred), where each node runs, and which nodes a run would run and why (new, SQL changed and whether breaking, input changed) or leave unchanged. Runs nothing."""
     from ducklake_kit.pipelines import flow
 
     c: Kit = ctx.obj
     pipeline = _read(file, select, strict)  # bad input is one line before any service is asked
-    plan = flow.plan(pipeline, PlaneConfig.of(c.state, c.scheduler).address, c.platform.endpoints(), select=select)
+    plan = flow.plan(
+        pipeline, PlaneConfig.of(c.state, c.scheduler).address, c.platform.endpoints(), select=select, force=force
+    )
     if png is not None:
         _draw_plan(plan, png)
     if as_json:
@@ -112,6 +123,15 @@ def _print_plan(plan: Plan) -> None:
             out.print(f"node {n.id} runs on {n.pin}: it {n.pin_reason}", markup=False)
     if plan.workers is not None:
         out.print(f"workers running: {', '.join(plan.workers) or 'none'}", markup=False)
+    if plan.decisions is not None:
+        decided = [n for n in p.nodes if n in plan.decisions]
+        out.print(
+            table(
+                f"A run now would run {len(plan.would_run())} of {len(decided)} node(s)",
+                ["node", "would", "why"],
+                [[n, "run" if plan.decisions[n].run else "skip", plan.decisions[n].reason] for n in decided],
+            )
+        )
 
 
 def _draw_plan(plan: Plan, png: Path) -> None:
@@ -144,9 +164,10 @@ def run_cmd(
     timeout: Annotated[
         float | None, typer.Option("--timeout", help="Seconds a node may run; its worker interrupts it after that.")
     ] = None,
+    force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the pipeline on the worker plane: each node as soon as its dependencies are done; a failed node's descendants are skipped. Exit 1 if a node failed."""
+    """Run the pipeline on the worker plane: each node as soon as its dependencies are done; a failed node's descendants are skipped. Change-aware: a node whose SQL and input tables are unchanged since its last successful run is left `unchanged` (say --force to run it). Exit 1 if a node failed."""
     from ducklake_kit.pipelines import flow
 
     c: Kit = ctx.obj
@@ -163,7 +184,9 @@ def run_cmd(
             step(f"node {node.id}: started" + (f" on {node.pin}" if node.pin else ""))
             return
         bar.advance()
-        if node.status == "ok" and node.duration_ms is None:  # its worker died after the commit: the lake said ok
+        if node.status == "unchanged":
+            step(f"node {node.id}: unchanged, not run ({node.reason})")
+        elif node.status == "ok" and node.duration_ms is None:  # its worker died after the commit: the lake said ok
             step(f"node {node.id}: ok ({node.reason})")
         elif node.status == "ok":
             step(f"node {node.id}: ok on {node.worker} in {node.duration_ms:.0f} ms")
@@ -180,6 +203,7 @@ def run_cmd(
             timeout_s=timeout,
             platform_name=c.platform_name,
             on_event=on_event,
+            force=force,
         )
     finally:
         bar.close()
@@ -220,12 +244,12 @@ def _print_run(outcome: RunOutcome) -> None:
     rows = [
         [
             n.id,
-            n.status.upper() if n.status != "ok" else "ok",
+            n.status if n.status in ("ok", "unchanged") else n.status.upper(),
             n.worker or "-",
             n.started_at.strftime("%H:%M:%S.%f")[:-3] if n.started_at else "-",
             f"{n.duration_ms:.0f}" if n.duration_ms is not None else "-",
             n.snapshot_id if n.snapshot_id is not None else "-",
-            n.error or n.reason or "",
+            n.error or n.reason or (f"ran: {n.why}" if n.why else ""),
         ]
         for n in r.nodes
     ]
@@ -239,9 +263,10 @@ def _print_run(outcome: RunOutcome) -> None:
     )
     if r.aborted:
         out.print(f"ABORTED: {r.aborted}", markup=False)
-    verdict = (
-        "PASS" if r.ok else "FAIL"
-    ) + f": {r.count('ok')} ok, {r.count('failed')} failed, {r.count('skipped')} skipped"
+    verdict = ("PASS" if r.ok else "FAIL") + (
+        f": {r.count('ok')} ok, {r.count('failed')} failed, {r.count('skipped')} skipped, "
+        f"{r.count('unchanged')} unchanged"
+    )
     out.print(
         f"{verdict}; run and lineage recorded in snapshot {outcome.history_snapshot} "
         f"(SELECT * FROM pipeline_nodes WHERE run_id = '{r.run_id}')",

@@ -13,9 +13,9 @@ from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.locks import held_exclusively, named_key
 from ducklake_kit.lake.transactions import snapshot_of_token
-from ducklake_kit.pipelines import dag, history, runner
+from ducklake_kit.pipelines import changes, dag, history, runner
 from ducklake_kit.pipelines.dag import Node, Pipeline
-from ducklake_kit.pipelines.runner import FAILED, SKIPPED, NodeRun, PipelineRun
+from ducklake_kit.pipelines.runner import FAILED, OK, SKIPPED, UNCHANGED, NodeRun, PipelineRun
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.workers.client import SchedulerUnreachable, WorkerPlane, name_order
 
@@ -27,6 +27,10 @@ class Plan:
     selected: set[str]
     workers: list[str] | None  # the running workers; None when the plane did not answer (pins unchecked)
     warnings: list[str] = field(default_factory=list)
+    decisions: dict[str, changes.Decision] | None = None  # what a run would do with each node; None: lake unread
+
+    def would_run(self) -> list[str]:
+        return [n for n in self.pipeline.nodes if self.decisions and n in self.decisions and self.decisions[n].run]
 
     def as_dict(self) -> dict[str, Any]:
         p = self.pipeline
@@ -46,6 +50,8 @@ class Plan:
                     "reads": sorted(map(str, n.use.reads)),
                     "commits_snapshot": n.commits,
                     "selected": n.id in self.selected,
+                    "would_run": self.decisions[n.id].run if self.decisions and n.id in self.decisions else None,
+                    "decision": self.decisions[n.id].as_dict() if self.decisions and n.id in self.decisions else None,
                     "sql": n.sql,
                 }
                 for n in p.nodes.values()
@@ -65,10 +71,17 @@ def _pipeline(source: Path | Pipeline, strict: bool) -> Pipeline:
 
 
 def plan(
-    source: Path | Pipeline, scheduler: str, endpoints: Endpoints, *, strict: bool = False, select: str | None = None
+    source: Path | Pipeline,
+    scheduler: str,
+    endpoints: Endpoints,
+    *,
+    strict: bool = False,
+    select: str | None = None,
+    force: bool = False,
 ) -> Plan:
-    """The DAG and where each node runs; runs nothing. The pins are checked when the worker plane answers.
-    `source`: the file, or the pipeline already read from it (`dag.load`)."""
+    """The DAG, where each node runs, and which nodes a run would run and why (change-aware: see changes.py); runs
+    nothing. The pins are checked when the worker plane answers. `source`: the file, or the pipeline already read
+    from it (`dag.load`)."""
     pipeline = _pipeline(source, strict)
     selected = pipeline.select(select) if select else set(pipeline.nodes)
     warnings = list(pipeline.warnings)
@@ -80,7 +93,23 @@ def plan(
         warnings.append(f"the worker plane does not answer, so `-- node:` pins were not checked ({exc.what})")
     if workers is not None:
         pipeline.check_pins(workers)
-    return Plan(pipeline, pipeline.waves(selected), selected, workers, warnings)
+    waves = pipeline.waves(selected)
+    decisions = None
+    try:
+        with Lake(endpoints) as lake:
+            decisions = _decider(lake, pipeline).plan([n for wave in waves for n in wave], force=force)
+    except Exception as exc:  # noqa: BLE001 - the plan of the graph stands without the lake
+        warnings.append(f"the lake does not answer, so what a run would skip is not known ({first_line(exc)})")
+    return Plan(pipeline, waves, selected, workers, warnings, decisions)
+
+
+def _decider(lake: Lake, pipeline: Pipeline) -> changes.Decider:
+    return changes.Decider(
+        pipeline,
+        history.previous(lake, pipeline.name),
+        lambda: changes.versions(lake),
+        lambda: history.current_schema(lake),
+    )
 
 
 @dataclass
@@ -121,9 +150,12 @@ def run(
     timeout_s: float | None = None,
     platform_name: str = "local",
     on_event: Callable[[str, NodeRun | Node], None] = lambda _k, _n: None,
+    force: bool = False,
 ) -> RunOutcome | None:
     """Run the pipeline (or the chosen nodes) and record it. None when --from-failed finds nothing to re-run.
-    `source`: the file, or the pipeline already read from it (`dag.load`)."""
+    `source`: the file, or the pipeline already read from it (`dag.load`). Change-aware: a node whose fingerprint
+    is what it was at its last successful run is left `unchanged` (decided when it becomes ready, after its
+    parents ran); `force` runs every chosen node."""
     pipeline = _pipeline(source, strict)
     run_id = runner.new_run_id()
     with (
@@ -141,14 +173,30 @@ def run(
             selector = f"from-failed {last_id}"
         else:
             only = pipeline.select(select) if select else set(pipeline.nodes)
+        # the nodes that share a worker-local table run together or not at all: decided up front from the plan
+        planned = _decider(lake, pipeline)
+        planned.plan([n for wave in pipeline.waves(only) for n in wave], force=force)
+        decider = _decider(lake, pipeline)
+        decider.local_plan = planned.local_plan
+
+        def gate(node_id: str, _done: dict[str, NodeRun]) -> str | None:
+            decision = decider.decide(node_id, force=force)
+            return None if decision.run else decision.reason
+
+        def event(kind: str, node: NodeRun | Node) -> None:
+            if kind == "end" and isinstance(node, NodeRun) and node.status == OK:
+                decider.ran(node.id, node.snapshot_id)
+            on_event(kind, node)
+
         done = runner.run(
             pipeline,
             plane,
-            choice=runner.RunChoice(only, selector, timeout_s),
+            choice=runner.RunChoice(only, selector, timeout_s, gate=gate),
             run_id=run_id,
-            on_event=on_event,
+            on_event=event,
             landed=lambda token: snapshot_of_token(lake, token),
         )
+        _fingerprints(pipeline, done, decider, changes.versions(lake))
         warnings = list(pipeline.warnings)
         local: dict[str, list] = {}
         try:  # the worker-local tables' columns, for column lineage through them
@@ -166,6 +214,19 @@ def run(
         snapshot = history.record(lake, pipeline, done, lineage)
         info = lake.catalog_info(platform_name)
     return RunOutcome(done, lineage, warnings + lineage.warnings, snapshot, info)
+
+
+def _fingerprints(pipeline: Pipeline, done: PipelineRun, decider: changes.Decider, now: dict[str, str]) -> None:
+    """What the history records of each decided node: why it ran or was left; for a node that ran or was left
+    unchanged, its fingerprint and the version of each table it writes, as it left them."""
+    outputs = changes.outputs_after(pipeline, done.nodes, now, decider.previous)
+    for n in done.nodes:
+        d = decider.decided.get(n.id)
+        if d is None:
+            continue
+        n.why = d.reason
+        if n.status in (OK, UNCHANGED):
+            n.fingerprint, n.sql_hash, n.inputs, n.outputs = d.fingerprint, d.sql_hash, d.inputs, outputs.get(n.id)
 
 
 RUN_HOLDER = "ducklake-kit pipeline run "  # how a run names itself to PostgreSQL (application_name) while it holds

@@ -7,6 +7,7 @@ Times are UTC (TIMESTAMPTZ).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -14,19 +15,21 @@ from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import table_exists
 from ducklake_kit.lake.transactions import commit_once
+from ducklake_kit.pipelines.changes import Previous
 from ducklake_kit.pipelines.dag import Pipeline
 from ducklake_kit.pipelines.lineage import ColumnEdge, Schema, TableEdge, column_edges, table_edges
-from ducklake_kit.pipelines.runner import FAILED, OK, SKIPPED, PipelineRun
+from ducklake_kit.pipelines.runner import FAILED, OK, SKIPPED, UNCHANGED, PipelineRun
 from ducklake_kit.pipelines.tables import TableRef, parse_table_name
 from ducklake_kit.workers.config import LOCAL_DB
 
 TABLES = {
     "pipeline_runs": "run_id VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, file VARCHAR, status VARCHAR, "
     "started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, nodes_ok INTEGER, nodes_failed INTEGER, "
-    "nodes_skipped INTEGER, selector VARCHAR",
+    "nodes_skipped INTEGER, selector VARCHAR, nodes_unchanged INTEGER",
     "pipeline_nodes": "run_id VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, node_id VARCHAR NOT NULL, status VARCHAR, "
     "worker VARCHAR, started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, duration_ms DOUBLE, "
-    "error VARCHAR, reason VARCHAR, snapshot_id BIGINT, sql VARCHAR",
+    "error VARCHAR, reason VARCHAR, snapshot_id BIGINT, sql VARCHAR, why VARCHAR, fingerprint VARCHAR, "
+    "sql_hash VARCHAR, inputs VARCHAR, outputs VARCHAR",
     "lineage_tables": "child VARCHAR NOT NULL, parent VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, "
     "node_id VARCHAR NOT NULL, run_id VARCHAR, snapshot_id BIGINT, location VARCHAR, "
     "parent_location VARCHAR",
@@ -148,6 +151,7 @@ def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -
         run.count(FAILED),
         run.count(SKIPPED),
         run.selector,
+        run.count(UNCHANGED),
     ]
     node_rows = [
         [
@@ -163,6 +167,11 @@ def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -
             n.reason,
             n.snapshot_id,
             n.sql,
+            n.why,
+            n.fingerprint,
+            n.sql_hash,
+            json.dumps(n.inputs) if n.inputs is not None else None,
+            json.dumps(n.outputs) if n.outputs is not None else None,
         ]
         for n in run.nodes
     ]
@@ -195,10 +204,9 @@ def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -
     rebuilt = sorted({n.id for n in run.nodes if n.status == OK})
 
     def write(con) -> None:
-        for name, columns in TABLES.items():
-            con.execute(f"CREATE TABLE IF NOT EXISTS {lake.alias}.main.{name} ({columns})")
-        con.execute(f"INSERT INTO {lake.alias}.main.pipeline_runs VALUES ({', '.join('?' * len(run_row))})", run_row)
-        _insert(con, f"{lake.alias}.main.pipeline_nodes", node_rows)
+        _create_tables(lake, con)
+        _insert(con, f"{lake.alias}.main.pipeline_runs", [run_row], "pipeline_runs")
+        _insert(con, f"{lake.alias}.main.pipeline_nodes", node_rows, "pipeline_nodes")
         for name in ("lineage_tables", "lineage_columns"):
             # a node's lineage as of this run replaces what an earlier run recorded; nodes the file no longer has
             # leave none behind
@@ -219,9 +227,38 @@ def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -
     ).snapshot_id
 
 
-def _insert(con, table: str, rows: list[list[Any]]) -> None:
-    if rows:
-        con.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+def _create_tables(lake: Lake, con) -> None:
+    """The history tables, and the columns later versions of the kit added to them (a lake an older kit wrote)."""
+    for name, columns in TABLES.items():
+        con.execute(f"CREATE TABLE IF NOT EXISTS {lake.alias}.main.{name} ({columns})")
+    have = {
+        f"{t}.{c}"
+        for t, c in con.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_catalog = ? AND table_schema = 'main'",
+            [lake.alias],
+        ).fetchall()
+    }
+    for name, columns in TABLES.items():
+        for column in _columns(columns):
+            if f"{name}.{column[0]}" not in have:
+                con.execute(f"ALTER TABLE {lake.alias}.main.{name} ADD COLUMN {column[0]} {column[1]}")
+
+
+def _columns(spec: str) -> list[tuple[str, str]]:
+    """(name, type) of each column of a TABLES entry."""
+    out = []
+    for part in spec.split(","):
+        name, _, rest = part.strip().partition(" ")
+        out.append((name, rest.removesuffix(" NOT NULL")))
+    return out
+
+
+def _insert(con, table: str, rows: list[list[Any]], name: str | None = None) -> None:
+    if not rows:
+        return
+    named = f" ({', '.join(c for c, _ in _columns(TABLES[name]))})" if name else ""
+    con.executemany(f"INSERT INTO {table}{named} VALUES ({', '.join('?' * len(rows[0]))})", rows)
 
 
 def last_run(lake: Lake, pipeline: str) -> tuple[str, dict[str, str]] | None:
@@ -239,6 +276,34 @@ def last_run(lake: Lake, pipeline: str) -> tuple[str, dict[str, str]] | None:
         f"SELECT node_id, status FROM {lake.alias}.main.pipeline_nodes WHERE run_id = ?", [row[0]]
     ).fetchall()
     return row[0], dict(nodes)
+
+
+def previous(lake: Lake, pipeline: str) -> dict[str, Previous]:
+    """Each node's last decided record (its latest run that ran it, failed it, skipped it or left it unchanged)."""
+    if not table_exists(lake.con, lake.alias, "main", "pipeline_nodes"):
+        return {}
+    have = {
+        r[0]
+        for r in lake.con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_catalog = ? AND table_schema = 'main' "
+            "AND table_name = 'pipeline_nodes'",
+            [lake.alias],
+        ).fetchall()
+    }
+    fp = "n.sql_hash, n.inputs, n.outputs" if "outputs" in have else "NULL, NULL, NULL"
+    rows = lake.con.execute(
+        f"""SELECT n.node_id, n.run_id, n.status, n.sql, {fp}, n.error,
+            max(CASE WHEN n.status = 'ok' THEN n.run_id END) OVER (PARTITION BY n.node_id) AS last_ok
+        FROM {lake.alias}.main.pipeline_nodes n JOIN {lake.alias}.main.pipeline_runs r USING (run_id)
+        WHERE n.pipeline = ?
+        QUALIFY row_number() OVER (PARTITION BY n.node_id ORDER BY r.started_at DESC, n.run_id DESC) = 1""",
+        [pipeline],
+    ).fetchall()
+    load = lambda text: json.loads(text) if text is not None else None  # noqa: E731
+    return {
+        node: Previous(run_id, status, sql, sql_hash, load(inputs), load(outputs), error, last_ok)
+        for node, run_id, status, sql, sql_hash, inputs, outputs, error, last_ok in rows
+    }
 
 
 def local_tables_on(lake: Lake) -> dict[TableRef, str]:

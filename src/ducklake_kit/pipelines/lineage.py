@@ -57,8 +57,9 @@ def table_edges(use: TableUse) -> list[TableEdge]:
     return sorted(TableEdge(child, parent) for parent in use.reads if parent != child)
 
 
-def _qualified(query: exp.Expression) -> exp.Expression:
-    """The query with every table name written in full (catalog.schema.table), CTE names left alone."""
+def qualified_tables(query: exp.Expression) -> exp.Expression:
+    """A copy of the statement with every table name written in full (catalog.schema.table), CTE names left
+    alone."""
     ctes = {c.alias_or_name.lower() for c in query.find_all(exp.CTE)}
 
     def full(node: exp.Expression) -> exp.Expression:
@@ -87,7 +88,7 @@ def column_edges(use: TableUse, schema: Schema, child_columns: list[str] | None 
     if not isinstance(query, exp.Query):
         return []
     try:
-        query = qualify(_qualified(query), schema=schema, dialect=DIALECT, validate_qualify_columns=False)
+        query = qualify(qualified_tables(query), schema=schema, dialect=DIALECT, validate_qualify_columns=False)
         outputs = list(query.named_selects)
         names = outputs
         if isinstance(stmt, exp.Insert):
@@ -108,6 +109,42 @@ def column_edges(use: TableUse, schema: Schema, child_columns: list[str] | None 
     except (SqlglotError, KeyError) as exc:
         raise ValueError(first_line(exc)) from None
     return sorted(edges)
+
+
+def columns_read(use: TableUse, schema: Schema) -> dict[TableRef, set[str]] | None:
+    """The columns (lower case) the statement reads of each table it reads, anywhere in it (SELECT list, WHERE,
+    joins, GROUP BY, subqueries); `*` when a star is left that the schema could not expand. None when sqlglot cannot
+    tell (an unknown column, a statement it cannot qualify): then assume it reads every column."""
+    from sqlglot.optimizer.scope import traverse_scope
+
+    stmt = use.tree
+    if stmt is None:
+        return None
+    query = stmt.expression if isinstance(stmt, (exp.Create, exp.Insert)) else stmt
+    if not isinstance(query, exp.Query):
+        return None
+    if any(p.is_star for select in query.find_all(exp.Select) for p in select.expressions):
+        # a star reads every column, those a change adds too (which the schema before the change does not have)
+        return {t: {"*"} for t in use.reads}
+    try:
+        query = qualify(qualified_tables(query), schema=schema, dialect=DIALECT, validate_qualify_columns=False)
+        out: dict[TableRef, set[str]] = {}
+        for scope in traverse_scope(query):
+            for table in scope.tables:
+                if isinstance(table.this, exp.Identifier) and scope.sources.get(table.alias_or_name) is table:
+                    out.setdefault(resolve(table), set())
+            for column in scope.columns:
+                source, where = None, scope
+                while where is not None and source is None:
+                    source = where.sources.get(column.table)
+                    where = where.parent
+                if source is None:
+                    return None
+                if isinstance(source, exp.Table) and isinstance(source.this, exp.Identifier):
+                    out.setdefault(resolve(source), set()).add(column.name.lower())
+    except (SqlglotError, KeyError, ValueError):
+        return None
+    return out
 
 
 def _column_name(sql: str) -> str:

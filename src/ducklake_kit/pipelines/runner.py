@@ -25,6 +25,7 @@ from ducklake_kit.workers.client import WorkerPlane
 from ducklake_kit.workers.tasks import StatementOutcome, TaskResult
 
 OK, FAILED, SKIPPED = "ok", "failed", "skipped"
+UNCHANGED = "unchanged"  # not run: its fingerprint is what it was at its last successful run (see changes.py)
 ROWS_SHOWN = 100  # rows of a node's SELECT kept in its result (row_count says how many there were)
 RELEASE_BATCH = 32  # results read, released together (see _release)
 
@@ -45,16 +46,23 @@ def commit_message(pipeline: str, node: str, run_id: str) -> str:
 @dataclass
 class NodeRun:
     id: str
-    status: str  # ok, failed, skipped
+    status: str  # ok, failed, skipped (a dependency failed), unchanged (change-aware: nothing it depends on changed)
     worker: str | None = None
     started_at: datetime | None = None  # on the worker, UTC
     finished_at: datetime | None = None
     error: str | None = None  # DuckDB's own message (with the statement) for a failed node
-    reason: str | None = None  # why a node was skipped
+    reason: str | None = None  # why a node was skipped (or left unchanged)
+    why: str | None = None  # why a change-aware run ran it or left it (new, SQL changed, input X changed, ...)
     statements: list[StatementOutcome] = field(default_factory=list)  # what its task reported, statement by statement
     snapshot_id: int | None = None  # the snapshot the node committed
     sql: str = ""
     unknown: bool = False  # failed in a way that leaves open whether it committed (its worker or the plane died)
+    # its fingerprint (change-aware runs, see changes.py): the hash of its normalised SQL and the version of each
+    # table it reads, and the version of each table it writes as it left them (recorded for ok and unchanged nodes)
+    fingerprint: str | None = None
+    sql_hash: str | None = None
+    inputs: dict[str, str] | None = None
+    outputs: dict[str, str] | None = None
 
     @property
     def duration_ms(self) -> float | None:
@@ -73,6 +81,9 @@ class NodeRun:
             "duration_ms": self.duration_ms,
             "error": self.error,
             "reason": self.reason,
+            "why": self.why,
+            "fingerprint": self.fingerprint,
+            "inputs": self.inputs,
             "snapshot_id": self.snapshot_id,
             "statements": [_statement_dict(st) for st in self.statements],
         }
@@ -91,7 +102,7 @@ class PipelineRun:
 
     @property
     def ok(self) -> bool:
-        return all(n.status == OK for n in self.nodes)
+        return all(n.status in (OK, UNCHANGED) for n in self.nodes)
 
     def count(self, status: str) -> int:
         return sum(1 for n in self.nodes if n.status == status)
@@ -114,6 +125,7 @@ class PipelineRun:
             "ok": self.count(OK),
             "failed": self.count(FAILED),
             "skipped": self.count(SKIPPED),
+            "unchanged": self.count(UNCHANGED),
             "selector": self.selector,
             "aborted": self.aborted,
             "nodes": [n.as_dict() for n in self.nodes],
@@ -184,6 +196,9 @@ class RunChoice:
     selector: str | None = None
     timeout_s: float | None = None
     among: list[str] | None = None
+    # change-aware runs: asked when a node becomes ready (its parents done), the reason to leave it unchanged or None
+    # to run it
+    gate: Callable[[str, dict[str, NodeRun]], str | None] | None = None
 
 
 EVERY_NODE = RunChoice()
@@ -226,8 +241,10 @@ def run(
             for node_id in sorted(sorter.get_ready(), key=lambda n: (-rank[n], pipeline.nodes[n].position)):
                 node = pipeline.nodes[node_id]
                 reason = _skip_reason(node_id, graph[node_id], done)
-                if reason is not None:
-                    done[node_id] = NodeRun(node_id, SKIPPED, reason=reason, sql=node.sql)
+                unchanged = choice.gate(node_id, done) if reason is None and choice.gate is not None else None
+                if reason is not None or unchanged is not None:
+                    status = SKIPPED if reason is not None else UNCHANGED
+                    done[node_id] = NodeRun(node_id, status, reason=reason or unchanged, sql=node.sql)
                     on_event("end", done[node_id])
                     sorter.done(node_id)
                     continue
