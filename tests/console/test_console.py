@@ -205,6 +205,7 @@ def page(session, web):
 def _run(page, web, sql: str, shape: str = "Table", worker: str | None = None) -> None:
     page.goto(web["url"])
     page.wait_for_selector("[data-testid=run]")
+    page.wait_for_selector("[data-testid=workers]")  # the plane's workers are listed
     page.locator("[data-testid=sql]").fill(sql)
     if worker:
         page.locator("[data-testid=worker]").click()

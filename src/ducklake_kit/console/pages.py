@@ -81,24 +81,29 @@ def query_page(backend: Backend) -> None:
     @ui.page("/", title="Query · ducklake-kit console")
     async def page() -> None:
         _frame("SQL as a task on the worker plane")
-        try:
-            names = await run.io_bound(backend.workers)
-            plane_error = None
-        except KitError as exc:
-            names, plane_error = [], exc.line()
-        options: dict[str, str] = {"": "any worker", **{n: n for n in names}}
         with ui.column().classes("w-full p-4 gap-2"):
             sql = _tid(ui.textarea("SQL", value=EXAMPLE), "sql").classes("w-full font-mono").props("outlined autogrow")
             with ui.row().classes("items-center gap-6 w-full"):
-                worker = _tid(ui.select(options, value="", label="worker"), "worker").classes("w-40")
+                worker = _tid(ui.select({"": "any worker"}, value="", label="worker"), "worker").classes("w-40")
                 shape = _tid(ui.toggle(SHAPES, value="Table"), "shape")
                 with ui.column().classes("gap-0 w-64"):
                     drawn = _tid(ui.slider(min=1, max=MOST_DRAWN, value=DEFAULT_ROWS), "rows")
                     ui.label().bind_text_from(drawn, "value", lambda v: f"rows drawn: {v}")
                 button = _tid(ui.button("Run"), "run")
-            if plane_error:
-                _error(plane_error, "plane-error")
+            plane = ui.row()
             out = ui.column().classes("w-full")
+        # the page is served at once; the workers' names come over its websocket (a first connection to the plane
+        # takes seconds)
+        await ui.context.client.connected()
+        try:
+            names = await run.io_bound(backend.workers)
+        except KitError as exc:
+            with plane:
+                _error(exc.line(), "plane-error")
+        else:
+            worker.set_options({"": "any worker", **{n: n for n in names}}, value=worker.value)
+            with plane:
+                _tid(ui.label(f"workers: {', '.join(names) or 'none'}"), "workers").classes("text-caption")
 
         async def go() -> None:
             button.disable()
@@ -120,6 +125,8 @@ def lake_page(backend: Backend) -> None:
     @ui.page("/lake", title="Lake · ducklake-kit console")
     async def page() -> None:
         _frame("tables, snapshots and the raw catalog")
+        loading = _tid(ui.spinner(size="lg"), "loading").classes("m-4")
+        await ui.context.client.connected()  # as on the Query page: the lake's first connection takes seconds
         with ui.column().classes("w-full p-4 gap-4"):
             try:
                 tables = await run.io_bound(backend.tables)
@@ -128,6 +135,8 @@ def lake_page(backend: Backend) -> None:
             except KitError as exc:
                 _error(exc.line(), "lake-error")
                 return
+            finally:
+                loading.delete()
             ui.label("Tables").classes("text-h6")
             _table(
                 ["schema", "table", "rows", "columns"],

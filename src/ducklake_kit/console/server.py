@@ -19,11 +19,12 @@ def main(folder: str) -> None:
     token = (here / "token").read_text().strip()
     port = int(settings["port"])
 
-    from nicegui import app, ui
+    from nicegui import app, background_tasks, run, ui
 
     from ducklake_kit.console import pages
     from ducklake_kit.console.backend import Backend
     from ducklake_kit.console.gate import TokenGate
+    from ducklake_kit.errors import KitError
 
     backend = Backend(settings)
     pages.register(backend)
@@ -32,6 +33,15 @@ def main(folder: str) -> None:
     def health() -> dict[str, bool]:
         return {"ok": True}
 
+    async def warm() -> None:
+        """The plane's and the lake's first connections (seconds each), made before the first page asks for them."""
+        for fn in (backend.workers, lambda: backend.on_lake(lambda lake: None)):
+            try:
+                await run.io_bound(fn)
+            except KitError:
+                pass  # the page says what is wrong when it asks
+
+    app.on_startup(lambda: background_tasks.create(warm(), name="warm the connections"))
     app.add_middleware(TokenGate, token=token, port=port)
     ui.run(
         host="127.0.0.1",
