@@ -38,7 +38,8 @@ def _size(n: int | None) -> str:
 @app.command()
 @command
 def doctor(ctx: typer.Context, as_json: JsonOpt = False) -> None:
-    """Check prerequisites (Python, Java 17+, uv, just; docker, k3d, kubectl for k3d) with versions and install hints."""
+    """Check prerequisites (Python, Java 17+, uv, just; docker, k3d, kubectl for k3d; podman, runc, mmdebstrap and the
+    kit's containers.conf for podman) with versions and install hints."""
     c: Kit = ctx.obj
     tools = doctor_mod.check(c.platform_name)
     ok = all(t.ok for t in tools)

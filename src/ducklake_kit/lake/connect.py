@@ -81,7 +81,8 @@ def describe(state: State, ep: Endpoints) -> dict[str, Any]:
         "s3": {
             "endpoint": ep.s3.url,
             "key_id": ep.s3.key_id,
-            "secret": "in the platform's credentials.json (.ducklake/ for local, .ducklake/k3d/ for k3d) or your external settings",
+            "secret": "in the platform's credentials.json (.ducklake/ for local, .ducklake/k3d/ and .ducklake/podman/ for k3d "
+            "and podman) or your external settings",
             "url_style": ep.s3.url_style,
             "region": ep.s3.region,
             "buckets": ["lake", "raw"],
