@@ -284,6 +284,31 @@ def test_the_lake_page_lists_true_counts_and_the_catalogs_snapshots(page, stack,
     )
 
 
+def test_a_diff_on_the_lake_page_is_the_change_feed(page, stack, web):
+    with Lake(stack.platform.endpoints()) as lake:
+        before = lake.current_snapshot()
+        lake.run(f"DELETE FROM {SCHEMA}.trips WHERE id < 4; INSERT INTO {SCHEMA}.trips VALUES (5000, 'zone 7', 2)")
+        after = lake.current_snapshot()
+        feed = lake.con.execute(
+            f"SELECT * FROM ducklake_table_changes('lake', '{SCHEMA}', 'trips', {before + 1}, {after}) "
+            "ORDER BY snapshot_id, rowid"
+        ).fetchall()
+    assert sorted(r[2] for r in feed) == ["delete"] * 4 + ["insert"]
+    page.goto(web["url"] + "lake")
+    page.wait_for_selector("[data-testid=diff-run]")
+    page.locator("[data-testid=diff-table]").click()
+    page.get_by_role("option", name=f"{SCHEMA}.trips", exact=True).click()
+    page.locator("[data-testid=diff-before]").fill(str(before))
+    page.locator("[data-testid=diff-after]").fill(str(after))
+    page.locator("[data-testid=diff-run]").click()
+    page.wait_for_selector("[data-testid=diff-summary], [data-testid=diff-error]")
+    assert page.locator("[data-testid=diff-summary]").inner_text() == (
+        f"{SCHEMA}.trips, snapshots {before + 1}..{after}: delete 4, insert 1"
+    )
+    shown = [r.split("\t") for r in page.locator("[data-testid=diff-rows] tbody tr").all_inner_texts()]
+    assert shown == [[str(v) for v in r] for r in feed]
+
+
 # -- the other commands know it (last: the final test stops it) --------------------------------------------------
 
 

@@ -59,3 +59,39 @@ def test_catalog_tables_are_read_only_and_only_ducklakes(lake):
     conn = explore._catalog(lake)
     with conn, pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
         conn.execute("DELETE FROM ducklake_snapshot WHERE false")
+
+
+def test_a_diff_is_what_changed_between_two_snapshots(lake):
+    t = f"{SCHEMA}.d"
+    lake.run(f"CREATE TABLE {t} AS SELECT range AS id, 'a' AS v FROM range(10)")
+    before = lake.current_snapshot()
+    lake.run(f"INSERT INTO {t} VALUES (100, 'new'), (101, 'new'); DELETE FROM {t} WHERE id < 3")
+    lake.run(f"UPDATE {t} SET v = 'b' WHERE id = 5")
+    after = lake.current_snapshot()
+    got = explore.diff(lake, t, before, after)
+    assert got.counts == {"delete": 3, "insert": 2, "update_postimage": 1, "update_preimage": 1}
+    assert got.total_rows == 7 and got.columns[-2:] == ["id", "v"]
+
+    # independently: the table at both snapshots, compared as multisets of rows
+    def side(a: int, b: int) -> list[tuple]:
+        return sorted(
+            lake.con.execute(
+                f"SELECT id, v FROM {t} AT (VERSION => {a}) EXCEPT ALL SELECT id, v FROM {t} AT (VERSION => {b})"
+            ).fetchall()
+        )
+
+    added = sorted(r[-2:] for r in got.rows if r[2] in ("insert", "update_postimage"))
+    removed = sorted(r[-2:] for r in got.rows if r[2] in ("delete", "update_preimage"))
+    assert added == side(after, before) == [(5, "b"), (100, "new"), (101, "new")]
+    assert removed == side(before, after) == [(0, "a"), (1, "a"), (2, "a"), (5, "a")]
+    # an update's two images stand together, the preimage first
+    images = [r[2] for r in got.rows if r[-2] == 5]
+    assert images == ["update_preimage", "update_postimage"]
+
+
+def test_a_diff_the_wrong_way_or_before_the_table_is_one_line(lake):
+    with pytest.raises(KitError, match="from an earlier snapshot to a later one, not from 5 to 5"):
+        explore.diff(lake, f"{SCHEMA}.t", 5, 5)
+    with pytest.raises(KitError, match="does not exist") as exc:
+        explore.diff(lake, f"{SCHEMA}.t", 0, 1)
+    assert "\n" not in exc.value.line()

@@ -83,6 +83,9 @@ class Backend:
     def snapshots(self) -> list[explore.SnapshotInfo]:
         return self.on_lake(explore.snapshots)
 
+    def diff(self, table: str, before: int, after: int) -> explore.TableDiff:
+        return self.on_lake(lambda lake: explore.diff(lake, table, before, after))
+
     def catalog_tables(self) -> list[str]:
         return self.on_lake(explore.catalog_tables)
 

@@ -152,6 +152,7 @@ def lake_page(backend: Backend) -> None:
                 ],
                 "snapshots",
             )
+            _diff_section(backend, [t.qualified for t in tables], [s.snapshot_id for s in snaps])
             ui.label("Catalog tables (read-only)").classes("text-h6")
             picked = _tid(ui.select(catalog, label="ducklake_* table"), "catalog-select").classes("w-72")
             shown = ui.column().classes("w-full")
@@ -171,6 +172,38 @@ def lake_page(backend: Backend) -> None:
                     _table(got.columns, got.rows, "catalog-table")
 
             picked.on_value_change(show)
+
+
+def _diff_section(backend: Backend, tables: list[str], snapshot_ids: list[int]) -> None:
+    """A table's diff between two snapshots: what the change feed says changed after the first up to the second."""
+    ui.label("Diff a table between two snapshots").classes("text-h6")
+    newest = snapshot_ids[0] if snapshot_ids else 0
+    with ui.row().classes("items-center gap-4"):
+        table = _tid(ui.select(tables, label="table", value=tables[0] if tables else None), "diff-table").classes(
+            "w-72"
+        )
+        before = _tid(ui.number("after snapshot", value=max(newest - 1, 0), min=0, precision=0), "diff-before")
+        after = _tid(ui.number("up to snapshot", value=newest, min=0, precision=0), "diff-after")
+        button = _tid(ui.button("Diff"), "diff-run")
+    shown = ui.column().classes("w-full")
+
+    async def go() -> None:
+        shown.clear()
+        if not table.value:
+            return
+        try:
+            got = await run.io_bound(backend.diff, table.value, int(before.value or 0), int(after.value or 0))
+        except KitError as exc:
+            with shown:
+                _error(exc.line(), "diff-error")
+            return
+        with shown:
+            counts = ", ".join(f"{k} {v}" for k, v in got.counts.items()) or "nothing changed"
+            summary = f"{got.table}, snapshots {got.before + 1}..{got.after}: {counts}"
+            _tid(ui.label(summary), "diff-summary")
+            _table(got.columns, got.rows, "diff-rows")
+
+    button.on_click(go)
 
 
 def _changes(changes: dict[str, list[str]]) -> str:

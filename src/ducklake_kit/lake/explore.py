@@ -1,6 +1,7 @@
 """What a lake explorer shows (the console's Lake page): its schemas and tables with their row counts, columns and
-types; the snapshot timeline with each commit's author, message and extra info; and the raw `ducklake_*` catalog
-tables, read from PostgreSQL in read-only transactions.
+types; the snapshot timeline with each commit's author, message and extra info; a table's diff between two
+snapshots, from the change feed; and the raw `ducklake_*` catalog tables, read from PostgreSQL in read-only
+transactions.
 """
 
 from __future__ import annotations
@@ -8,11 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import duckdb
 import psycopg
 from psycopg import sql as pgsql
 
-from ducklake_kit.errors import KitError
+from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import sql
+from ducklake_kit.lake.changes import changes_sql
 from ducklake_kit.lake.connection import Lake
 from ducklake_kit.platforms import postgres
 
@@ -52,6 +55,20 @@ class CatalogRows:
     total_rows: int
 
 
+@dataclass
+class TableDiff:
+    """What changed in a table after snapshot `before` up to snapshot `after`: the count per change type (insert,
+    delete, update_preimage, update_postimage) and the first changed rows, each with its snapshot and change type."""
+
+    table: str
+    before: int
+    after: int
+    counts: dict[str, int]
+    columns: list[str]
+    rows: list[tuple]
+    total_rows: int
+
+
 def tables(lake: Lake) -> list[TableInfo]:
     """Every table of the lake, by schema and name, with its row count and its columns (read at one snapshot)."""
     out = []
@@ -80,6 +97,35 @@ def snapshots(lake: Lake) -> list[SnapshotInfo]:
         [lake.alias],
     ).fetchall()
     return [SnapshotInfo(int(r[0]), r[1], int(r[2]), dict(r[3] or {}), r[4], r[5], r[6]) for r in rows]
+
+
+def diff(lake: Lake, table: str, before: int, after: int, limit: int = CATALOG_ROWS) -> TableDiff:
+    """The rows of `table` ('schema.table') that changed after snapshot `before` up to and including `after`
+    (DuckLake's change feed over before+1..after), the first `limit` of them in snapshot order."""
+    before, after = int(before), int(after)
+    if not 0 <= before < after:
+        raise KitError(
+            f"a diff runs from an earlier snapshot to a later one, not from {before} to {after}",
+            "give the earlier snapshot first",
+        )
+    feed = changes_sql(lake, table, before + 1, after)
+    lake.con.execute("BEGIN TRANSACTION")  # the counts and the rows read at one snapshot
+    try:
+        counts = dict(
+            lake.con.execute(f"SELECT change_type, count(*) FROM {feed} GROUP BY ALL ORDER BY ALL").fetchall()
+        )
+        # an update's preimage before its postimage
+        cur = lake.con.execute(
+            f"SELECT * FROM {feed} ORDER BY snapshot_id, rowid, change_type DESC LIMIT {max(0, int(limit))}"
+        )
+        columns = [d[0] for d in cur.description]
+        rows = cur.fetchall()
+    except duckdb.Error as exc:  # a table that did not exist yet, a snapshot that does not
+        raise KitError(first_line(exc), "choose two snapshots of the timeline at which the table exists") from None
+    finally:
+        lake.con.execute("ROLLBACK")
+    counts = {str(k): int(v) for k, v in counts.items()}
+    return TableDiff(table, before, after, counts, columns, rows, sum(counts.values()))
 
 
 def _catalog(lake: Lake) -> psycopg.Connection:
