@@ -95,6 +95,23 @@ def test_what_podman_does_not_exercise_is_listed(plan: adapter.PodmanPlan) -> No
     assert all(n.instead for n in plan.not_exercised)
 
 
+def test_the_podman_page_lists_every_translation_and_what_podman_does_not_exercise(rendered: Render) -> None:
+    # every rule the adapter makes on the overlay, with the images' and an unpublished port's
+    objects = copy.deepcopy(rendered.objects)
+    sts = next(o for o in objects if o["kind"] == "StatefulSet" and o["metadata"]["name"] == k8s.S3_STATEFULSET)
+    sts["spec"]["template"]["spec"]["containers"][0]["ports"].append({"name": "metrics", "containerPort": 5572})
+    images = {"postgres:16.15": "localhost/ducklake-kit/postgres:t", "rclone/rclone:1.75.2": "localhost/r:t"}
+    plan = adapter.translate(objects, host_ports=HOST_PORTS, images=images)
+    rules = {t.rule for t in plan.translations}
+    assert len(rules) == 10, rules
+    page = (Path(__file__).resolve().parents[2] / "docs" / "podman.md").read_text()
+    section = page.split("## What the adapter translates\n", 1)[1].split("\n## ", 1)[0]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("| `"))
+    assert {rule for rule in rules if f"`{rule}`" not in table} == set(), "a translation missing from docs/podman.md"
+    prose = " ".join(section.split())
+    assert [n.what for n in adapter.NOT_EXERCISED if n.what not in prose] == []
+
+
 def test_statefulsets_become_pods_named_as_the_controller_names_them(
     rendered: Render, plan: adapter.PodmanPlan
 ) -> None:

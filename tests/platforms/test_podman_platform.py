@@ -81,6 +81,28 @@ def test_ports_are_published_on_loopback_only(platform: PodmanPlatform) -> None:
         assert out.strip() and all(line.split("-> ")[1].startswith("127.0.0.1:") for line in out.splitlines()), out
 
 
+BYTES = {"Mi": 2**20, "Gi": 2**30}
+
+
+def test_the_manifests_limits_and_security_context_apply(platform: PodmanPlatform) -> None:
+    # read back from podman and from the kernel (/proc/<pid>/status of each container's first process), not the plan
+    plan = platform._names()
+    assert plan is not None
+    for pod in plan.pods:
+        (spec,) = pod.manifest["spec"]["containers"]
+        container = f"{pod.name}-{spec['name']}"
+        limit = spec["resources"]["limits"]["memory"]
+        assert int(podman("inspect", container, "--format", "{{.HostConfig.Memory}}").stdout) == (
+            int(limit[:-2]) * BYTES[limit[-2:]]
+        ), (container, limit)
+        pid = podman("inspect", container, "--format", "{{.State.Pid}}").stdout.strip()
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+        assert status["NoNewPrivs"] == "1", container  # allowPrivilegeEscalation: false
+        assert status["Seccomp"] == "2", container  # seccompProfile RuntimeDefault: a filter is on
+        if spec["securityContext"].get("capabilities", {}).get("drop") == ["ALL"]:
+            assert int(status["CapEff"], 16) == int(status["CapBnd"], 16) == 0, container
+
+
 def test_a_wrong_password_is_refused(platform: PodmanPlatform) -> None:
     ep = platform.endpoints()
     assert postgres.ping(ep.pg, ep.pg.dbname)
