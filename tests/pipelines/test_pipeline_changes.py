@@ -272,3 +272,12 @@ def test_a_node_that_drops_a_lake_table_is_left_unchanged_while_the_table_stays_
     lab.sql(f"CREATE TABLE {s}.old AS SELECT 2 AS x")
     again = lab.run()
     assert statuses(again) == {"tidy": "ok"} and again.node("tidy").why.startswith(f"its output {s}.old was changed")
+
+
+def test_a_run_that_leaves_out_the_maker_of_a_worker_local_table_still_knows_its_version(lab):
+    # --select or --from-failed may choose a reader without the node that makes its worker-local table: the
+    # table's version is then the maker's recorded fingerprint (it was "unknown", so the reader ran, found the
+    # table gone, and the next full run ran the three of them again)
+    lab.run()
+    assert statuses(lab.run(select="use_local")) == {"use_local": "unchanged"}
+    assert statuses(lab.run()) == dict.fromkeys(ALL, "unchanged")

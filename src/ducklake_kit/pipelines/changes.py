@@ -191,6 +191,7 @@ class Previous:
     outputs: dict[str, str] | None
     error: str | None = None
     last_ok: str | None = None  # the last run that ran it and succeeded
+    fingerprint: str | None = None
 
 
 @dataclass
@@ -282,11 +283,15 @@ class Decider:
             self._now = self._schema_cache = None  # read again before the next decision
 
     def version(self, t: TableRef) -> str:
+        """A lake table's last-change snapshot; a worker-local table's, the fingerprint of the node that makes it
+        (decided in this run, else as its last run recorded it: `--select` and `--from-failed` may leave it out)."""
         if t.local:
-            maker = next(
-                (self.decided[n] for n in self.decided if MAKE in self.pipeline.nodes[n].use.uses.get(t, set())), None
-            )
-            return f"made by {maker.node}: {maker.fingerprint}" if maker else "unknown (made outside this run)"
+            maker = next((n for n in self.pipeline.nodes.values() if MAKE in n.use.uses.get(t, set())), None)
+            if maker is None:
+                return "unknown: no node of the file makes it"
+            prev = self.previous.get(maker.id)
+            fingerprint = self.decided[maker.id].fingerprint if maker.id in self.decided else prev and prev.fingerprint
+            return f"made by {maker.id}: {fingerprint}"
         return self.now().get(str(t), ABSENT)
 
     def decide(self, node_id: str, *, force: bool = False) -> Decision:

@@ -290,7 +290,7 @@ def previous(lake: Lake, pipeline: str) -> dict[str, Previous]:
             [lake.alias],
         ).fetchall()
     }
-    fp = "n.sql_hash, n.inputs, n.outputs" if "outputs" in have else "NULL, NULL, NULL"
+    fp = "n.sql_hash, n.inputs, n.outputs, n.fingerprint" if "outputs" in have else "NULL, NULL, NULL, NULL"
     rows = lake.con.execute(
         f"""SELECT n.node_id, n.run_id, n.status, n.sql, {fp}, n.error,
             max(CASE WHEN n.status = 'ok' THEN n.run_id END) OVER (PARTITION BY n.node_id) AS last_ok
@@ -301,8 +301,8 @@ def previous(lake: Lake, pipeline: str) -> dict[str, Previous]:
     ).fetchall()
     load = lambda text: json.loads(text) if text is not None else None  # noqa: E731
     return {
-        node: Previous(run_id, status, sql, sql_hash, load(inputs), load(outputs), error, last_ok)
-        for node, run_id, status, sql, sql_hash, inputs, outputs, error, last_ok in rows
+        node: Previous(run_id, status, sql, sql_hash, load(inputs), load(outputs), error, last_ok, fingerprint)
+        for node, run_id, status, sql, sql_hash, inputs, outputs, fingerprint, error, last_ok in rows
     }
 
 
