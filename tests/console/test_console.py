@@ -262,6 +262,21 @@ def test_an_error_shows_duckdbs_own_text(page, stack, web):
     assert "no_such_column" in independent.value.error
 
 
+def test_cancel_stops_a_running_query(page, web):
+    _run(page, web, "SELECT sum(range % 7) AS s FROM range(50000000000)", worker="w1")  # minutes of work
+    page.locator("[data-testid=run]").click()
+    page.wait_for_selector("[data-testid=running]")
+    page.wait_for_timeout(1000)  # the task has reached its worker
+    page.locator("[data-testid=cancel]").click()
+    page.wait_for_selector("[data-testid=error]", timeout=30_000)
+    assert page.locator("[data-testid=error]").inner_text().startswith("cancelled (INTERRUPT Error")
+    # the worker is free again
+    page.locator("[data-testid=sql]").fill("SELECT 6 * 7 AS answer")
+    page.locator("[data-testid=run]").click()
+    page.wait_for_selector("[data-testid=summary]")  # the error above is gone: this run's answer
+    assert page.locator("[data-testid=result-table] tbody tr").all_inner_texts() == ["42"]
+
+
 def test_the_lake_page_lists_true_counts_and_the_catalogs_snapshots(page, stack, web):
     with Lake(stack.platform.endpoints()) as lake:
         lake.run(f"INSERT INTO {SCHEMA}.trips SELECT range + 1000, 'zone 9', 1 FROM range(7)")

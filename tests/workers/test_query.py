@@ -83,3 +83,33 @@ def test_rows_asked_are_clamped_and_zero_still_counts(env):
     assert ask(wp, "SELECT * FROM range(5)", rows=0).rows == []
     assert ask(wp, "SELECT * FROM range(5)", rows=0).total_rows == 5
     assert len(answer_on(lake, "SELECT * FROM range(20000)", rows=10**9).rows) == MOST_ROWS
+
+
+LONG = "SELECT sum(range % 7) AS s FROM range(50000000000)"  # minutes of work on one thread
+
+
+def test_cancel_interrupts_the_running_query_and_frees_its_worker(env):
+    import threading
+    import time
+
+    from ducklake_kit.workers.query import cancel
+
+    wp, _lake = env
+    got = {}
+    runner = threading.Thread(target=lambda: got.update(a=ask(wp, LONG, worker="w1", query_id="q-long")))
+    runner.start()
+    deadline = time.monotonic() + 60
+    while not any(wp.client.processing().values()) and time.monotonic() < deadline:
+        time.sleep(0.1)  # until the task runs on w1
+    time.sleep(0.5)
+    started = time.monotonic()
+    assert cancel(wp, "q-long") is True
+    runner.join(60)
+    assert not runner.is_alive()
+    assert time.monotonic() - started < 15
+    assert got["a"].error.startswith("cancelled (") and "Interrupt" in got["a"].error, got["a"].error
+    # the worker is free and its connection answers the next query
+    assert ask(wp, "SELECT 41 + 1", worker="w1").rows == [(42,)]
+    # an id cancelled before its query starts: the query refuses to start
+    assert cancel(wp, "q-later") is False
+    assert ask(wp, "SELECT 1", query_id="q-later").error == "cancelled before it started"

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, explore
 from ducklake_kit.platforms.base import Endpoints, PgEndpoint, S3Endpoint
-from ducklake_kit.workers.query import QueryAnswer, ask
+from ducklake_kit.workers.query import QueryAnswer, ask, cancel
 from ducklake_kit.workers.tls import ClientTLS
 
 T = TypeVar("T")
@@ -53,14 +53,20 @@ class Backend:
         with self._plane_lock:
             return sorted(self._connected_plane().names(), key=name_order)
 
-    def ask(self, text: str, worker: str | None, rows: int) -> QueryAnswer:
-        """`text` as a task on the plane (on `worker`, or any); a plane that does not answer is the answer's error."""
+    def ask(self, text: str, worker: str | None, rows: int, query_id: str) -> QueryAnswer:
+        """`text` as a task on the plane (on `worker`, or any), cancelled by `cancel(query_id)`; a plane that does not
+        answer is the answer's error."""
         try:
             with self._plane_lock:
                 plane = self._connected_plane()
-            return ask(plane, text, worker=worker or None, rows=rows)
+            return ask(plane, text, worker=worker or None, rows=rows, query_id=query_id)
         except KitError as exc:
             return QueryAnswer(error=exc.line())
+
+    def cancel(self, query_id: str) -> bool:
+        with self._plane_lock:
+            plane = self._connected_plane()
+        return cancel(plane, query_id)
 
     # -- the lake -----------------------------------------------------------------------------------------------
     def on_lake(self, fn: Callable[[Lake], T]) -> T:

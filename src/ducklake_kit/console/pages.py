@@ -5,6 +5,7 @@ carry a `data-testid`."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from nicegui import run, ui
@@ -90,6 +91,8 @@ def query_page(backend: Backend) -> None:
                     drawn = _tid(ui.slider(min=1, max=MOST_DRAWN, value=DEFAULT_ROWS), "rows")
                     ui.label().bind_text_from(drawn, "value", lambda v: f"rows drawn: {v}")
                 button = _tid(ui.button("Run"), "run")
+                stop = _tid(ui.button("Cancel", color="negative"), "cancel").props("outline")
+                stop.disable()
             plane = ui.row()
             out = ui.column().classes("w-full")
         # the page is served at once; the workers' names come over its websocket (a first connection to the plane
@@ -105,20 +108,37 @@ def query_page(backend: Backend) -> None:
             with plane:
                 _tid(ui.label(f"workers: {', '.join(names) or 'none'}"), "workers").classes("text-caption")
 
+        running: dict[str, str] = {}
+
         async def go() -> None:
             button.disable()
+            stop.enable()
+            running["id"] = uuid.uuid4().hex
             out.clear()
             with out:
                 _tid(ui.spinner(), "running")
             try:
-                answer = await run.io_bound(backend.ask, sql.value or "", worker.value or None, int(drawn.value))
+                answer = await run.io_bound(
+                    backend.ask, sql.value or "", worker.value or None, int(drawn.value), running["id"]
+                )
             finally:
                 button.enable()
+                stop.disable()
             out.clear()
             with out:
                 _draw(answer, shape.value)
 
+        async def halt() -> None:
+            if running.get("id"):
+                stop.disable()
+                try:
+                    await run.io_bound(backend.cancel, running["id"])
+                except KitError as exc:
+                    with out:
+                        _error(exc.line(), "cancel-error")
+
         button.on_click(go)
+        stop.on_click(halt)
 
 
 def lake_page(backend: Backend) -> None:

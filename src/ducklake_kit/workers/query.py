@@ -9,7 +9,9 @@ reported is the one the rows came from.
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -19,6 +21,13 @@ from ducklake_kit.lake.connection import Lake, StatementResult
 DEFAULT_ROWS = 100
 MOST_ROWS = 10_000  # the most rows one answer sends back, whatever is asked
 BATCH_ROWS = 8_192  # rows per Arrow batch while the worker counts the rest
+CANCELLED = "cancelled"
+
+# On each worker process: the queries running now (id -> the connection running them) and the ids cancelled lately
+# (a query cancelled while it waited for its worker refuses to start). `cancel` reaches them through Dask's client.run.
+_running: dict[str, Lake] = {}
+_cancelled: deque[str] = deque(maxlen=1000)
+_lock = threading.Lock()
 
 
 @dataclass
@@ -136,8 +145,10 @@ def _type_of(rows: list[tuple], i: int) -> str:
     return "VARCHAR"
 
 
-def run_query(plugin: str, text: str, rows: int, token: str | None = None) -> QueryAnswer:
-    """Run on a worker (submitted by `ask`): `answer_on` on the worker's pooled lake connection, one task at a time."""
+def run_query(plugin: str, text: str, rows: int, query_id: str | None = None, token: str | None = None) -> QueryAnswer:
+    """Run on a worker (submitted by `ask`): `answer_on` on the worker's pooled lake connection, one task at a time;
+    `cancel(query_id)` interrupts it (DuckDB's own interrupt: the running statement fails and the later ones do not
+    run; statements before it that autocommitted stay committed)."""
     from distributed import get_worker
 
     from ducklake_kit.workers.plugin import LakeLost
@@ -152,17 +163,47 @@ def run_query(plugin: str, text: str, rows: int, token: str | None = None) -> Qu
             if lake_plugin.default_db != lake.alias:
                 lake.con.execute(f"USE {lake.alias}")
             lake_plugin.default_db = None  # the user's SQL may USE anything (settled after the task)
-            answer = answer_on(lake, text, rows)
+            with _lock:
+                refused = query_id is not None and query_id in _cancelled
+                if query_id is not None and not refused:
+                    _running[query_id] = lake
+            try:
+                answer = QueryAnswer(error=f"{CANCELLED} before it started") if refused else answer_on(lake, text, rows)
+            finally:
+                with _lock:  # before the connection goes to the next task: no interrupt can reach that one
+                    _running.pop(query_id, None)
+                    interrupted = query_id in _cancelled
+            if interrupted and answer.error and not refused:
+                answer.error = f"{CANCELLED} ({answer.error})"
     except LakeLost as exc:
         answer = QueryAnswer(error=exc.what)
     answer.worker = str(worker.name)
     return answer
 
 
-def ask(plane, text: str, *, worker: str | None = None, rows: int = DEFAULT_ROWS) -> QueryAnswer:
+def _interrupt(query_id: str) -> bool:
+    """Run on every worker by `cancel`: remember the id, and interrupt the statement running for it here, if any."""
+    with _lock:
+        _cancelled.append(query_id)
+        lake = _running.get(query_id)
+        if lake is not None:
+            lake.con.interrupt()
+    return lake is not None
+
+
+def cancel(plane, query_id: str) -> bool:
+    """Cancel the query `ask` runs under `query_id`: interrupted where it runs, refused where it has yet to start.
+    True when a worker was running it."""
+    return any(v is True for v in plane.client.run(_interrupt, query_id, on_error="return").values())
+
+
+def ask(
+    plane, text: str, *, worker: str | None = None, rows: int = DEFAULT_ROWS, query_id: str | None = None
+) -> QueryAnswer:
     """Run `text` as one task on the plane (`plane`: a workers.client.WorkerPlane): on `worker` (a name) or any free
-    worker. A worker that died while it ran the task is the answer's error."""
-    future = plane.submit_call(run_query, text, clamp_rows(rows), worker=worker)
+    worker; `query_id`: a name `cancel` can stop it by. A worker that died while it ran the task is the answer's
+    error."""
+    future = plane.submit_call(run_query, text, clamp_rows(rows), query_id, worker=worker)
     got = plane.result(future)
     if isinstance(got, QueryAnswer):
         return got
