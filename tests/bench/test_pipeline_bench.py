@@ -23,7 +23,7 @@ def test_pipeline_bench_figures_hold_together(stack, tmp_path):
     r = bench_pipeline(
         Kit.on(stack.platform, stack.state),
         workers=2,
-        shape=DagShape(independent=3, chain=2, node_s=0.1, scheduling_nodes=6),
+        shape=DagShape(independent=3, chain=2, node_s=0.1, scheduling_nodes=6, lake_nodes=3),
         json_path=out,
     )
     p, s = r.parallel, r.serial
@@ -33,6 +33,9 @@ def test_pipeline_bench_figures_hold_together(stack, tmp_path):
     # one worker runs the serial DAG: its nodes never overlap, so it lasts at least as long as their sum
     assert s.makespan_s >= s.total_node_s * 0.99 and s.bound_s == pytest.approx(s.total_node_s, abs=0.002)
     assert r.scheduling_ms_per_node > 0
+    # the change-aware pair: the second run of the unchanged lake DAG ran nothing, and is timed end to end
+    c = r.changes
+    assert (c.nodes, c.unchanged_nodes) == (3, 3) and c.forced_run_s > 0 and c.unchanged_run_s > 0
     doc = json.loads(out.read_text())
     assert set(doc["goals"]) == {"makespan <= 1.15 x bound", "scheduling < 10 ms a node"}
     assert doc["machine"]["cores"] and doc["parallel"]["vs_bound"] == p.vs_bound
@@ -42,3 +45,8 @@ def test_pipeline_bench_figures_hold_together(stack, tmp_path):
         ["serial (one worker)", s.makespan_s],
     ]
     assert report.defect is None and json.loads(json.dumps(report.as_dict(), default=str)) == doc
+    assert doc["changes"]["unchanged_nodes"] == 3
+    assert (
+        report.notes[-1].startswith("change-aware: 3 lake tables, a --force run")
+        and "3 of 3 nodes unchanged" in (report.notes[-1])
+    )

@@ -7,6 +7,10 @@ both from the node times measured in that run, and with the same DAG run seriall
 
 The scheduling cost per node: a chain of N trivial nodes (`SELECT 1`), where every step is a round trip through
 the runner: (makespan - the nodes' own time) / (N - 1), the N - 1 hand-overs from a node to the next.
+
+Change-aware runs: a small DAG of lake tables (schema `bench_pipeline`) run end to end as `pipeline run --force`
+does (every node, the history recorded), then again as `pipeline run` does: every node must be left unchanged, and
+the second run's time is what deciding that costs (the catalog read, the fingerprints, the history written).
 """
 
 from __future__ import annotations
@@ -92,6 +96,49 @@ def figures(pipeline: Pipeline, r: PipelineRun, workers: int) -> DagFigures:
     )
 
 
+CHANGES_SCHEMA = "bench_pipeline"
+
+
+def changes_source(nodes: int) -> str:
+    """A small DAG of lake tables: t1 from range(), then t2..tN each from the one before, and a summary of all."""
+    parts = [f"-- id: t1\nCREATE OR REPLACE TABLE {CHANGES_SCHEMA}.t1 AS SELECT range AS x FROM range(1000);"]
+    parts += [
+        f"-- id: t{k}\nCREATE OR REPLACE TABLE {CHANGES_SCHEMA}.t{k} AS SELECT x + 1 AS x FROM {CHANGES_SCHEMA}.t{k - 1};"
+        for k in range(2, nodes + 1)
+    ]
+    return "\n".join(parts)
+
+
+@dataclass
+class ChangeFigures:
+    nodes: int
+    forced_run_s: float  # every node run (--force), end to end: the lake, the plane, the history
+    unchanged_run_s: float  # the same pipeline again: every node left unchanged, end to end
+    unchanged_nodes: int  # of `nodes`, left unchanged by the second run (all of them, or the kit has a defect)
+
+
+def _changes(kit: Kit, address: str, nodes: int) -> ChangeFigures:
+    import time
+
+    from ducklake_kit.lake import Lake
+    from ducklake_kit.pipelines import flow
+
+    ep = kit.platform.endpoints()
+    with Lake(ep) as lake:
+        lake.run(f"CREATE SCHEMA IF NOT EXISTS {CHANGES_SCHEMA}")
+    pipeline = build(changes_source(nodes), "<bench changes>", name="bench_changes")
+    times, runs = [], []
+    for force in (True, False):
+        t0 = time.perf_counter()
+        outcome = flow.run(pipeline, address, ep, force=force, platform_name=kit.platform.name)
+        times.append(time.perf_counter() - t0)
+        runs.append(outcome.run)
+    if not runs[0].ok:
+        raise KitError("a benchmark node failed in the change-aware pair", "run `workers` to see the workers' state")
+    unchanged = sum(1 for n in runs[1].nodes if n.status == "unchanged")
+    return ChangeFigures(nodes, round(times[0], 3), round(times[1], 3), unchanged)
+
+
 @dataclass
 class PipelineBench:
     machine: Machine
@@ -105,6 +152,7 @@ class PipelineBench:
     scheduling_nodes: int
     scheduling_ms_per_node: float
     order_held: bool  # the parallel run's order held: every node started after its dependencies finished
+    changes: ChangeFigures | None = None  # a forced run and an unchanged one of a small lake DAG, end to end
 
     @property
     def goals(self) -> dict[str, bool]:
@@ -142,6 +190,7 @@ class DagShape:
     chain: int = 4
     node_s: float = 0.4
     scheduling_nodes: int = 50
+    lake_nodes: int = 8  # the change-aware pair's DAG
 
 
 def bench_pipeline(
@@ -186,6 +235,8 @@ def bench_pipeline(
         say(f"scheduling cost: a chain of {scheduling_nodes} trivial nodes")
         trivial = build(chain_source(scheduling_nodes), "<bench chain>", name="bench_chain")
         chained = _run_ok(trivial, wp, RunChoice(among=names))
+        say(f"change-aware runs: {shape.lake_nodes} lake tables run with --force, then again unchanged")
+        changes = _changes(kit, status.address, shape.lake_nodes)
     par, ser = figures(dag, parallel, workers), figures(serial_dag, serial, 1)
     own = sum(_seconds(n) for n in chained.nodes)
     per_node_ms = (makespan(chained) - own) / max(scheduling_nodes - 1, 1) * 1000
@@ -201,6 +252,7 @@ def bench_pipeline(
         scheduling_nodes,
         round(per_node_ms, 3),
         _order_held(dag, parallel) and _order_held(trivial, chained),
+        changes,
     )
     write_outputs(out, json_path, None)
     return out

@@ -259,6 +259,13 @@ def pipeline_report(r: PipelineBench) -> Report:
         f"scheduling cost: {r.scheduling_ms_per_node} ms a node over a chain of {r.scheduling_nodes} trivial nodes "
         f"(goal < {GOAL_SCHEDULING_MS:g} ms: {_met(r.scheduling_ms_per_node < GOAL_SCHEDULING_MS)})",
     ]
+    c = r.changes
+    if c is not None:
+        notes.append(
+            f"change-aware: {c.nodes} lake tables, a --force run {c.forced_run_s} s, the same run again "
+            f"{c.unchanged_run_s} s with {c.unchanged_nodes} of {c.nodes} nodes unchanged (end to end)"
+        )
+    unchanged = c is None or c.unchanged_nodes == c.nodes
     title = (
         f"bench --suite pipeline: {r.independent} independent nodes + a chain of {r.chain} "
         f"({r.rows_per_node:,} rows of md5 each) on {r.workers} workers ({r.machine.cores} cores; load "
@@ -270,7 +277,13 @@ def pipeline_report(r: PipelineBench) -> Report:
         Table(title, columns, cells),
         notes,
         r.as_dict(),
-        defect=None if r.order_held else "a node started before one of its dependencies finished",
+        defect=None
+        if r.order_held and unchanged
+        else (
+            "a node started before one of its dependencies finished"
+            if not r.order_held
+            else "a second run of an unchanged pipeline ran nodes"
+        ),
         fix="this is a defect of the runner: report it",
     )
 
