@@ -262,6 +262,38 @@ def test_an_error_shows_duckdbs_own_text(page, stack, web):
     assert "no_such_column" in independent.value.error
 
 
+def test_dynamic_table_ddl_runs_in_the_page_as_in_sql(page, stack, web):
+    name = f"{SCHEMA}.zone_fares"
+    _run(
+        page,
+        web,
+        f"CREATE OR REPLACE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' AS "
+        f"SELECT zone, sum(fare) AS fares FROM {SCHEMA}.trips GROUP BY zone",
+    )
+    _answer(page, "result-table")
+    with Lake(stack.platform.endpoints()) as lake:
+        expected = lake.run(f"SELECT zone, sum(fare) FROM {SCHEMA}.trips GROUP BY zone ORDER BY zone")[-1].rows
+    made = page.locator("[data-testid=result-table] tbody tr").all_inner_texts()
+    assert [r.split("\t")[:2] for r in made] == [[name, str(len(expected))]]
+    assert (
+        "the console (dynamic-table DDL runs where `sql` runs it)" in page.locator("[data-testid=summary]").inner_text()
+    )
+    # the table it made answers on a worker like its query run through the lake
+    _run(page, web, f"SELECT zone, fares FROM {name} ORDER BY zone")
+    _answer(page, "result-table")
+    shown = [r.split("\t") for r in page.locator("[data-testid=result-table] tbody tr").all_inner_texts()]
+    assert shown == [[str(v) for v in r] for r in expected]
+    _run(page, web, f"DROP DYNAMIC TABLE {name}", shape="Message")
+    _answer(page, "message")
+    with Lake(stack.platform.endpoints()) as lake:
+        assert (
+            lake.scalar(
+                f"SELECT count(*) FROM duckdb_tables() WHERE schema_name = '{SCHEMA}' AND table_name = 'zone_fares'"
+            )
+            == 0
+        )
+
+
 def test_cancel_stops_a_running_query(page, web):
     _run(page, web, "SELECT sum(range % 7) AS s FROM range(50000000000)", worker="w1")  # minutes of work
     page.locator("[data-testid=run]").click()

@@ -5,6 +5,7 @@ one line, as the CLI says it."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -15,6 +16,12 @@ from ducklake_kit.workers.query import QueryAnswer, ask, cancel
 from ducklake_kit.workers.tls import ClientTLS
 
 T = TypeVar("T")
+
+
+def _has_dynamic(text: str) -> bool:
+    from ducklake_kit.dynamic_tables import ddl
+
+    return ddl.has_dynamic(text)
 
 
 def endpoints_of(settings: dict[str, Any]) -> Endpoints:
@@ -56,12 +63,49 @@ class Backend:
     def ask(self, text: str, worker: str | None, rows: int, query_id: str) -> QueryAnswer:
         """`text` as a task on the plane (on `worker`, or any), cancelled by `cancel(query_id)`; a plane that does not
         answer is the answer's error."""
+        if _has_dynamic(text):
+            return self._dynamic(text, rows)
         try:
             with self._plane_lock:
                 plane = self._connected_plane()
             return ask(plane, text, worker=worker or None, rows=rows, query_id=query_id)
         except KitError as exc:
             return QueryAnswer(error=exc.line())
+
+    def _dynamic(self, text: str, rows: int) -> QueryAnswer:
+        """Text with dynamic-table DDL (CREATE DYNAMIC TABLE, SHOW DYNAMIC TABLES, ...) runs here, as `sql` runs it
+        in the CLI: the dynamic tables' metadata lives in PostgreSQL, beside the lake, not on the workers."""
+        from ducklake_kit.dynamic_tables import manage
+        from ducklake_kit.dynamic_tables.metadata import Metadata
+        from ducklake_kit.lake import StatementFailed
+
+        def work(lake: Lake) -> QueryAnswer:
+            start = time.perf_counter()
+            answer = QueryAnswer(worker="the console (dynamic-table DDL runs where `sql` runs it)")
+            try:
+                with Metadata(self.endpoints) as meta:
+                    last = manage.run_text(lake, meta, text)[-1]
+            except StatementFailed as exc:
+                answer.error = exc.error
+                return answer
+            except KitError as exc:
+                answer.error = exc.line()
+                return answer
+            answer.statement_type = last.statement_type
+            if last.columns:
+                answer.columns, answer.rows, answer.total_rows = last.columns, last.rows[:rows], len(last.rows)
+                answer.types = ["VARCHAR"] * len(last.columns)
+            else:
+                answer.message = (
+                    f"{last.statement_type}: {last.affected_rows} rows affected"
+                    if last.affected_rows is not None
+                    else f"{last.statement_type}: ok"
+                )
+            answer.snapshot_id = lake.current_snapshot()
+            answer.seconds = round(time.perf_counter() - start, 6)
+            return answer
+
+        return self.on_lake(work)
 
     def cancel(self, query_id: str) -> bool:
         with self._plane_lock:
