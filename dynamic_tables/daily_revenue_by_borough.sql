@@ -4,6 +4,7 @@
 -- the older trips; other changes (a month replaced, a zone renamed) recompute only the groups they touch.
 CREATE OR REPLACE DYNAMIC TABLE main.daily_revenue_by_borough
   TARGET_LAG = DOWNSTREAM  -- refreshed when monthly_revenue_by_borough, which reads it, is
+  REFRESH_MODE = INCREMENTAL  -- always incremental; without it ADAPTIVE may recompute a large change in full
 AS
 SELECT t.pickup_date,
        z.borough,

@@ -3,6 +3,7 @@
 -- month loaded again recomputes that month's groups only (about a quarter of the table after four months).
 CREATE OR REPLACE DYNAMIC TABLE main.hourly_demand_by_weekday
   TARGET_LAG = '1 hour'
+  REFRESH_MODE = INCREMENTAL  -- always incremental; without it ADAPTIVE may recompute a large change in full
 AS
 SELECT pickup_year,
        pickup_month,

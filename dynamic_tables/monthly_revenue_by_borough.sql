@@ -4,6 +4,7 @@
 -- and inserts), so this one recomputes the months those rows belong to, and only those.
 CREATE OR REPLACE DYNAMIC TABLE main.monthly_revenue_by_borough
   TARGET_LAG = '1 hour'
+  REFRESH_MODE = INCREMENTAL  -- always incremental; without it ADAPTIVE may recompute a large change in full
 AS
 SELECT date_trunc('month', pickup_date)::DATE AS month,
        borough,

@@ -10,7 +10,8 @@ import json
 import pytest
 
 from ducklake_kit.bench import reports
-from ducklake_kit.bench.dynamic import INC, TRIPS, bench_dynamic
+from ducklake_kit.bench.dynamic import FIXED_RUNS, INC, SMALL, STREAM, TRIPS, bench_dynamic
+from ducklake_kit.dynamic_tables.refresh import ADAPTIVE_CROSSOVER, PHASES
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import table_exists
 from ducklake_kit.platforms.kit import Kit
@@ -31,7 +32,33 @@ def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp
     assert "median of 1 " in report.table.title and "file cache off" in report.table.title
     assert "(the goal is set at 12,000,000 base rows: --rows 1000000)" in report.notes[0]
     assert goals["at_goal_size"] is False and goals["ratio_goal"] == 0.1 and goals["growth_goal"] == 0.2
+    # the fixed cost: every refresh timed in its phases, which add up to (nearly) its wall time
+    f = r.fixed
+    assert len(f.wall_ms) == len(f.phases_ms) == FIXED_RUNS and "(ADAPTIVE chose incremental: " in f.how
+    for wall, phases in zip(f.wall_ms, f.phases_ms):
+        assert set(phases) == set(PHASES) and all(ms >= 0 for ms in phases.values())
+        assert sum(phases.values()) <= wall + 1
+    assert goals["fixed_cost_ms"] == f.median_ms and goals["fixed_cost_goal_ms"] == 50
+    assert any(
+        n.startswith(f"fixed cost of a refresh (one row into 1,000 rows, median of {FIXED_RUNS}):")
+        for n in report.notes
+    )
+    # the stream: one replace among appends, three tables refreshed after each change, totals from the same steps
+    st = r.stream
+    assert [s.kind for s in st.steps].count("replace") == 1 and len(st.steps) == STREAM
+    assert st.total("adaptive") == pytest.approx(sum(s.adaptive_s for s in st.steps), abs=0.01)
+    assert st.ratio == pytest.approx(st.total("adaptive") / min(st.total("incremental"), st.total("full")), abs=0.01)
+    replace = next(s for s in st.steps if s.kind == "replace")
+    assert replace.change_rows > 2000  # its month's rows deleted, and its 2,000 rows loaded again
+    for s in st.steps:  # the choice follows the change's share (counted by the bench) against the crossover
+        if s.share > 2 * ADAPTIVE_CROSSOVER:
+            assert s.adaptive_mode == "FULL", s
+        elif s.share < ADAPTIVE_CROSSOVER / 2:
+            assert s.adaptive_mode == "INCREMENTAL", s
+        assert f"ADAPTIVE chose {s.adaptive_mode.lower()}: " in s.adaptive_reason
+    assert replace.adaptive_mode == "FULL" and st.steps[0].adaptive_mode == "INCREMENTAL"
+    assert any(n.startswith(f"stream of {STREAM} refreshes") for n in report.notes)
     with Lake(stack.platform.endpoints()) as lake:
-        for name in (TRIPS, INC):
+        for name in (TRIPS, INC, SMALL):
             schema, table = name.split(".")
             assert not table_exists(lake.con, lake.alias, schema, table)

@@ -36,7 +36,7 @@ def test_defaults_downstream_and_main_schema():
     assert (s.name, s.lag.downstream, s.refresh_mode, s.initialize, s.or_replace) == (
         "main.daily",
         True,
-        "AUTO",
+        "ADAPTIVE",
         "ON_CREATE",
         False,
     )

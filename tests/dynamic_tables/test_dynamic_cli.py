@@ -51,7 +51,7 @@ def test_create_show_refresh_check_and_history(cli_env, tmp_path):
     )
     made = cli_env("dynamic", "create", str(f))
     assert made.exit_code == 0, made.output
-    assert f"created {S}.per_g (lag 5 minutes, AUTO): 4 rows" in made.output
+    assert f"created {S}.per_g (lag 5 minutes, ADAPTIVE): 4 rows" in made.output
     shown = _json(cli_env("dynamic", "show", f"{S}.per_g", "--json"))["result"]
     assert (shown["plan"], shown["lag"], shown["columns"]) == ("aggregate", "5 minutes", ["g", "s", "n"])
     assert list(shown["sources"]) == [f"{S}.t"] and shown["sources"][f"{S}.t"] == shown["data_snapshot"]

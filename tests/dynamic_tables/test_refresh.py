@@ -23,7 +23,7 @@ S = "dt_tests"
 class Env:
     def __init__(self, lake: Lake, meta: Metadata):
         self.lake, self.meta = lake, meta
-        self.refresher = Refresher(lake, meta, full_share=float("inf"))  # incremental whatever the share
+        self.refresher = Refresher(lake, meta, crossover=float("inf"))  # ADAPTIVE: incremental whatever the change
 
     def sql(self, text: str, params: list | None = None):
         return self.lake.con.execute(text, params or []).fetchall()
@@ -398,7 +398,7 @@ def test_a_table_rewritten_whole_with_the_same_rows_changes_nothing(clean):
     clean.sql(f"UPDATE {t} SET v = v WHERE k = 1")  # an update to the same value: no net change either
     [r] = clean.refresh(name).refreshes
     assert (r.status, r.mode, r.rows_deleted, r.rows_inserted) == (SUCCEEDED, INCREMENTAL, 1, 1), r.reason
-    assert r.reason == "2 affected groups recomputed"  # 'two' went, 'TWO' came; 'one' untouched
+    assert r.reason.startswith("2 affected groups recomputed (ADAPTIVE chose incremental: ")  # 'two' went, 'TWO' came
     clean.equal(name)
 
 

@@ -121,7 +121,8 @@ def test_a_union_all_appends_inserts_of_the_changed_branch_only(two):
     )
     two.sql(f"INSERT INTO lake.{S}.ub VALUES (1, 'x')")
     [r] = two.refresh(name).refreshes
-    assert (r.mode, r.reason, r.rows_inserted, r.rows_deleted) == (
+    adaptive = " (ADAPTIVE chose incremental: "  # the table is ADAPTIVE (the default): its choice follows what it did
+    assert (r.mode, r.reason.partition(adaptive)[0], r.rows_inserted, r.rows_deleted) == (
         INCREMENTAL,
         "inserts appended (1 of 2 branches changed)",
         1,
@@ -129,7 +130,10 @@ def test_a_union_all_appends_inserts_of_the_changed_branch_only(two):
     )
     two.sql(f"DELETE FROM lake.{S}.ua WHERE k = 1")  # two of the four (1, 'x') go: the other branch's two stay
     [r] = two.refresh(name).refreshes
-    assert (r.mode, r.reason) == (INCREMENTAL, "1 affected distinct rows recomputed (1 of 2 branches changed)")
+    assert (r.mode, r.reason.partition(adaptive)[0]) == (
+        INCREMENTAL,
+        "1 affected distinct rows recomputed (1 of 2 branches changed)",
+    )
     assert rows(two, name) == [(1, "x"), (1, "x"), (2, None), (None, "y")]
     two.equal(name)
 

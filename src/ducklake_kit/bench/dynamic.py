@@ -4,7 +4,7 @@ in one run.
 The table is `dynamic_tables/daily_revenue_by_borough.sql`'s query (trips joined with zones, grouped by day and
 borough) over the suite's own tables in the `bench` schema: `bench.dt_trips` (the columns that query reads, from
 synthetic TLC months, written by DuckDB: this suite measures refreshes, not the load) and `bench.dt_zones`. Two
-dynamic tables read them: one AUTO (incremental), one REFRESH_MODE = FULL. For each base (N months, then 2N):
+dynamic tables read them: one REFRESH_MODE = INCREMENTAL, one REFRESH_MODE = FULL. For each base (N months, then 2N):
 build the base, create both tables, then `runs` times append one more month (the same months for both bases) and
 refresh each table, timed (`Refresher.refresh`, wall clock: lock, reads, change feed, writes and commit), with
 DuckDB's external file cache off unless asked (`file_cache=True`): every refresh reads its Parquet from S3. Both
@@ -12,7 +12,18 @@ tables are then compared with their query run in full (EXCEPT ALL both ways): a 
 figure.
 
 Goals (issue 13): at 12M base rows the incremental refresh takes at most 1/10 of the full one, and doubling the
-base changes the incremental time by under 20%."""
+base changes the incremental time by under 20%.
+
+Then two more measurements (issue 30):
+- **The fixed cost of a refresh**: one row inserted into a small table (`bench.dt_small`, 1,000 rows), its ADAPTIVE
+  aggregate refreshed, FIXED_RUNS times: the median wall time and the median of each phase the refresh times itself
+  (`Refresh.phases`: lock, bind, catalog, change feed, delta, write, commit, history). Goal: under 50 ms.
+- **ADAPTIVE against both fixed modes**: on the first base again, three tables of the same query (INCREMENTAL, FULL,
+  ADAPTIVE) through a stream of STREAM changes: appends of 1 % of the base, and at STREAM // 2 one whole month
+  replaced (its rows deleted and loaded again in one commit, as `load --mode replace` does), each change followed by
+  a refresh of every table, timed. Goals: ADAPTIVE's total at most 1.1 x the better of the other two, and the
+  crossover (the change's share of the base where an incremental refresh costs what a full one does) measured from
+  the same refreshes: the figure `refresh.ADAPTIVE_CROSSOVER` comes from."""
 
 from __future__ import annotations
 
@@ -26,19 +37,26 @@ from typing import Any
 from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average, write_outputs
 from ducklake_kit.dynamic_tables import ddl, manage
 from ducklake_kit.dynamic_tables.metadata import SUCCEEDED, Metadata
-from ducklake_kit.dynamic_tables.refresh import FULL, INCREMENTAL, Refresher
+from ducklake_kit.dynamic_tables.refresh import ADAPTIVE_CROSSOVER, FULL, INCREMENTAL, PHASES, Refresher
 from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import quote_literal
+from ducklake_kit.lake.transactions import commit
 from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import synthetic
 
 GOAL_RATIO = 0.10  # incremental / full, at 12M base rows
 GOAL_GROWTH = 0.20  # how much the incremental time may change when the base doubles
 GOAL_BASE_ROWS = 12_000_000
+GOAL_FIXED_MS = 50  # a one-row change into a small table, refreshed
+GOAL_ADAPTIVE = 1.1  # ADAPTIVE's total over the better of always-incremental and always-full
+FIXED_RUNS, SMALL_ROWS = 15, 1000
+STREAM, APPEND_SHARE = 20, 0.01
 FIRST_YEAR = 2021  # base months from January of this year; the appended months follow the largest base
 TRIPS, ZONES = f"{BENCH_SCHEMA}.dt_trips", f"{BENCH_SCHEMA}.dt_zones"
 INC, FULL_TABLE = f"{BENCH_SCHEMA}.dt_revenue_incremental", f"{BENCH_SCHEMA}.dt_revenue_full"
+ADAPT = f"{BENCH_SCHEMA}.dt_revenue_adaptive"
+SMALL, SMALL_SUM = f"{BENCH_SCHEMA}.dt_small", f"{BENCH_SCHEMA}.dt_small_sum"
 QUERY = (
     f"SELECT t.pickup_date, z.borough, count(*) AS trips, sum(t.total_amount::DECIMAL(18, 2)) AS revenue, "
     f"sum(t.tip_amount::DECIMAL(18, 2)) AS tips FROM {TRIPS} AS t JOIN {ZONES} AS z "
@@ -82,12 +100,94 @@ class BaseFigures:
 
 
 @dataclass
+class FixedCost:
+    """A one-row change into a small table, refreshed `runs` times: the median wall time and phases (ms)."""
+
+    table_rows: int
+    runs: int
+    wall_ms: list[float] = field(default_factory=list)
+    phases_ms: list[dict[str, float]] = field(default_factory=list)
+    how: str = ""
+
+    @property
+    def median_ms(self) -> float:
+        return round(statistics.median(self.wall_ms), 1)
+
+    @property
+    def phase_medians(self) -> dict[str, float]:
+        return {p: round(statistics.median(x.get(p, 0.0) for x in self.phases_ms), 1) for p in PHASES}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "median_ms": self.median_ms, "phase_medians_ms": self.phase_medians}
+
+
+@dataclass
+class StreamStep:
+    """One change of the stream and the three refreshes after it (seconds)."""
+
+    kind: str  # append | replace
+    change_rows: int  # rows added plus rows removed
+    share: float  # change_rows over the base's rows before the change
+    incremental_s: float
+    full_s: float
+    adaptive_s: float
+    adaptive_mode: str
+    adaptive_reason: str
+
+
+@dataclass
+class Stream:
+    base_rows: int
+    steps: list[StreamStep] = field(default_factory=list)
+
+    def total(self, which: str) -> float:
+        return round(sum(getattr(s, f"{which}_s") for s in self.steps), 3)
+
+    @property
+    def better(self) -> float:
+        return min(self.total("incremental"), self.total("full"))
+
+    @property
+    def ratio(self) -> float:
+        return round(self.total("adaptive") / self.better, 3)
+
+    def crossover(self) -> float | None:
+        """The share of the base where an incremental refresh costs what a full one does: interpolated between the
+        appends (their median) and the replace, where the faster mode changes between them; None when it does not."""
+        appends = [s for s in self.steps if s.kind == "append"]
+        replaces = [s for s in self.steps if s.kind == "replace"]
+        if not appends or not replaces:
+            return None
+        a_share = statistics.median(s.share for s in appends)
+        a_gap = statistics.median(s.incremental_s - s.full_s for s in appends)
+        r = replaces[0]
+        r_gap = r.incremental_s - r.full_s
+        if (a_gap < 0) == (r_gap < 0) or r.share == a_share:
+            return None
+        return round(a_share + (r.share - a_share) * a_gap / (a_gap - r_gap), 4)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "base_rows": self.base_rows,
+            "steps": [asdict(s) for s in self.steps],
+            "incremental_total_s": self.total("incremental"),
+            "full_total_s": self.total("full"),
+            "adaptive_total_s": self.total("adaptive"),
+            "adaptive_over_better": self.ratio,
+            "crossover_measured": self.crossover(),
+            "crossover_used": ADAPTIVE_CROSSOVER,
+        }
+
+
+@dataclass
 class DynamicBench:
     machine: Machine
     rows_per_month: int
     runs: int
     bases: list[BaseFigures]
     file_cache: bool = False  # DuckDB's external file cache (off: every refresh reads its files from S3)
+    fixed: FixedCost | None = None
+    stream: Stream | None = None
 
     @property
     def growth(self) -> float:
@@ -107,6 +207,12 @@ class DynamicBench:
             "growth_when_doubled": self.growth,
             "growth_goal": GOAL_GROWTH,
             "growth_met": abs(self.growth) < GOAL_GROWTH,
+            "fixed_cost_ms": self.fixed.median_ms if self.fixed else None,
+            "fixed_cost_goal_ms": GOAL_FIXED_MS,
+            "fixed_cost_met": bool(self.fixed and self.fixed.median_ms < GOAL_FIXED_MS),
+            "adaptive_over_better": self.stream.ratio if self.stream else None,
+            "adaptive_goal": GOAL_ADAPTIVE,
+            "adaptive_met": bool(self.stream and self.stream.ratio <= GOAL_ADAPTIVE),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -116,6 +222,8 @@ class DynamicBench:
             "runs": self.runs,
             "file_cache": self.file_cache,
             "bases": [b.as_dict() for b in self.bases],
+            "fixed_cost": self.fixed.as_dict() if self.fixed else None,
+            "stream": self.stream.as_dict() if self.stream else None,
             "goals": self.goals(),
         }
 
@@ -143,8 +251,89 @@ def _month_rows(path: Path) -> str:
 
 
 def _drop(lake: Lake, meta: Metadata) -> None:
-    for name in (INC, FULL_TABLE):
+    for name in (INC, FULL_TABLE, ADAPT, SMALL_SUM):
         manage.drop(lake, meta, name, if_exists=True)
+
+
+def _create(lake: Lake, meta: Metadata, name: str, mode: str, query: str = QUERY) -> None:
+    [stmt] = ddl.parse(f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 day' REFRESH_MODE = {mode} AS {query}")
+    manage.create(lake, meta, stmt)
+
+
+def _timed(refresher: Refresher, meta: Metadata, name: str, mode: str | None = None):
+    """One refresh of `name`, wall-clock seconds; it must succeed (in `mode`, when given)."""
+    start = time.perf_counter()
+    r = refresher.refresh(meta.get(name), "bench")
+    took = round(time.perf_counter() - start, 3)
+    if r.status != SUCCEEDED or (mode is not None and r.mode != mode):
+        raise KitError(
+            f"the refresh of {name} was {r.status} {r.mode} ({r.error or r.reason})",
+            f"see `dynamic history {name}`",
+            exit_code=EXIT_CHECK_FAILED,
+        )
+    return r, took
+
+
+def _checked(lake: Lake, meta: Metadata, names: tuple[str, ...]) -> None:
+    for name in names:
+        wrong = manage.check(lake, meta, name)
+        if wrong != (0, 0):
+            raise KitError(
+                f"{name} differs from its query run in full ({wrong[0]} rows only in the table, "
+                f"{wrong[1]} only in the query)",
+                "this is a defect of the refresher: report it",
+                exit_code=EXIT_CHECK_FAILED,
+            )
+
+
+def fixed_cost(lake: Lake, meta: Metadata, refresher: Refresher, say: Callable[[str], None]) -> FixedCost:
+    """One row inserted into a table of SMALL_ROWS rows, its ADAPTIVE aggregate refreshed, FIXED_RUNS times."""
+    lake.con.execute(
+        f"CREATE OR REPLACE TABLE lake.{SMALL} AS SELECT i % 10 AS k, (i % 97)::DECIMAL(9, 2) AS v "
+        f"FROM range({SMALL_ROWS}) AS t(i)"
+    )
+    _create(lake, meta, SMALL_SUM, "ADAPTIVE", f"SELECT k, sum(v) AS s, count(*) AS n FROM {SMALL} GROUP BY k")
+    out = FixedCost(SMALL_ROWS, FIXED_RUNS)
+    for i in range(FIXED_RUNS):
+        commit(lake, f"INSERT INTO lake.{SMALL} VALUES ({i % 10}, 1.25)", "bench dynamic: one row")
+        r, took = _timed(refresher, meta, SMALL_SUM, INCREMENTAL)
+        out.wall_ms.append(round(took * 1000, 1))
+        out.phases_ms.append(r.phases or {})
+        out.how = r.reason or ""
+    _checked(lake, meta, (SMALL_SUM,))
+    say(f"fixed cost: one row into {SMALL_ROWS:,} rows refreshed in {out.median_ms} ms (median of {FIXED_RUNS})")
+    return out
+
+
+def _stream(lake: Lake, meta: Metadata, refresher: Refresher, files: dict[int, Path], months: int, say) -> Stream:
+    """The stream on a base of `months` months (already written): STREAM changes, three tables refreshed after each."""
+    for name, mode in ((INC, "INCREMENTAL"), (FULL_TABLE, "FULL"), (ADAPT, "ADAPTIVE")):
+        _create(lake, meta, name, mode)
+    base = int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}"))
+    out = Stream(base)
+    per = max(1, int(base * APPEND_SHARE))
+    for i in range(STREAM):
+        before = int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}"))
+        if i == STREAM // 2:  # a whole month replaced: its rows deleted and loaded again, one commit
+            year, month = month_of(0)
+            where = f"year(pickup_date) = {year} AND month(pickup_date) = {month}"
+            made = commit(
+                lake,
+                [f"DELETE FROM lake.{TRIPS} WHERE {where}", f"INSERT INTO lake.{TRIPS} {_month_rows(files[0])}"],
+                "bench dynamic: a month replaced",
+            )
+            kind, change = "replace", made.affected_rows  # rows deleted plus rows inserted
+        else:
+            src = _month_rows(files[i % months])
+            commit(lake, f"INSERT INTO lake.{TRIPS} {src} LIMIT {per} OFFSET {per * (i // months)}", "bench: append")
+            kind, change = "append", int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}")) - before
+        _, inc_s = _timed(refresher, meta, INC, INCREMENTAL)
+        _, full_s = _timed(refresher, meta, FULL_TABLE, FULL)
+        r, ada_s = _timed(refresher, meta, ADAPT)
+        out.steps.append(StreamStep(kind, change, round(change / before, 4), inc_s, full_s, ada_s, r.mode, r.reason))
+        say(f"  {kind} of {change:,} rows: incremental {inc_s} s, full {full_s} s, adaptive {ada_s} s ({r.mode})")
+    _checked(lake, meta, (INC, FULL_TABLE, ADAPT))
+    return out
 
 
 def bench_dynamic(
@@ -186,12 +375,9 @@ def bench_dynamic(
                     f"Borough AS borough FROM read_csv({quote_literal(str(zones_csv))}, header = true)"
                 )
                 base_rows = int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}"))
-                say(f"base of {n} months: {base_rows:,} trips; creating {INC} (AUTO) and {FULL_TABLE} (FULL)")
-                for name, mode in ((INC, "AUTO"), (FULL_TABLE, "FULL")):
-                    [stmt] = ddl.parse(
-                        f"CREATE DYNAMIC TABLE {name} TARGET_LAG = '1 day' REFRESH_MODE = {mode} AS {QUERY}"
-                    )
-                    manage.create(lake, meta, stmt)
+                say(f"base of {n} months: {base_rows:,} trips; creating {INC} (INCREMENTAL) and {FULL_TABLE} (FULL)")
+                for name, mode in ((INC, "INCREMENTAL"), (FULL_TABLE, "FULL")):
+                    _create(lake, meta, name, mode)
                 fig = BaseFigures(n, base_rows, 0)
                 changes = []
                 for i in appended:
@@ -199,33 +385,27 @@ def bench_dynamic(
                     lake.con.execute(f"INSERT INTO lake.{TRIPS} {_month_rows(files[i])}")
                     changes.append(int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}")) - before_rows)
                     for name, times, mode in ((INC, fig.incremental_s, INCREMENTAL), (FULL_TABLE, fig.full_s, FULL)):
-                        start = time.perf_counter()
-                        r = refresher.refresh(meta.get(name), "bench")
-                        times.append(round(time.perf_counter() - start, 3))
-                        if (r.status, r.mode) != (SUCCEEDED, mode):
-                            raise KitError(
-                                f"the {mode.lower()} refresh of {name} was {r.status} {r.mode} ({r.error or r.reason})",
-                                "see `dynamic history " + name + "`",
-                                exit_code=EXIT_CHECK_FAILED,
-                            )
+                        r, took = _timed(refresher, meta, name, mode)
+                        times.append(took)
                         if name == INC:
                             fig.incremental_how = r.reason or ""
                         say(f"  +{changes[-1]:,} trips: {name} {r.mode.lower()} in {times[-1]} s ({r.reason})")
-                for name in (INC, FULL_TABLE):
-                    wrong = manage.check(lake, meta, name)
-                    if wrong != (0, 0):
-                        raise KitError(
-                            f"{name} differs from its query run in full ({wrong[0]} rows only in the table, "
-                            f"{wrong[1]} only in the query)",
-                            "this is a defect of the refresher: report it",
-                            exit_code=EXIT_CHECK_FAILED,
-                        )
+                _checked(lake, meta, (INC, FULL_TABLE))
                 fig.change_rows = int(statistics.median(changes))
                 bases.append(fig)
+            _drop(lake, meta)
+            say(f"stream: {STREAM} changes on a base of {months} months, three tables (INCREMENTAL, FULL, ADAPTIVE)")
+            lake.con.execute(
+                f"CREATE OR REPLACE TABLE lake.{TRIPS} AS "
+                + " UNION ALL ".join(_month_rows(files[i]) for i in range(months))
+            )
+            stream = _stream(lake, meta, refresher, files, months, say)
+            _drop(lake, meta)
+            fixed = fixed_cost(lake, meta, refresher, say)
         finally:
             _drop(lake, meta)
-            for t in (TRIPS, ZONES):
+            for t in (TRIPS, ZONES, SMALL):
                 lake.con.execute(f"DROP TABLE IF EXISTS lake.{t}")
-    result = DynamicBench(Machine.since(before), rows_per_month, runs, bases, file_cache)
+    result = DynamicBench(Machine.since(before), rows_per_month, runs, bases, file_cache, fixed, stream)
     write_outputs(result, json_path, None)
     return result

@@ -3,7 +3,7 @@ inside them are sqlglot's business, never a regex's), with the defining query pa
 
     CREATE [OR REPLACE] [TRANSIENT] DYNAMIC TABLE [lake.][schema.]name [(column, ...)]
       TARGET_LAG = '<n> seconds|minutes|hours|days' | DOWNSTREAM   -- or LAG = (Snowflake's older spelling)
-      [REFRESH_MODE = AUTO | FULL | INCREMENTAL]   -- default AUTO
+      [REFRESH_MODE = ADAPTIVE | AUTO | FULL | INCREMENTAL]   -- default ADAPTIVE (AUTO means ADAPTIVE)
       [INITIALIZE = ON_CREATE | ON_SCHEDULE]       -- default ON_CREATE
       [COMMENT = '...']
     AS SELECT ...;
@@ -11,8 +11,7 @@ inside them are sqlglot's business, never a regex's), with the defining query pa
 Snowflake's DDL is taken as written: the properties that mean nothing on one DuckLake (WAREHOUSE,
 INITIALIZATION_WAREHOUSE, CLUSTER BY (...), DATA_RETENTION_TIME_IN_DAYS, MAX_DATA_EXTENSION_TIME_IN_DAYS, TRANSIENT,
 COPY GRANTS, [WITH] TAG (...), REQUIRE USER) are kept in `ignored` and said once at create; the ones whose meaning
-the kit would drop (row access and aggregation policies, IMMUTABLE WHERE, BACKFILL FROM, REFRESH_MODE = ADAPTIVE,
-column types) are refused in one line. sqlglot's Snowflake dialect reads most of this head too, but takes any
+the kit would drop (row access and aggregation policies, IMMUTABLE WHERE, BACKFILL FROM, column types) are refused in one line. sqlglot's Snowflake dialect reads most of this head too, but takes any
 `KEY = value` as a property and turns IMMUTABLE WHERE into an opaque command: the checks and their messages are ours
 (tests compare our reading with sqlglot's).
     ALTER DYNAMIC TABLE name SUSPEND | RESUME | REFRESH | SET TARGET_LAG = ...;
@@ -33,7 +32,9 @@ from ducklake_kit.errors import KitError
 from ducklake_kit.lake.connection import LAKE
 
 DIALECT = "duckdb"
-MODES = ("AUTO", "FULL", "INCREMENTAL")
+MODES = ("ADAPTIVE", "FULL", "INCREMENTAL")
+# Snowflake's AUTO now resolves to ADAPTIVE for new tables (2026-11-20): so here, and it is stored as ADAPTIVE
+AUTO = "AUTO"
 INITIALIZE = ("ON_CREATE", "ON_SCHEDULE")
 UNITS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 DOWNSTREAM = "DOWNSTREAM"
@@ -147,7 +148,7 @@ class CreateDynamicTable:
     lag: Lag
     query: str  # the defining SELECT, as written
     select: exp.Expression  # the same, parsed by sqlglot
-    refresh_mode: str = "AUTO"
+    refresh_mode: str = "ADAPTIVE"
     initialize: str = "ON_CREATE"
     or_replace: bool = False
     text: str = ""  # the whole statement, as written
@@ -344,15 +345,13 @@ def parse_statement(text: str, tokens: list[Token] | None = None) -> Statement:
         raise DdlError(
             f"dynamic table {name} has no TARGET_LAG", "add TARGET_LAG = '5 minutes' (or DOWNSTREAM) before AS SELECT"
         )
-    mode = _word(props.get("REFRESH_MODE")) or "AUTO"
+    mode = _word(props.get("REFRESH_MODE")) or "ADAPTIVE"
     init = _word(props.get("INITIALIZE")) or "ON_CREATE"
-    if mode == "ADAPTIVE":
-        raise DdlError(
-            "REFRESH_MODE = ADAPTIVE is not supported yet",
-            "use AUTO: it refreshes incrementally when the query allows, and in full when most keys changed",
-        )
+    mode = "ADAPTIVE" if mode == AUTO else mode
     if mode not in MODES:
-        raise DdlError(f"REFRESH_MODE = {props['REFRESH_MODE'].text} is not a mode", "use AUTO, FULL or INCREMENTAL")
+        raise DdlError(
+            f"REFRESH_MODE = {props['REFRESH_MODE'].text} is not a mode", "use ADAPTIVE (or AUTO), FULL or INCREMENTAL"
+        )
     if init not in INITIALIZE:
         raise DdlError(f"INITIALIZE = {props['INITIALIZE'].text} is not an option", "use ON_CREATE or ON_SCHEDULE")
     first = r.peek()

@@ -125,7 +125,7 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
     if stmt.refresh_mode == "INCREMENTAL" and not plan.incremental:
         raise KitError(
             f"dynamic table {name} cannot be refreshed incrementally: {plan.explain()}",
-            "use REFRESH_MODE = AUTO (a full refresh) or rewrite the query",
+            "use REFRESH_MODE = ADAPTIVE (a full refresh) or rewrite the query",
         )
     sources = plan.sources
     depends_on = [s for s in sources if meta.get(s) is not None]

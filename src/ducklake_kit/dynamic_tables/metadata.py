@@ -40,6 +40,7 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.refresh_history (
     snapshots_read jsonb, read_snapshot bigint, commit_snapshot bigint, data_timestamp timestamptz,
     started_at timestamptz NOT NULL, finished_at timestamptz NOT NULL, duration_ms double precision, error text);
 CREATE INDEX IF NOT EXISTS refresh_history_name ON {SCHEMA}.refresh_history (name, id);
+ALTER TABLE {SCHEMA}.refresh_history ADD COLUMN IF NOT EXISTS phases jsonb;
 """
 DDL_LOCK = int.from_bytes(b"dyn-ddl", "big")  # held while the schema is created (if missing)
 ACTIVE, SUSPENDED = "ACTIVE", "SUSPENDED"
@@ -97,6 +98,7 @@ class Refresh:
     duration_ms: float | None = None
     error: str | None = None
     id: int | None = None
+    phases: dict[str, float] | None = None  # milliseconds per phase of the refresh (refresh.PHASES)
 
     def as_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__.items())
@@ -203,8 +205,8 @@ class Metadata:
             row = self.conn.execute(
                 f"INSERT INTO {SCHEMA}.refresh_history (name, definition_id, trigger, status, mode, reason, "
                 "rows_inserted, rows_deleted, snapshots_read, read_snapshot, commit_snapshot, data_timestamp, "
-                "started_at, finished_at, duration_ms, error) VALUES "
-                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
+                "started_at, finished_at, duration_ms, error, phases) VALUES "
+                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
                 [
                     r.name,
                     r.definition_id,
@@ -222,6 +224,7 @@ class Metadata:
                     r.finished_at,
                     r.duration_ms,
                     r.error,
+                    json.dumps(r.phases) if r.phases is not None else None,
                 ],
             ).fetchone()
             r.id = row["id"]

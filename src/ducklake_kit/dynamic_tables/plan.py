@@ -15,7 +15,7 @@ Shapes (`Plan.kind`):
   otherwise the affected result rows (compared whole: a rows branch's changed rows, an aggregate branch's rows of
   its affected groups, before and after) are deleted and read again from the whole query, so every copy of such a
   row is counted afresh across all branches: one duplicate deleted keeps the row, the last one removes it.
-- `full`: anything else, with a named reason (`REASONS`); AUTO refreshes it in full, INCREMENTAL refuses it.
+- `full`: anything else, with a named reason (`REASONS`); ADAPTIVE refreshes it in full, INCREMENTAL refuses it.
 
 A WITH clause is inlined first (`inline_ctes`): each CTE becomes the derived table it names, and those that are
 plain projections and filters merge into their reader (sqlglot's `merge_subqueries`, after `qualify` with the

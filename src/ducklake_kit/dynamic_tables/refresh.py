@@ -1,14 +1,18 @@
 """One refresh of one dynamic table, in its own transaction.
 
-1. Hold the table's advisory lock (two refreshers of one table would apply a change twice).
+1. Hold the table's advisory lock (two refreshers of one table would apply a change twice), then open ONE DuckLake
+   transaction for everything that follows, reads and writes (outside a transaction every statement asks the catalog
+   for the latest snapshot again).
 2. Read the lake's current snapshot once: every source is read AT (VERSION => that snapshot), and that is the
    snapshot recorded. Changes committed meanwhile by others are after it, so the next refresh reads them.
 3. Where the previous refresh left off: the later of the metadata's record and the lake's (every refresh commit
    carries `{"dynamic_table", "definition", "read"}` in its commit_extra_info), so a commit whose metadata write
    was lost is never applied again; such a commit is written to the history then (`recover`).
-4. Read each source's change feed since then into temporary tables, decide the mode (see `plan`), compute the
-   rows to delete and insert from pinned reads, then DELETE and INSERT in ONE lake transaction. Counts are the
-   statements' own. The outcome goes to the history afterwards, whatever it was.
+4. What changed since then, from the catalog alone (`feed`); an ADAPTIVE table chooses full or incremental from the
+   change's size there. Then each changed source's change feed into temporary tables (none for an unchanged one),
+   the rows to delete and insert computed from pinned reads (see `plan`), and the DELETE and INSERT committed.
+   Counts are the statements' own. The outcome goes to the history afterwards, whatever it was, with the time
+   each phase took (PHASES).
 
 A refresh with no source change makes no snapshot (NO_DATA)."""
 
@@ -18,8 +22,9 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import duckdb
@@ -27,6 +32,7 @@ import psycopg
 import sqlglot
 from sqlglot import exp
 
+from ducklake_kit.dynamic_tables import feed
 from ducklake_kit.dynamic_tables import plan as planner
 from ducklake_kit.dynamic_tables.ddl import DIALECT
 from ducklake_kit.dynamic_tables.metadata import FAILED, NO_DATA, SUCCEEDED, Definition, Metadata, Refresh
@@ -35,13 +41,17 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.lake.changes import change_counts, changes_sql
 from ducklake_kit.lake.locks import advisory_lock
 from ducklake_kit.lake.sql import quote_ident, quote_literal
-from ducklake_kit.lake.transactions import commit_with
+from ducklake_kit.lake.transactions import AUTHOR, commit_with, last_committed_snapshot, snapshot_with_token
 from ducklake_kit.platforms.report import Reporter
 
-FULL, INCREMENTAL = "FULL", "INCREMENTAL"
-# AUTO refreshes in full when the affected groups (or rows) to recompute exceed this share of the table's rows:
-# recomputing most groups through the change feed costs more than recomputing all of them at once
-FULL_REFRESH_SHARE = 0.5
+FULL, INCREMENTAL, ADAPTIVE = "FULL", "INCREMENTAL", "ADAPTIVE"
+# ADAPTIVE refreshes in full when the change (rows added and removed, as the catalog's file counts give them) is over
+# this share of its sources' rows, else incrementally: the crossover `bench --suite dynamic` measures (its stream of
+# 1 % appends and one month replaced; see docs/dynamic-tables.md for the figures this value comes from)
+ADAPTIVE_CROSSOVER = 0.05
+# ... except that a change of at most this many rows is always incremental: at that size each kind of refresh costs
+# its fixed cost (tens of milliseconds), and the incremental one writes only what changed
+ADAPTIVE_SMALL_CHANGE = 1000
 LOCK_NAMESPACE = int.from_bytes(b"D\x00", "big") << 48
 LOCK_WAIT_S = 600
 PRE, POST = ("delete", "update_preimage"), ("insert", "update_postimage")
@@ -131,20 +141,20 @@ def source_schema(lake: Lake, query: exp.Expression) -> dict[str, dict[str, str]
     return {s: dict(columns_of(lake, s)) for s in planner.all_sources(query, lake.alias)}
 
 
-def table_id_at(lake: Lake, source: str, snapshot: int) -> int | None:
-    """The catalog's id of table `source` at `snapshot` (None: no such table then). A table dropped and created
-    again under the same name has a new id, and its change feed knows nothing of the old one's rows."""
+def table_ids_at(lake: Lake, source: str, snapshots: tuple[int, int]) -> tuple[int | None, int | None]:
+    """The catalog's id of table `source` at each of two snapshots (None: no such table then), in one query. A table
+    dropped and created again under the same name has a new id, and its change feed knows nothing of the old one's
+    rows."""
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
     schema, table = source.split(".")
-    row = lake.con.execute(
-        f"""
-        SELECT t.table_id FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s USING (schema_id)
-        WHERE lower(s.schema_name) = ? AND lower(t.table_name) = ?
-          AND t.begin_snapshot <= ? AND (t.end_snapshot IS NULL OR t.end_snapshot > ?)
-          AND s.begin_snapshot <= ? AND (s.end_snapshot IS NULL OR s.end_snapshot > ?)""",
-        [schema.lower(), table.lower(), snapshot, snapshot, snapshot, snapshot],
-    ).fetchone()
-    return int(row[0]) if row else None
+    at = f"""
+        (SELECT t.table_id FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s USING (schema_id)
+         WHERE lower(s.schema_name) = $1 AND lower(t.table_name) = $2
+           AND t.begin_snapshot <= {{n}} AND (t.end_snapshot IS NULL OR t.end_snapshot > {{n}})
+           AND s.begin_snapshot <= {{n}} AND (s.end_snapshot IS NULL OR s.end_snapshot > {{n}}))"""
+    a, b = (int(n) for n in snapshots)
+    row = lake.con.execute(f"SELECT {at.format(n=a)}, {at.format(n=b)}", [schema.lower(), table.lower()]).fetchone()
+    return (int(row[0]) if row[0] is not None else None, int(row[1]) if row[1] is not None else None)
 
 
 def reflected(lake: Lake, d: Definition, commits: list[tuple[int, dict]] | None = None) -> int | None:
@@ -157,8 +167,16 @@ def reflected(lake: Lake, d: Definition, commits: list[tuple[int, dict]] | None 
 
 
 def snapshot_time(lake: Lake, snapshot: int) -> datetime:
+    return snapshot_at(lake, snapshot)[0]
+
+
+def snapshot_at(lake: Lake, snapshot: int) -> tuple[datetime, int]:
+    """The snapshot's commit time and the lake's schema version then (it changes with every CREATE, ALTER, DROP)."""
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
-    return lake.scalar(f"SELECT snapshot_time FROM {meta}.ducklake_snapshot WHERE snapshot_id = ?", [snapshot])
+    row = lake.con.execute(
+        f"SELECT snapshot_time, schema_version FROM {meta}.ducklake_snapshot WHERE snapshot_id = ?", [snapshot]
+    ).fetchone()
+    return row[0], int(row[1])
 
 
 def _positional(query: exp.Expression, names: list[str], alias: str = "__b") -> exp.Select:
@@ -204,41 +222,110 @@ class Work:
     deleted: int = 0
 
 
+# the phases of one refresh, in the order they run (`Refresh.phases`, milliseconds each)
+PHASES = ("lock", "bind", "catalog", "change_feed", "delta", "write", "commit", "history")
+
+
+@dataclass
+class Clock:
+    """Where one refresh spent its time: milliseconds per phase (PHASES), summed when a phase runs twice."""
+
+    ms: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.ms[name] = self.ms.get(name, 0.0) + (time.perf_counter() - t0) * 1000
+
+    def rounded(self) -> dict[str, float]:
+        return {p: round(self.ms[p], 1) for p in PHASES if p in self.ms}
+
+
+def adaptive(mode: str) -> bool:
+    """Whether a table of this REFRESH_MODE chooses per refresh (ADAPTIVE; AUTO as tables made before it stored it)."""
+    return mode not in (FULL, INCREMENTAL)
+
+
 class Refresher:
-    """Refreshes dynamic tables of one lake; `full_share`: see FULL_REFRESH_SHARE; `report`: where a batch of
-    refreshes shows its progress (a bar of tables in a terminal)."""
+    """Refreshes dynamic tables of one lake; `crossover`, `small_change`: see ADAPTIVE_CROSSOVER and
+    ADAPTIVE_SMALL_CHANGE; `report`: where a batch of refreshes shows its progress (a bar of tables in a terminal)."""
 
     def __init__(
-        self, lake: Lake, meta: Metadata, *, full_share: float = FULL_REFRESH_SHARE, report: Reporter | None = None
+        self,
+        lake: Lake,
+        meta: Metadata,
+        *,
+        crossover: float = ADAPTIVE_CROSSOVER,
+        small_change: int = ADAPTIVE_SMALL_CHANGE,
+        report: Reporter | None = None,
     ):
-        self.lake, self.meta, self.full_share = lake, meta, full_share
+        self.lake, self.meta, self.crossover, self.small_change = lake, meta, crossover, small_change
         self.report = report or Reporter()
         self.con = lake.con
         # where tests step in: right after the refresh read the lake's snapshot, and just before its COMMIT
         self.after_read: Callable[[int], None] | None = None
         self.before_commit: Callable[[], None] | None = None
+        self.clock = Clock()  # the current refresh's phases
+        # columns_of and the parsed plans, by the lake's schema version: read again only after a schema change
+        self._version = -1
+        self._columns: dict[tuple[str, int], list[tuple[str, str]]] = {}
+        self._plans: dict[tuple[str, int], tuple[exp.Expression, planner.Plan]] = {}
 
     # ---- the lake side ---------------------------------------------------------------------------------------
 
     def _temp(self, name: str, query: str) -> int:
-        self.con.execute(f"CREATE OR REPLACE TEMP TABLE {quote_ident(name)} AS {query}")
-        return int(self.con.execute(f"SELECT count(*) FROM temp.main.{quote_ident(name)}").fetchone()[0])
+        """Temporary table `name` made from `query`; its rows (CREATE TABLE AS says how many it wrote)."""
+        return int(self.con.execute(f"CREATE OR REPLACE TEMP TABLE {quote_ident(name)} AS {query}").fetchone()[0])
+
+    def columns(self, name: str) -> list[tuple[str, str]]:
+        """`columns_of(lake, name)`, read once per schema version of the lake (the refresh's transaction sees one)."""
+        key = (name, self._version)
+        if key not in self._columns:
+            self._columns[key] = columns_of(self.lake, name)
+        return self._columns[key]
+
+    def _plan(self, d: Definition) -> tuple[exp.Expression, planner.Plan]:
+        """The definition's query (its columns named as the table's) and plan, made once per schema version."""
+        key = (d.definition_id, self._version)
+        if key not in self._plans:
+            query = parse_query(d)
+            schema = {s: dict(self.columns(s)) for s in planner.all_sources(query, self.lake.alias)}
+            types = dict(self.columns(d.name))
+            plan = planner.analyze(query, d.columns, self.lake.alias, types=types, schema=schema)
+            self._plans[key] = (named(query, d.columns), plan)
+        return self._plans[key]
 
     def _drop_temps(self, names: list[str]) -> None:
         for n in names:
             self.con.execute(f"DROP TABLE IF EXISTS temp.main.{quote_ident(n)}")
 
-    def _changes(self, source: str, start: int, end: int, pre: str, post: str, columns: list[str]) -> tuple[int, int]:
+    def _changes(
+        self, source: str, start: int, end: int, pre: str, post: str, columns: list[str], how: str = feed.ANY
+    ) -> tuple[int, int]:
         """The source's net change in snapshots start..end, as its `columns`: the rows it lost into temporary table
         `pre`, the rows it gained into `post`; how many of each. A row deleted and inserted again unchanged (a
         dimension table rewritten whole, an UPDATE that set a column to its own value or changed only columns the
         query does not read) is in neither: as a multiset, the table's change is post minus pre, and equal rows
-        cancel. The feed is read once; when it holds only inserts (or only deletes) it becomes that table as it is."""
-        feed = f"{pre}_feed"
+        cancel. The feed is read once; when it holds only inserts (or only deletes) it becomes that table as it is.
+        `how` (`feed.changed`): NONE reads nothing, INSERTS reads the insertions alone (a fraction of the feed's cost)."""
+        if how == feed.NONE:
+            return 0, 0
         self._drop_temps([pre, post])  # names a refresh that died in this process may have left
         cols = ", ".join(quote_ident(c) for c in columns)
-        self._temp(feed, f"SELECT {cols}, change_type AS __change FROM {changes_sql(self.lake, source, start, end)}")
-        qfeed = f"temp.main.{quote_ident(feed)}"
+        if how == feed.INSERTS:
+            schema, table = source.split(".")
+            args = f"{quote_literal(self.lake.alias)}, {quote_literal(schema)}, {quote_literal(table)}, {start}, {end}"
+            gained = self._temp(post, f"SELECT {cols} FROM ducklake_table_insertions({args})")
+            self._temp(pre, f"SELECT * FROM temp.main.{quote_ident(post)} LIMIT 0")
+            return 0, gained
+        feed_table = f"{pre}_feed"
+        self._temp(
+            feed_table, f"SELECT {cols}, change_type AS __change FROM {changes_sql(self.lake, source, start, end)}"
+        )
+        qfeed = f"temp.main.{quote_ident(feed_table)}"
         kinds = dict(
             self.con.execute(
                 f"SELECT __change IN ({', '.join(map(quote_literal, PRE))}), count(*) FROM {qfeed} GROUP BY ALL"
@@ -259,14 +346,14 @@ class Refresher:
                 self._temp(post, f"{gained_sql} EXCEPT ALL {lost_sql}"),
             )
         finally:
-            self._drop_temps([feed])
+            self._drop_temps([feed_table])
 
     def _read_columns(self, source: str, select: exp.Select, plan: planner.Plan) -> list[str]:
         """The source's columns the query reads: those it names (unqualified, or qualified by one of the source's
         names in the query). All of them whenever that cannot be told for sure: a `*` or COLUMNS(...) (COUNT(*)
         aside), a USING join, a table's name used as a value (the whole row as a struct), a dotted name whose
         qualifier is no table of the query (a struct's field). The change feed is asked for these only."""
-        every = [c for c, _ in columns_of(self.lake, source)]
+        every = [c for c, _ in self.columns(source)]
         refs = {o.ref for o in plan.occurrences if o.source == source}
         all_refs = {o.ref for o in plan.occurrences}
         for node in select.walk():
@@ -289,29 +376,82 @@ class Refresher:
                 if self.con.execute(f"SELECT 1 FROM {changes_sql(self.lake, s, start, end)} LIMIT 1").fetchone():
                     return True
             except duckdb.Error:
+                self._restart()
                 return True
         return False
+
+    def _restart(self) -> None:
+        """After a failed statement inside the refresh's transaction (which DuckDB then aborts), a new one: whatever
+        comes next reads AT (VERSION => n) the snapshot the refresh chose, so the new transaction's own does not
+        matter. Outside a transaction, nothing to do."""
+        if self.lake.in_transaction:
+            self.lake.rollback()
+            self.lake.begin()
 
     def _full(self, query: exp.Expression, snapshot: int, reason: str) -> tuple[Work, list]:
         new = sql(planner.pinned(query, self.lake.alias, snapshot))
         return Work(FULL, reason), [("delete_all", None), ("insert", new)]
 
     def decide(
-        self, d: Definition, query: exp.Expression, plan: planner.Plan, prev: int | None, now: int, temps: list[str]
+        self,
+        d: Definition,
+        query: exp.Expression,
+        plan: planner.Plan,
+        span: tuple[int | None, int],
+        temps: list[str],
+        changed: feed.Changed | None = None,
     ) -> tuple[Work, list] | None:
-        """The refresh's mode and the statements it needs (None: nothing to do)."""
+        """The refresh's mode and the statements it needs (None: nothing to do) for snapshots `span` (prev, now];
+        `changed`: `feed.changed` of them, when the caller has read it."""
+        prev, now = span
         if prev is None:
             return self._full(query, now, "INITIAL: the first refresh")
-        replaced = [s for s in plan.sources if table_id_at(self.lake, s, prev) != table_id_at(self.lake, s, now)]
+        both = {s: table_ids_at(self.lake, s, (prev, now)) for s in plan.sources}
+        ids = {s: at_now for s, (_, at_now) in both.items()}
+        replaced = [s for s, (at_prev, at_now) in both.items() if at_prev != at_now]
         if replaced:  # dropped and created again: its change feed knows nothing of the old table's rows
             return self._full(
                 query, now, f"SOURCE_REPLACED: {', '.join(replaced)} is not the table it was at snapshot {prev}"
             )
+        if changed is None:
+            with self.clock.phase("change_feed"):
+                changed = feed.changed(self.lake, prev + 1, now)
         if d.refresh_mode == FULL or not plan.incremental:
-            if not self.sources_changed(plan.sources, prev + 1, now):
+            untouched = all(changed.of(ids[s]) == feed.NONE for s in plan.sources)
+            if untouched or not self.sources_changed(plan.sources, prev + 1, now):
                 return None
             why = "REFRESH_MODE = FULL" if d.refresh_mode == FULL else plan.explain()
             return self._full(query, now, why)
+        note = None
+        if adaptive(d.refresh_mode):  # the choice, made from the catalog before any change feed is read
+            with self.clock.phase("change_feed"):
+                tables = [i for i in ids.values() if i is not None]
+                est = feed.size(self.lake, tables, prev + 1, now, changed.inlined_changes(tables))
+            how = f"the change (~{est.changed:,} rows) is {est.share:.2%} of the sources' {est.rows:,} rows" + (
+                " in data files" if est.rows < est.changed else ""
+            )
+            if est.share > self.crossover and est.changed > self.small_change:
+                return self._full(query, now, f"ADAPTIVE chose full: {how}, over {self.crossover:.0%}")
+            small = f" or at most {self.small_change:,} rows" if est.share > self.crossover else ""
+            note = f"ADAPTIVE chose incremental: {how}, at most {self.crossover:.0%}{small}"
+        decided = self._incremental(d, query, plan, (prev, now), changed, ids, temps)
+        if decided is not None and note is not None:
+            decided[0].reason = f"{decided[0].reason} ({note})"
+        return decided
+
+    def _incremental(
+        self,
+        d: Definition,
+        query: exp.Expression,
+        plan: planner.Plan,
+        span: tuple[int, int],
+        changed: feed.Changed,
+        ids: dict[str, int | None],
+        temps: list[str],
+    ) -> tuple[Work, list] | None:
+        """The incremental refresh of snapshots `span` (prev, now]: the sources' net changes read (only those of
+        sources `changed` shows changed), then the shape's own way to the rows to delete and insert."""
+        prev, now = span
         select = named(plan.query, d.columns) if plan.query is not None else query  # CTEs inlined
         pre: dict[str, str] = {}
         post: dict[str, str] = {}
@@ -320,14 +460,22 @@ class Refresher:
             for j, source in enumerate(plan.sources):
                 pre[source], post[source] = f"__dt_pre_{j}", f"__dt_post_{j}"
                 temps += [pre[source], post[source]]
-                counts[source] = self._changes(
-                    source, prev + 1, now, pre[source], post[source], self._read_columns(source, select, plan)
-                )
+                with self.clock.phase("change_feed"):
+                    counts[source] = self._changes(
+                        source,
+                        prev + 1,
+                        now,
+                        pre[source],
+                        post[source],
+                        self._read_columns(source, select, plan),
+                        changed.of(ids[source]),
+                    )
         except duckdb.Error as exc:
+            self._restart()
             if d.refresh_mode == INCREMENTAL:
                 raise KitError(
                     f"the change feed of {d.name}'s sources cannot be read ({first_line(exc)})",
-                    "re-create it with REFRESH_MODE = AUTO or FULL (CREATE OR REPLACE DYNAMIC TABLE ...)",
+                    "re-create it with REFRESH_MODE = ADAPTIVE or FULL (CREATE OR REPLACE DYNAMIC TABLE ...)",
                 ) from None
             return self._full(query, now, f"CHANGE_FEED_UNREADABLE: {first_line(exc)}")
         if not any(a or b for a, b in counts.values()):
@@ -367,12 +515,7 @@ class Refresher:
             affected_sql = f"SELECT DISTINCT {renamed} FROM ({union}) AS __a"
         affected = self._temp("__dt_keys", affected_sql)
         temps.append("__dt_keys")
-        size = int(self.con.execute(f"SELECT count(*) FROM {target(self.lake, d.name)}").fetchone()[0])
         what = {planner.AGGREGATE: "groups", planner.WINDOW: "partitions"}.get(plan.kind, "distinct rows")
-        if d.refresh_mode != INCREMENTAL and affected > self.full_share * max(size, 1) and size > 0:
-            return self._full(
-                query, now, f"AFFECTED_KEYS_SHARE: {affected} affected {what} of {size} rows (> {self.full_share:.0%})"
-            )
         if plan.keyed:
             new = sql(planner.restricted(planner.pinned(select, self.lake.alias, now), keys, "__dt_keys"))
         else:
@@ -437,13 +580,6 @@ class Refresher:
         union = " UNION ".join(sql(p) for p in parts)
         affected = self._temp("__dt_keys", f"SELECT DISTINCT {renamed} FROM ({union}) AS __a")
         temps.append("__dt_keys")
-        size = int(self.con.execute(f"SELECT count(*) FROM {tgt}").fetchone()[0])
-        if d.refresh_mode != INCREMENTAL and affected > self.full_share * max(size, 1) and size > 0:
-            return self._full(
-                query,
-                delta.now,
-                f"AFFECTED_KEYS_SHARE: {affected} affected distinct rows of {size} rows (> {self.full_share:.0%})",
-            )
         keys = [planner.Key(c, exp.column(c, "__q", quoted=True)) for c in names]
         whole = _positional(planner.pinned(plan.query, alias, delta.now), names, "__q").args["from_"].this
         new = sql(planner.restricted(exp.select("*").from_(whole), keys, "__dt_keys"))
@@ -489,6 +625,10 @@ class Refresher:
         tgt = target(self.lake, d.name)
 
         def run(con: duckdb.DuckDBPyConnection) -> None:
+            with self.clock.phase("write"):
+                write(con)
+
+        def write(con: duckdb.DuckDBPyConnection) -> None:
             for kind, arg in statements:
                 if kind == "delete_all":
                     text = f"DELETE FROM {tgt}"
@@ -509,20 +649,23 @@ class Refresher:
                 else:
                     work.deleted += count
 
-        made = commit_with(
-            self.lake,
-            run,
-            f"dynamic table {d.name}: {work.mode.lower()} refresh",
-            before_commit=self.before_commit,
-            extra={
-                "dynamic_table": d.name,
-                "definition": d.definition_id,
-                "read": read,
-                "mode": work.mode,
-                "trigger": trigger,
-            },
+        extra = {"dynamic_table": d.name, "definition": d.definition_id, "read": read, "mode": work.mode}
+        message = f"dynamic table {d.name}: {work.mode.lower()} refresh"
+        if not self.lake.in_transaction:  # a caller's own use, outside `refresh`
+            return commit_with(
+                self.lake, run, message, before_commit=self.before_commit, extra={**extra, "trigger": trigger}
+            ).snapshot_id
+        # inside the refresh's transaction (`refresh`): what commit_with does, without its BEGIN
+        run(self.con)
+        if self.before_commit is not None:
+            self.before_commit()
+        token = uuid.uuid4().hex
+        info = json.dumps({"commit": token, **extra, "trigger": trigger})
+        self.con.execute(
+            "CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)", [self.lake.alias, AUTHOR, message, info]
         )
-        return made.snapshot_id
+        self.lake.commit()  # through the lake's commit gate
+        return snapshot_with_token(self.lake, token, last_committed_snapshot(self.lake), info)
 
     def recover(self, d: Definition, sources: list[str], commits: list[tuple[int, dict]]) -> list[Refresh]:
         """Record the refreshes that landed in the lake but not in the history (the process died, or PostgreSQL
@@ -556,7 +699,7 @@ class Refresher:
                 counts = change_counts(self.lake, d.name, commit, commit)
                 r.rows_inserted, r.rows_deleted = counts.get("insert", 0), counts.get("delete", 0)
             except duckdb.Error:  # the snapshot expired: the counts are unknown, not zero
-                pass
+                self._restart()
             out.append(self.meta.record(r))
         return out
 
@@ -585,45 +728,74 @@ class Refresher:
         t0 = time.perf_counter()
         out = Refresh(d.name, d.definition_id, trigger, FAILED, started, started)
         temps: list[str] = []
+        clock = self.clock = Clock()
         try:
             busy = KitError(
                 f"dynamic table {d.name} is being refreshed by another process for over {LOCK_WAIT_S} s",
                 "wait for it, or stop the other `dynamic run`",
             )
-            with advisory_lock(self.lake.endpoints, lock_key(d.name), timeout_s=LOCK_WAIT_S, busy=busy):
-                query = parse_query(d)
-                plan = analyze(self.lake, query, d.name, d.columns)
-                query = named(query, d.columns)
-                now = self.lake.current_snapshot()
-                if self.after_read is not None:
-                    self.after_read(now)
-                self._bind(d, query, now)
-                commits = lake_commits(self.lake, d, d.data_snapshot)
-                self.recover(d, plan.sources, commits)
-                prev = reflected(self.lake, d, commits)
-                out.read_snapshot = now
-                out.snapshots_read = dict.fromkeys(plan.sources, now)
-                out.data_timestamp = snapshot_time(self.lake, now)
-                decided = None if prev == now else self.decide(d, query, plan, prev, now, temps)
-                if decided is None:
-                    out.status, out.mode, out.reason = (
-                        NO_DATA,
-                        None,
-                        "no net change in the sources since the last refresh",
+            with ExitStack() as held:
+                with clock.phase("lock"):
+                    held.enter_context(
+                        advisory_lock(self.lake.endpoints, lock_key(d.name), timeout_s=LOCK_WAIT_S, busy=busy)
                     )
-                else:
-                    work, statements = decided
-                    out.commit_snapshot = self.apply(d, work, statements, now, trigger)
-                    out.status, out.mode, out.reason = SUCCEEDED, work.mode, work.reason
-                    out.rows_inserted, out.rows_deleted = work.inserted, work.deleted
+                # one DuckLake transaction for the whole refresh, reads and writes: the lake's snapshot and catalog
+                # are read once (each statement outside a transaction asks PostgreSQL for the latest snapshot again)
+                self.lake.begin()
+                try:
+                    self._refresh(d, trigger, out, temps)
+                finally:
+                    if self.lake.in_transaction:  # nothing to commit (NO_DATA), or a failure: nothing is written
+                        self.lake.rollback()
         except (KitError, duckdb.Error, psycopg.Error) as exc:  # the table fails, the batch goes on
             out.error = exc.line() if isinstance(exc, KitError) else first_line(exc)
             out.status = FAILED
         finally:
-            self._drop_temps(temps)
+            with clock.phase("delta"):
+                self._drop_temps(temps)
             out.finished_at = datetime.now(UTC)
-            out.duration_ms = round((time.perf_counter() - t0) * 1000, 1)
-        return self.meta.record(out)
+            with clock.phase("history"):
+                out.phases = clock.rounded()  # the history row's own write is timed by the next line, not in it
+                out.duration_ms = round((time.perf_counter() - t0) * 1000, 1)
+                recorded = self.meta.record(out)
+        recorded.phases = clock.rounded()
+        return recorded
+
+    def _refresh(self, d: Definition, trigger: str, out: Refresh, temps: list[str]) -> None:
+        """The refresh under the table's lock: bind, read where it left off, decide, write and commit."""
+        clock = self.clock
+        with clock.phase("catalog"):
+            now = self.lake.current_snapshot()
+        if self.after_read is not None:
+            self.after_read(now)
+        with clock.phase("catalog"):
+            out.data_timestamp, self._version = snapshot_at(self.lake, now)
+        with clock.phase("bind"):
+            query, plan = self._plan(d)
+        with clock.phase("catalog"):
+            commits = lake_commits(self.lake, d, d.data_snapshot)
+            self.recover(d, plan.sources, commits)
+            prev = reflected(self.lake, d, commits)
+            out.read_snapshot = now
+            out.snapshots_read = dict.fromkeys(plan.sources, now)
+            changed = feed.changed(self.lake, prev + 1, now) if prev is not None and prev < now else None
+        if changed is None or not changed.same_schema:  # a column renamed or dropped: the query may not bind
+            with clock.phase("bind"):
+                self._bind(d, query, now)
+        fed = clock.ms.get("change_feed", 0.0)
+        with clock.phase("delta"):
+            decided = None if prev == now else self.decide(d, query, plan, (prev, now), temps, changed)
+        clock.ms["delta"] -= clock.ms.get("change_feed", 0.0) - fed
+        if decided is None:
+            out.status, out.mode, out.reason = NO_DATA, None, "no net change in the sources since the last refresh"
+            return
+        work, statements = decided
+        write = clock.ms.get("write", 0.0)
+        with clock.phase("commit"):  # the statements (`write`, timed inside) and the COMMIT
+            out.commit_snapshot = self.apply(d, work, statements, now, trigger)
+        clock.ms["commit"] -= clock.ms.get("write", 0.0) - write
+        out.status, out.mode, out.reason = SUCCEEDED, work.mode, work.reason
+        out.rows_inserted, out.rows_deleted = work.inserted, work.deleted
 
 
 def new_definition_id() -> str:
