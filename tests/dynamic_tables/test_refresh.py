@@ -534,3 +534,17 @@ def test_reviewed_shapes_equal_the_full_recompute(clean, case):
     [r] = clean.refresh(name).refreshes
     assert r.status == SUCCEEDED and how in (r.reason or ""), (r.status, r.reason, r.error)
     clean.equal(name)
+
+
+def test_a_table_over_stale_dynamic_tables_reads_them_refreshed_at_create(clean):
+    """Issue 30: created over a dynamic table that did not reflect the lake's latest rows, a table was built from it
+    as it was, and `--check` agreed (it compares with the query over the stale table); now the upstream table is
+    refreshed first, so the new one counts every row of the base table."""
+    t = small(clean)
+    clean.create(f"CREATE DYNAMIC TABLE {S}.up TARGET_LAG = '1 hour' AS SELECT g, count(*) AS n FROM {S}.t GROUP BY g")
+    clean.sql(f"INSERT INTO {t} VALUES (3, 'x', 1), (4, 'z', 2)")  # `up` is now stale
+    clean.create(f"CREATE DYNAMIC TABLE {S}.down TARGET_LAG = '1 hour' AS SELECT sum(n) AS total FROM {S}.up")
+    assert clean.sql(f"SELECT total FROM lake.{S}.down") == clean.sql(f"SELECT count(*) FROM {t}") == [(6,)]
+    [latest, *_] = clean.meta.history(f"{S}.up")
+    assert (latest.trigger, latest.status) == ("downstream", SUCCEEDED)
+    clean.equal(f"{S}.down")

@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from ducklake_kit.dynamic_tables import feed
 from ducklake_kit.dynamic_tables.metadata import NO_DATA, SUCCEEDED
-from ducklake_kit.dynamic_tables.refresh import ADAPTIVE, FULL, Refresher, table_ids_at
+from ducklake_kit.dynamic_tables.refresh import ADAPTIVE, FULL, Refresher, lock_key, table_ids_at
+from ducklake_kit.errors import KitError
+from ducklake_kit.platforms import postgres
 from tests.dynamic_tables.oracle import DIMS, FACTS, MORE, apply, ops, schema_env, sources
 from tests.dynamic_tables.test_refresh import INCREMENTAL, Env, S
 
@@ -50,9 +52,9 @@ def adaptive(env):
 
 
 def refresh_and_prove(env: Env, crossover: float) -> None:
-    refresher = Refresher(env.lake, env.meta, crossover=crossover, small_change=0)
-    for name in NAMES:
-        r = refresher.refresh(env.meta.get(name))
+    with Refresher(env.lake, env.meta, crossover=crossover, small_change=0) as refresher:
+        done = [refresher.refresh(env.meta.get(name)) for name in NAMES]
+    for name, r in zip(NAMES, done):
         assert r.status in (SUCCEEDED, NO_DATA), (name, r.error)
         if r.status == SUCCEEDED:
             forced = {0.0: FULL, float("inf"): INCREMENTAL}.get(crossover, r.mode)
@@ -80,16 +82,17 @@ def test_every_adaptive_refresh_full_or_incremental_equals_a_full_recompute(adap
 
 def test_the_catalog_tells_inserts_from_other_changes_and_a_join_reads_only_changed_sources(adaptive):
     e = adaptive
+    e.sql(f"INSERT INTO {DIMS} VALUES (50, 'r')")  # a dimension row of its own (the stream before may have left any)
     refresh_and_prove(e, float("inf"))  # every table up to date
     now = e.lake.current_snapshot()
     ids = {t: table_ids_at(e.lake, t.removeprefix("lake."), (now, now))[1] for t in (FACTS, MORE, DIMS)}
     start = e.lake.current_snapshot() + 1
-    e.sql(f"INSERT INTO {FACTS} VALUES (100, 2, 0, 1.50, 'c')")
+    e.sql(f"INSERT INTO {FACTS} VALUES (100, 2, 50, 1.50, 'c')")
     seen = feed.changed(e.lake, start, e.lake.current_snapshot())
     assert (seen.of(ids[FACTS]), seen.of(ids[MORE]), seen.of(ids[DIMS])) == (feed.INSERTS, feed.NONE, feed.NONE)
     assert seen.same_schema
     # the aggregate over facts JOIN dims reads the insertions of facts only, and no feed of dims
-    refresher = Refresher(e.lake, e.meta, crossover=float("inf"))
+    refresher = e.refresher  # the module's own (closed with it)
     read: list[tuple[str, str]] = []
     real = refresher._changes
 
@@ -98,10 +101,26 @@ def test_the_catalog_tells_inserts_from_other_changes_and_a_join_reads_only_chan
         return real(source, *args)
 
     refresher._changes = spy
-    r = refresher.refresh(e.meta.get(f"{S}.a_agg"))
-    assert (r.status, r.mode) == (SUCCEEDED, INCREMENTAL) and r.reason.startswith("inserts merged into 1 groups")
+    try:
+        r = refresher.refresh(e.meta.get(f"{S}.a_agg"))
+    finally:
+        del refresher._changes  # the class's own again
+    assert (r.status, r.mode) == (SUCCEEDED, INCREMENTAL) and r.reason.startswith("inserts merged into 1 groups"), r
     assert sorted(read) == [(f"{S}.udims", feed.NONE), (f"{S}.ufacts", feed.INSERTS)]
     e.equal(f"{S}.a_agg")
+    # the size of a change, from the catalog's file counts: 50 rows in one file (over the inlining limit of 10)
+    start = e.lake.current_snapshot() + 1
+    e.sql(f"INSERT INTO {FACTS} SELECT 1000 + i, i % 3, 50, 1.50, 'd' FROM range(50) AS r(i)")
+    tables = [ids[FACTS], ids[DIMS]]
+    est = feed.size(e.lake, tables, start, e.lake.current_snapshot())
+    assert (
+        est.changed == 50
+        and est.rows <= e.sql(f"SELECT (SELECT count(*) FROM {FACTS}) + (SELECT count(*) FROM {DIMS})")[0][0]
+    )
+    start = e.lake.current_snapshot() + 1
+    e.sql(f"DELETE FROM {FACTS} WHERE id >= 1000")
+    assert feed.size(e.lake, tables, start, e.lake.current_snapshot()).changed == 50  # removed: counted too
+    refresh_and_prove(e, float("inf"))
     # a delete, an update, and a column added: each is another kind of change
     start = e.lake.current_snapshot() + 1
     e.sql(f"DELETE FROM {FACTS} WHERE id = 100")
@@ -116,3 +135,27 @@ def test_the_catalog_tells_inserts_from_other_changes_and_a_join_reads_only_chan
     refresh_and_prove(e, float("inf"))
     e.sql(f"ALTER TABLE {MORE} DROP COLUMN extra")
     refresh_and_prove(e, float("inf"))
+
+
+def test_a_refreshers_lock_session_excludes_others_while_held_and_holds_nothing_after(adaptive):
+    """The refreshes' advisory locks live on a session the Refresher keeps (no new connection per refresh): another
+    session cannot take a table's lock while a refresh holds it, and can once the refresh is over."""
+    env = adaptive
+    key = lock_key(f"{S}.a_agg")
+    other = postgres.connect(env.lake.endpoints.pg)
+    try:
+        with Refresher(env.lake, env.meta) as refresher:
+            with refresher._locked(key, KitError("busy", "wait")):
+                assert other.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()[0] is False
+            assert other.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()[0] is True
+            other.execute("SELECT pg_advisory_unlock(%s)", [key])
+            first = refresher._lock_conn
+            for _ in range(2):  # two refreshes on one session, and nothing held after either
+                env.sql(f"INSERT INTO {FACTS} VALUES (200, 1, 0, 1.50, 'a')")
+                assert refresher.refresh(env.meta.get(NAMES[0])).status == SUCCEEDED
+                assert other.execute("SELECT pg_try_advisory_lock(%s)", [key]).fetchone()[0] is True
+                other.execute("SELECT pg_advisory_unlock(%s)", [key])
+            assert refresher._lock_conn is first
+        assert first.closed  # closed with the Refresher
+    finally:
+        other.close()

@@ -403,6 +403,7 @@ def bench_dynamic(
             _drop(lake, meta)
             fixed = fixed_cost(lake, meta, refresher, say)
         finally:
+            refresher.close()
             _drop(lake, meta)
             for t in (TRIPS, ZONES, SMALL):
                 lake.con.execute(f"DROP TABLE IF EXISTS lake.{t}")

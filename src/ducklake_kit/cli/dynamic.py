@@ -221,8 +221,8 @@ def refresh_cmd(
     checked: dict[str, tuple[int, int]] = {}
     not_compared: dict[str, str] = {}  # neither passed nor failed: the reason it cannot be compared
     with _open(ctx) as (lake, meta):
-        refresher = Refresher(lake, meta, report=reporter(as_json))
-        batch = manage.refresh_many(lake, meta, names or None, refresher=refresher)
+        with Refresher(lake, meta, report=reporter(as_json)) as refresher:
+            batch = manage.refresh_many(lake, meta, names or None, refresher=refresher)
         for r in batch.refreshes if check else []:
             if r.status in (FAILED, SKIPPED):
                 continue

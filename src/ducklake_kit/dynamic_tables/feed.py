@@ -126,8 +126,9 @@ def size(lake: Lake, table_ids: list[int], start: int, end: int, inlined: int = 
     row = lake.con.execute(
         f"""
         SELECT coalesce(sum(changed), 0), coalesce(sum(live), 0) FROM (
-            SELECT record_count * ((begin_snapshot BETWEEN $1 AND $2)::INT + (end_snapshot BETWEEN $1 AND $2)::INT)
-                   AS changed, CASE WHEN end_snapshot IS NULL THEN record_count ELSE 0 END AS live
+            SELECT record_count * ((begin_snapshot BETWEEN $1 AND $2)::INT
+                                   + coalesce(end_snapshot BETWEEN $1 AND $2, false)::INT) AS changed,
+                   CASE WHEN end_snapshot IS NULL THEN record_count ELSE 0 END AS live
             FROM {meta}.ducklake_data_file WHERE table_id IN ({ids})
             UNION ALL
             SELECT CASE WHEN begin_snapshot BETWEEN $1 AND $2 THEN delete_count ELSE 0 END,

@@ -91,6 +91,21 @@ def create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh 
         return _create(lake, meta, stmt)
 
 
+def _refresh_upstream(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> None:
+    """A table filled at create from dynamic tables reads them refreshed first (upstream first), as Snowflake does:
+    built from tables that reflect different snapshots, it would equal its query over them but not over the lake.
+    (A writer committing between two of these refreshes can still leave them a snapshot apart.)"""
+    read = [s for s in planner.all_sources(stmt.select, lake.alias) if s != stmt.name and meta.get(s) is not None]
+    if not read or stmt.initialize != "ON_CREATE":
+        return
+    failed = refresh_many(lake, meta, read, trigger="downstream").failed
+    if failed:
+        raise KitError(
+            f"dynamic table {stmt.name} reads {failed[0].name}, whose refresh failed: {failed[0].error}",
+            f"see `dynamic history {failed[0].name}`, fix it, then create {stmt.name} again",
+        )
+
+
 def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh | None:
     name = stmt.name
     old = meta.get(name)
@@ -106,6 +121,7 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
             )
         if source == name:
             raise KitError(f"dynamic table {name} reads itself", "read other tables")
+    _refresh_upstream(lake, meta, stmt)
     now = lake.current_snapshot()
     pinned = planner.pinned(stmt.select, lake.alias, now)
     try:
@@ -265,7 +281,9 @@ def refresh_many(
 ) -> Batch:
     """Refresh `names` (all when None) and the dynamic tables they read, upstream first; each in its own
     transaction. A table whose upstream failed is skipped (recorded with the reason); the others go on."""
-    refresher = refresher or Refresher(lake, meta)
+    if refresher is None:
+        with Refresher(lake, meta) as own:
+            return refresh_many(lake, meta, names, trigger=trigger, refresher=own, include_suspended=include_suspended)
     every = {d.name: d for d in meta.all()}
     asked = set(every) if names is None else {get(meta, n).name for n in names}
     chosen = set(asked)

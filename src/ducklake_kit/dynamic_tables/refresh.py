@@ -39,9 +39,9 @@ from ducklake_kit.dynamic_tables.metadata import FAILED, NO_DATA, SUCCEEDED, Def
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.changes import change_counts, changes_sql
-from ducklake_kit.lake.locks import advisory_lock
 from ducklake_kit.lake.sql import quote_ident, quote_literal
 from ducklake_kit.lake.transactions import AUTHOR, commit_with, last_committed_snapshot, snapshot_with_token
+from ducklake_kit.platforms import postgres
 from ducklake_kit.platforms.report import Reporter
 
 FULL, INCREMENTAL, ADAPTIVE = "FULL", "INCREMENTAL", "ADAPTIVE"
@@ -269,6 +269,7 @@ class Refresher:
         self.after_read: Callable[[int], None] | None = None
         self.before_commit: Callable[[], None] | None = None
         self.clock = Clock()  # the current refresh's phases
+        self._lock_conn: psycopg.Connection | None = None  # the session of the refreshes' advisory locks
         # columns_of and the parsed plans, by the lake's schema version: read again only after a schema change
         self._version = -1
         self._columns: dict[tuple[str, int], list[tuple[str, str]]] = {}
@@ -379,6 +380,42 @@ class Refresher:
                 self._restart()
                 return True
         return False
+
+    @contextmanager
+    def _locked(self, key: int, busy: KitError) -> Iterator[None]:
+        """Advisory lock `key` for the block, on a session this Refresher keeps (a new connection per refresh costs
+        a few milliseconds): released at the end, or with the session when the release fails (the connection is
+        dropped and made again next time). Two Refreshers have two sessions, so they exclude each other."""
+        if self._lock_conn is None or self._lock_conn.closed:
+            self._lock_conn = postgres.connect(self.lake.endpoints.pg, timeout=10)
+            self._lock_conn.execute(f"SET lock_timeout = '{int(LOCK_WAIT_S)}s'")
+        conn = self._lock_conn
+        try:
+            conn.execute("SELECT pg_advisory_lock(%s)", [key])
+        except psycopg.errors.LockNotAvailable:
+            raise busy from None
+        except psycopg.Error:
+            self.close()
+            raise
+        try:
+            yield
+        finally:
+            try:
+                conn.execute("SELECT pg_advisory_unlock(%s)", [key])
+            except psycopg.Error:
+                self.close()  # the session ends: its locks go with it
+
+    def close(self) -> None:
+        """Ends the session that holds the refreshes' locks (none is held between refreshes)."""
+        if self._lock_conn is not None:
+            self._lock_conn.close()
+            self._lock_conn = None
+
+    def __enter__(self) -> Refresher:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _restart(self) -> None:
         """After a failed statement inside the refresh's transaction (which DuckDB then aborts), a new one: whatever
@@ -736,9 +773,7 @@ class Refresher:
             )
             with ExitStack() as held:
                 with clock.phase("lock"):
-                    held.enter_context(
-                        advisory_lock(self.lake.endpoints, lock_key(d.name), timeout_s=LOCK_WAIT_S, busy=busy)
-                    )
+                    held.enter_context(self._locked(lock_key(d.name), busy))
                 # one DuckLake transaction for the whole refresh, reads and writes: the lake's snapshot and catalog
                 # are read once (each statement outside a transaction asks PostgreSQL for the latest snapshot again)
                 self.lake.begin()

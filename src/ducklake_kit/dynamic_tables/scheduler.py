@@ -119,6 +119,7 @@ def run(
                 out.stopped_by = "signal"
                 break
     finally:
+        refresher.close()
         for s, handler in previous.items():
             signal.signal(s, handler)
     return out

@@ -89,7 +89,8 @@ def run(kit: Kit, checks: CheckRun, *, source: str, rows_per_month: int, folder:
         )
         kit.say(f"dynamic: {EXTRA_MONTH}'s trips differ in {changed} rows from before the load")
         kit.say("dynamic: refresh (upstream first), then compare each table with its full recompute")
-        batch = manage.refresh_many(lake, meta, names, refresher=Refresher(lake, meta, report=kit.reporter))
+        with Refresher(lake, meta, report=kit.reporter) as refresher:
+            batch = manage.refresh_many(lake, meta, names, refresher=refresher)
         for r in batch.refreshes:
             kit.say(f"dynamic: {r.name} {r.status} {r.mode or ''} +{r.rows_inserted} -{r.rows_deleted} ({r.reason})")
             # the same trips loaded again (a second `all`) are no net change: NO_DATA is then the right answer; a
