@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 from ducklake_kit.cli import app
 from ducklake_kit.lake import Lake, StatementFailed
 from ducklake_kit.platforms import console as console_mod
-from ducklake_kit.platforms import postgres
+from ducklake_kit.platforms import postgres, procs
 from ducklake_kit.workers import plane
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -354,6 +354,24 @@ def test_a_diff_on_the_lake_page_is_the_change_feed(page, stack, web):
     )
     shown = [r.split("\t") for r in page.locator("[data-testid=diff-rows] tbody tr").all_inner_texts()]
     assert shown == [[str(v) for v in r] for r in feed]
+
+
+def test_the_workers_page_lists_the_plane(page, stack, web):
+    _run(page, web, "CREATE OR REPLACE TABLE local.console_scratch AS SELECT 1 AS x", worker="w2")
+    _answer(page, "summary")
+    assert page.locator("[data-testid=error]").count() == 0
+    page.goto(web["url"] + "workers")
+    page.wait_for_selector("[data-testid=workers-table]")
+    rows = {
+        r.split("\t")[0]: r.split("\t") for r in page.locator("[data-testid=workers-table] tbody tr").all_inner_texts()
+    }
+    assert sorted(rows) == ["w1", "w2"]
+    for name, row in rows.items():  # each worker's pid is the one in the kit's pid file, its lake attached
+        assert row[2] == str(procs.read_pid(stack.state.pid_file(f"worker-{name}")).pid)
+        assert row[4] == "attached"
+    assert "console_scratch" in rows["w2"][8] and "console_scratch" not in rows["w1"][8]
+    link = page.locator("[data-testid=dashboard]")
+    assert link.get_attribute("href") == f"http://127.0.0.1:{stack.dashboard_port}/status"
 
 
 # -- the other commands know it (last: the final test stops it) --------------------------------------------------

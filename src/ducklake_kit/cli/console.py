@@ -16,7 +16,8 @@ from ducklake_kit.cli.output import print_json
 def console(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Start the lake console in the background (or find it running) and print its URL with its token: Query runs SQL
     as a task on the worker plane and draws the answer as a message, a table or a chart; Lake shows the tables, the
-    snapshot timeline and the raw catalog tables. It listens on 127.0.0.1 (a free port) and refuses any request
+    snapshot timeline, a table's diff between two snapshots and the raw catalog tables; Workers lists the plane's
+    workers. It listens on 127.0.0.1 (a free port) and refuses any request
     without the token; the token is also in the state folder's console/token. `down` stops it."""
     from ducklake_kit.platforms import console as console_mod  # psutil loads only when the command runs
     from ducklake_kit.workers.config import PlaneConfig  # no Dask import: the server connects itself
@@ -26,7 +27,11 @@ def console(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     settings = {
         "platform": c.platform_name,
         "endpoints": asdict(c.platform.endpoints()),
-        "plane": {"address": plane.address, "tls": asdict(plane.tls) if plane.tls else None},
+        "plane": {
+            "address": plane.address,
+            "dashboard": plane.dashboard,
+            "tls": asdict(plane.tls) if plane.tls else None,
+        },
     }
     status, token = console_mod.start(c.state, settings)
     url = console_mod.url_with_token(status, token)

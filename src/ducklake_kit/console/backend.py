@@ -34,6 +34,7 @@ class Backend:
         self.endpoints = endpoints_of(settings)
         plane = settings.get("plane") or {}
         self.address: str = plane.get("address", "")
+        self.dashboard: str | None = plane.get("dashboard")
         self.tls = ClientTLS(**plane["tls"]) if plane.get("tls") else None
         self.platform = settings.get("platform", "")
         self._plane = None
@@ -106,6 +107,11 @@ class Backend:
             return answer
 
         return self.on_lake(work)
+
+    def worker_list(self) -> list:
+        """The workers as `workers` lists them (workers.client.WorkerInfo): state, lake, tasks run, local tables."""
+        with self._plane_lock:
+            return self._connected_plane().workers()
 
     def cancel(self, query_id: str) -> bool:
         with self._plane_lock:

@@ -29,6 +29,7 @@ def _frame(title: str) -> None:
         ui.label("ducklake-kit console").classes("text-lg font-bold")
         ui.link("Query", "/").classes("text-white")
         ui.link("Lake", "/lake").classes("text-white")
+        ui.link("Workers", "/workers").classes("text-white")
         ui.label(title).classes("opacity-60")
 
 
@@ -226,6 +227,40 @@ def _diff_section(backend: Backend, tables: list[str], snapshot_ids: list[int]) 
     button.on_click(go)
 
 
+def workers_page(backend: Backend) -> None:
+    @ui.page("/workers", title="Workers · ducklake-kit console")
+    async def page() -> None:
+        _frame("the worker plane's DuckDB workers")
+        await ui.context.client.connected()
+        with ui.column().classes("w-full p-4 gap-4"):
+            try:
+                workers = await run.io_bound(backend.worker_list)
+            except KitError as exc:
+                _error(exc.line(), "workers-error")
+                return
+            _tid(ui.label(f"Workers: {len(workers)} at {backend.address}").classes("text-h6"), "worker-count")
+            _table(
+                ["worker", "address", "pid", "state", "lake", "tasks run", "uptime s", "memory MiB", "local tables"],
+                [
+                    (
+                        w.name,
+                        w.address,
+                        w.pid,
+                        w.state,
+                        w.lake,
+                        w.tasks_run,
+                        w.uptime_s,
+                        None if w.memory_mib is None else round(w.memory_mib),
+                        ", ".join(w.local_tables) or "-",
+                    )
+                    for w in workers
+                ],
+                "workers-table",
+            )
+            if backend.dashboard:
+                _tid(ui.link(f"Dask dashboard: {backend.dashboard}", backend.dashboard, new_tab=True), "dashboard")
+
+
 def _changes(changes: dict[str, list[str]]) -> str:
     return "; ".join(f"{k}: {', '.join(v)}" for k, v in sorted(changes.items()))
 
@@ -233,3 +268,4 @@ def _changes(changes: dict[str, list[str]]) -> str:
 def register(backend: Backend) -> None:
     query_page(backend)
     lake_page(backend)
+    workers_page(backend)
