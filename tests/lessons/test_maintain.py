@@ -188,7 +188,7 @@ def test_maintain_beside_another_writer_checks_its_own_commits(fresh_stack):
 
 
 @pytest.mark.spark
-def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack):
+def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack, tmp_path):
     """issue 16: a killed load's files stayed for `--older-than` (7 days), and nothing said why. Each load holds a
     lock in the catalog for its whole life and names its files for itself: `--dead-loads` removes now the files of
     a load whose lock is free, and never those of a load that is running (here: files written, commit paused)."""
@@ -213,16 +213,19 @@ def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack):
     dead, other = left["dead"], left["other"]  # other: the zones file DuckLake itself wrote in the killed commit
     assert dead and not left["running"] and all(load_id_of(p) is None for p in other), left
 
+    # paused with its files written until the test has run maintain beside it and touches `resume` (the 300 s are a
+    # cap for a stuck test, not a wait: a fixed pause cost every run its whole length)
+    resume = tmp_path / "resume"
     running = subprocess.Popen(
         argv + ["--months", "2021-08"],
-        env={**env, "DUCKLAKE_FAULT": "pause-before-commit=45"},
+        env={**env, "DUCKLAKE_FAULT": "pause-before-commit=300", "DUCKLAKE_FAULT_RESUME_FILE": str(resume)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         for line in running.stdout:  # until the running load has written all its files (seeing one is not enough:
-            if "pausing 45 s before the commit" in line:  # its executors may still be writing the next)
+            if "pausing 300 s before the commit" in line:  # its executors may still be writing the next)
                 break
         assert running.poll() is None, running.stderr.read()
         with Lake(ep) as lake:
@@ -244,6 +247,7 @@ def test_dead_loads_files_go_now_and_a_running_loads_files_stay(fresh_stack):
         assert not set(dead) & objects and set(alive) <= objects
         assert result.unreferenced_left == {"running": len(alive), "dead": 0, "other": len(other)}
     finally:
+        resume.touch()
         _out, err = running.communicate(timeout=600)
     assert running.returncode == 0, err[-3000:]  # its own checks passed: every row it wrote is in the lake
     with Lake(ep) as lake:

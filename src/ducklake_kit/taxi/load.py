@@ -357,6 +357,14 @@ class LoadInput:
     source_note: str = ""
 
 
+def _test_pause(seconds: float, resume_file: str | None) -> None:
+    """The pause of the test hook: `seconds`, or less when `resume_file` appears (the test that paused the load has
+    seen what it came for: a fixed pause long enough for the slowest machine cost every run its whole length)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (resume_file and os.path.exists(resume_file)):
+        time.sleep(0.1)
+
+
 def run_load(
     kit: Kit, what: LoadInput, *, mode: str = "skip", schema_name: str = "main", spark_log: Path | None = None
 ) -> LoadResult:
@@ -367,7 +375,8 @@ def run_load(
     load_id = uuid.uuid4().hex[:12]
     result = LoadResult(load_id, mode, what.source_note, zones=what.zones_note)
     started = time.time()
-    # test hook: kill-before-commit | fail-first-task-attempt | pause-before-commit=SECONDS
+    # test hook: kill-before-commit | fail-first-task-attempt | pause-before-commit=SECONDS (ended early by the file
+    # DUCKLAKE_FAULT_RESUME_FILE names, once it exists)
     fault = os.environ.get("DUCKLAKE_FAULT", "")
 
     with Lake(ep) as lake, contextlib.ExitStack() as life:
@@ -441,7 +450,7 @@ def run_load(
         if fault.startswith("pause-before-commit="):  # a load that is alive with its files written, uncommitted
             pause = float(fault.split("=", 1)[1])
             report.say(f"test hook: every file written, pausing {pause:g} s before the commit")  # a test waits for this
-            time.sleep(pause)
+            _test_pause(pause, os.environ.get("DUCKLAKE_FAULT_RESUME_FILE"))
         report.say(f"registering {len(written)} data files in one DuckLake transaction")
         t = time.perf_counter()
         with commit_lock(ep):
