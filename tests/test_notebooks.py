@@ -88,10 +88,11 @@ def _notebook_params() -> list:
 @pytest.mark.integration
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", _notebook_params())
-def test_notebook_runs_top_to_bottom(path: Path, stack):
+def test_notebook_runs_top_to_bottom(path: Path, module_stack):
     # the kernel finds the services as the CLI does: DUCKLAKE_PLATFORM, DUCKLAKE_HOME, DUCKLAKE_PG_PORT, ..., and
-    # the worker plane (notebook 04) by DUCKLAKE_SCHEDULER_PORT / DUCKLAKE_DASHBOARD_PORT, the stack's free ports
-    env = {**os.environ, **stack.env, "MPLBACKEND": HEADLESS}
+    # the worker plane (notebook 04) by DUCKLAKE_SCHEDULER_PORT / DUCKLAKE_DASHBOARD_PORT, the stack's free ports.
+    # A stack of their own, as a reader's lake would be: notebook 05 maintains the whole lake, whatever it holds
+    env = {**os.environ, **module_stack.env, "MPLBACKEND": HEADLESS}
     env.pop("DISPLAY", None)  # nothing may open a window
     nb = _execute(path, env)
     code = [c for c in nb.cells if c.cell_type == "code"]

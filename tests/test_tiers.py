@@ -32,6 +32,9 @@ def test_plain(tmp_path):
 def test_stack(stack):
     pass
 
+def test_module_stack(module_stack):
+    pass
+
 def test_through_a_fixture(lake):
     pass
 
@@ -55,7 +58,7 @@ def test_marked_by_hand():
 SNEAKY = """
 import pytest
 
-@pytest.mark.parametrize("fixture", ["stack", "fresh_stack", "lab_stack", "spark"])
+@pytest.mark.parametrize("fixture", ["stack", "module_stack", "fresh_stack", "lab_stack", "spark"])
 def test_sneaks_in(request, fixture):
     request.getfixturevalue(fixture)  # invisible to collection: this test is not marked `service`
 """
@@ -69,6 +72,7 @@ def test_tests_are_marked_by_the_fixtures_they_use(pytester: pytest.Pytester):
     assert marks == {
         "test_plain": "",
         "test_stack": "integration,service",
+        "test_module_stack": "integration,service",
         "test_through_a_fixture": "integration,service",
         "test_private_stack": "integration,service",
         "test_labs": "integration,service",
@@ -83,9 +87,10 @@ def test_an_unmarked_test_may_not_start_a_service(pytester: pytest.Pytester):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_sneaky=SNEAKY)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-m", "not service")
-    result.assert_outcomes(failed=4)
+    result.assert_outcomes(failed=5)
     for fixture, what in [
         ("stack", "PostgreSQL and rclone S3"),
+        ("module_stack", "PostgreSQL and rclone S3"),
         ("fresh_stack", "PostgreSQL and rclone S3"),
         ("lab_stack", "PostgreSQL and rclone S3"),
         ("spark", "a SparkSession"),
