@@ -47,7 +47,8 @@ from ducklake_kit.platforms.report import Reporter
 FULL, INCREMENTAL, ADAPTIVE = "FULL", "INCREMENTAL", "ADAPTIVE"
 # ADAPTIVE refreshes in full when the change (rows added and removed, as the catalog's file counts give them) is over
 # this share of its sources' rows, else incrementally: the crossover `bench --suite dynamic` measures (its stream of
-# 1 % appends and one month replaced; see docs/dynamic-tables.md for the figures this value comes from)
+# 1 % appends and one month replaced; docs/benchmarks.md has the figures: 3.7 % and "below 1 %" on a busy machine,
+# so this value is provisional, and one share cannot fit every base size, see there)
 ADAPTIVE_CROSSOVER = 0.05
 # ... except that a change of at most this many rows is always incremental: at that size each kind of refresh costs
 # its fixed cost (tens of milliseconds), and the incremental one writes only what changed
