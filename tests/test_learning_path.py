@@ -255,7 +255,14 @@ PODMAN_LAB = next(lab for lab in LABS if _needs_podman(lab))
 def test_the_podman_labs_verify_fails_when_a_pod_is_stopped(podman_lab: PodmanLab):
     """The podman lab's Verify must be able to fail: with the catalog's pod stopped, its first line exits 1 and says
     why. Runs after the lab (which ended with `down`): it plays the pods again with the lab's own `up` line."""
-    env = {**os.environ, **podman_lab.env, "COLUMNS": "200", "NO_COLOR": "1"}
+    env = {
+        **os.environ,
+        **podman_lab.env,
+        "COLUMNS": "200",
+        "NO_COLOR": "1",
+        # the lab's `python` is this venv's, as in test_lab (pytest may run without the venv on PATH)
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     up = next(b for b in PODMAN_LAB.steps if "podman up" in b.body)
     _run_block(up, env, podman_lab.rewrites)
     pod = podman_lab.rewrites["ducklake-postgres-0"]
