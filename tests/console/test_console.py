@@ -400,6 +400,25 @@ def test_console_again_reuses_it_and_status_and_connect_show_it_without_the_toke
         assert token not in out
 
 
+def test_a_console_started_by_other_code_is_started_anew(web, stack):
+    # after a pull or an upgrade the running console would serve the old pages and send the workers old-style
+    # arguments: `console` replaces it (what it was started with is in its settings file)
+    import psutil
+
+    settings = console_mod.settings_file(stack.state)
+    settings.write_text(json.dumps({**json.loads(settings.read_text()), "code": "0123456789abcdef"}))
+    runner, env = CliRunner(), {**stack.env, "COLUMNS": "200"}
+    again = runner.invoke(app, ["console", "--json"], env=env)
+    assert again.exit_code == 0, again.output
+    got = json.loads(again.stdout)["result"]
+    assert got["detail"] == "restarted: the kit's code changed since it started" and got["pid"] != web["pid"]
+    assert not psutil.pid_exists(web["pid"]) or psutil.Process(web["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert json.loads(settings.read_text())["code"] == procs.code_fingerprint()
+    token = console_mod.read_token(stack.state)
+    assert _get(got["url"], {"Authorization": f"token {token}"})[0] == 200 and _get(got["url"])[0] == 401
+    web.update(pid=got["pid"], url=got["url"], url_with_token=got["url_with_token"])
+
+
 def test_stopping_it_ends_the_process_and_its_token(web, stack):
     import psutil
 

@@ -132,6 +132,9 @@ def start(state: State, settings: dict[str, Any]) -> tuple[ConsoleStatus, str]:
         pid_file, log_file = state.pid_file(SERVICE), state.log_file(SERVICE)
         rec = procs.live_pid(pid_file)
         token = read_token(state)
+        stale = bool(rec and token and _started_code(state) != procs.code_fingerprint())
+        if stale:
+            token = None  # it runs code that is no longer here (a pull, an upgrade): replaced below
         if rec and token:
             try:
                 procs.wait_until(
@@ -152,7 +155,8 @@ def start(state: State, settings: dict[str, Any]) -> tuple[ConsoleStatus, str]:
         plane["tls"] = _copy_tls(state, plane.get("tls"), run_as)
         port = procs.free_port()
         write_private(token_file(state), token + "\n")
-        write_private(settings_file(state), json.dumps({**settings, "plane": plane, "port": port}, indent=2))
+        written = {**settings, "plane": plane, "port": port, "code": procs.code_fingerprint()}
+        write_private(settings_file(state), json.dumps(written, indent=2))
         _give([token_file(state), settings_file(state)], run_as)
         rec, proc = procs.start(
             SERVICE,
@@ -176,7 +180,16 @@ def start(state: State, settings: dict[str, Any]) -> tuple[ConsoleStatus, str]:
         except KitError:
             procs.stop(pid_file)
             raise
-        return ConsoleStatus(True, "started", rec.pid, port, run_as or _me()), token
+        detail = "restarted: the kit's code changed since it started" if stale else "started"
+        return ConsoleStatus(True, detail, rec.pid, port, run_as or _me()), token
+
+
+def _started_code(state: State) -> str | None:
+    """The code fingerprint the running console was started with (None: unknown, an older kit's)."""
+    try:
+        return json.loads(settings_file(state).read_text()).get("code")
+    except (OSError, ValueError):
+        return None
 
 
 def _me() -> str:

@@ -6,12 +6,16 @@ ours (a stale pid file is replaced, and `down` stops exactly the processes the k
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.metadata
 import json
 import os
 import pwd
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -23,6 +27,29 @@ import psutil
 from ducklake_kit.errors import KitError, first_line
 
 T = TypeVar("T")
+
+# the libraries the long-running processes (the plane's scheduler and workers, the console) load: another version
+# under them is other code too
+_LOADED = ("duckdb", "dask", "distributed", "nicegui", "sqlglot")
+
+
+@functools.cache
+def code_fingerprint(root: Path | None = None) -> str:
+    """What a long-running process the kit starts would run now: a hash of the kit's own source files (its .py and
+    data files) and of the versions of the Python and the libraries it loads. A process started under another
+    fingerprint runs code that is no longer here (a `git pull`, an upgrade): `up` and `console` start it anew rather
+    than reuse it, since the old code would take the new code's tasks (a worker given arguments its old functions do
+    not know fails each task)."""
+    root = root or Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(sys.version.encode())
+    for name in _LOADED:
+        try:
+            digest.update(f"{name}=={importlib.metadata.version(name)}".encode())
+        except importlib.metadata.PackageNotFoundError:
+            digest.update(f"{name} absent".encode())
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".json", ".sql") and p.is_file()):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 @dataclass

@@ -187,11 +187,18 @@ def up(
         if run_as:
             check_reachable(_plane_dir(state), run_as, "the worker plane")
         tls.ensure_certificates(state, run_as)
+        code, stale = procs.code_fingerprint(), None
         if state.settings().get("plane_ca") != tls.fingerprint(state):
             _down(state)  # started with other certificates (or none, before the plane spoke TLS): start anew
+        elif state.settings().get("plane_code") != code and (scheduler_running(state) or running_workers(state)):
+            # its processes run the code they started with: after a pull or an upgrade they would take the new
+            # code's tasks with the old functions, so they are started anew (a task running on them is lost, and
+            # the kit's tokens say whether its commit landed)
+            _down(state)
+            stale = "restarted: the kit's code changed since the plane started"
         _own_folder(_plane_dir(state), run_as)
         scheduler_pid = _ensure_scheduler(state, cfg, run_as)
-        state.save_settings(plane_ca=tls.fingerprint(state))
+        state.save_settings(plane_ca=tls.fingerprint(state), plane_code=code)
         with WorkerPlane(cfg.address, endpoints, security=cfg.security()) as plane:
             wanted = [worker_name(i) for i in range(1, n + 1)]
             _stop_workers(state, sorted(set(_kit_workers(state)) - set(wanted), key=name_order))
@@ -201,6 +208,7 @@ def up(
             state.save_settings(scheduler_port=cfg.scheduler_port, dashboard_port=cfg.dashboard_port, **sizes)
             out = _status_of(plane, cfg, managed=True, scheduler_pid=scheduler_pid)
             out.detail = f"started {', '.join(started)}" if started else "already running, reused"
+            out.detail = f"{stale}; {out.detail}" if stale else out.detail
             if granted:
                 out.detail += f"; granted user {run_as} passage through {', '.join(granted)} to run the kit's Python"
             return out
