@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ducklake_kit.lake import Lake
+from ducklake_kit.lake.changes import split_changes
 from ducklake_kit.lake.sql import quote_ident
 
 INSERT_KINDS = frozenset({"inserted_into_table", "inlined_insert"})
@@ -23,22 +24,6 @@ NO_ROWS = frozenset({"created_schema", "created_table", "created_view", "dropped
 NONE, INSERTS, ANY = "none", "inserts", "any"
 # kinds after which every table still has the columns it had: rows came and went, or another table was created
 SAME_SCHEMA = INSERT_KINDS | {"deleted_from_table", "inlined_delete", "created_table", "created_schema"}
-
-
-def split(changes_made: str | None) -> list[str]:
-    """DuckLake's changes_made split at the commas between changes, not those inside a quoted name."""
-    out, current, quoted = [], [], False
-    for ch in changes_made or "":
-        if ch == '"':
-            quoted = not quoted
-        if ch == "," and not quoted:
-            out.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    if current:
-        out.append("".join(current))
-    return out
 
 
 @dataclass(frozen=True)
@@ -83,7 +68,7 @@ def changed(lake: Lake, start: int, end: int) -> Changed:
         if made is None:
             unknown = True
             continue
-        for change in split(made):
+        for change in split_changes(made):
             kind, _, value = change.partition(":")
             every.add(kind)
             if kind in NO_ROWS:

@@ -25,3 +25,20 @@ def change_counts(lake: Lake, table: str, start: int, end: int) -> dict[str, int
         f"SELECT change_type, count(*) FROM {changes_sql(lake, table, start, end)} GROUP BY ALL ORDER BY ALL"
     ).fetchall()
     return {str(k): int(v) for k, v in rows}
+
+
+def split_changes(changes_made: str | None) -> list[str]:
+    """A snapshot's `changes_made` (`created_table:"main"."t",inserted_into_table:5`) split at the commas between
+    changes, not those inside a quoted name."""
+    out, current, quoted = [], [], False
+    for ch in changes_made or "":
+        if ch == '"':
+            quoted = not quoted
+        if ch == "," and not quoted:
+            out.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    if current:
+        out.append("".join(current))
+    return out

@@ -38,6 +38,7 @@ from sqlglot.errors import ParseError, TokenError
 
 from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake
+from ducklake_kit.lake.changes import split_changes
 from ducklake_kit.lake.connection import StatementResult
 from ducklake_kit.lake.sql import quote_ident
 from ducklake_kit.lake.transactions import AUTHOR, snapshot_of_token
@@ -239,7 +240,7 @@ def conflict(view: Lake, sql: str, since: float) -> str | None:
         return None
     for snapshot, changes, extra in rows:
         who = _who(extra)
-        for change in _changes(changes):
+        for change in split_changes(changes):
             kind, _, target = change.partition(":")
             table = target.replace('"', "").rsplit(".", 1)[-1].lower()
             if table in names or (not names and kind.startswith("created")):
@@ -256,23 +257,6 @@ def _who(extra: str | None) -> str:
     except (ValueError, AttributeError):
         worker = None
     return f"another worker ({worker})" if worker else "another writer"
-
-
-def _changes(changes_made: str | None) -> list[str]:
-    """DuckLake's changes_made (`created_table:"main"."t",inserted_into_table:5`) split at the commas between
-    changes, not those inside a quoted name."""
-    out, current, quoted = [], [], False
-    for ch in changes_made or "":
-        if ch == '"':
-            quoted = not quoted
-        if ch == "," and not quoted:
-            out.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    if current:
-        out.append("".join(current))
-    return out
 
 
 def _tables(sql: str) -> set[str]:
