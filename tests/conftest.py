@@ -287,8 +287,9 @@ def stack() -> Iterator[LocalStack | ContainerStack]:
 @pytest.fixture(scope="module")
 def module_stack() -> Iterator[LocalStack | ContainerStack]:
     """The services of one module, for tests whose time grows with everything the session's lake holds: the
-    notebooks (notebook 05's maintain flushes, merges and fingerprints the whole lake, as the CLI's does: 108 s on
-    the session's lake at the end of a run, 18 s on a lake of its own). One more stack start, a few seconds."""
+    notebooks (notebook 05's maintain flushes, merges and fingerprints the whole lake, as the CLI's does: 127 s on
+    the session's lake near the end of a run at load 18, 8 s on a lake of its own at load 1-9) and `maintain
+    --dry-run --json` (77 s there). One more stack start each, a few seconds."""
     s = start_stack()
     try:
         yield s
