@@ -310,7 +310,14 @@ def test_cancel_stops_a_running_query(page, web):
 
 
 def test_the_lake_page_lists_true_counts_and_the_catalogs_snapshots(page, stack, web):
+    from ducklake_kit.lake import explore
+
     with Lake(stack.platform.endpoints()) as lake:
+        # a lake of many tables, as a learner's becomes: DuckLake keeps a ducklake_inlined_data_* table per table, so
+        # the catalog's list is longer than the select's menu draws (found by the whole suite's shared lake)
+        for i in range(35):
+            lake.run(f"CREATE OR REPLACE TABLE {SCHEMA}.many_{i} AS SELECT {i} AS x")
+        assert len(explore.catalog_tables(lake)) > 40
         lake.run(f"INSERT INTO {SCHEMA}.trips SELECT range + 1000, 'zone 9', 1 FROM range(7)")
         rows = lake.scalar(f"SELECT count(*) FROM {SCHEMA}.trips")
     with postgres.connect(stack.platform.endpoints().pg) as conn:
@@ -323,6 +330,9 @@ def test_the_lake_page_lists_true_counts_and_the_catalogs_snapshots(page, stack,
     assert page.locator("[data-testid=snapshot-count]").inner_text() == f"Snapshots: {snapshots}"
     assert page.locator("[data-testid=snapshots] tbody tr").count() == snapshots
     page.locator("[data-testid=catalog-select]").click()
+    # typed, as a user finds it among the catalog's tables: on a lake of many tables (this session's, in the whole
+    # suite) the menu draws only its first options (ducklake_inlined_data_...), and ducklake_snapshot is not among them
+    page.keyboard.type("ducklake_snapshot")
     page.get_by_role("option", name="ducklake_snapshot", exact=True).click()
     page.wait_for_selector("[data-testid=catalog-summary]")
     shown = min(snapshots, 200)
@@ -344,6 +354,8 @@ def test_a_diff_on_the_lake_page_is_the_change_feed(page, stack, web):
     page.goto(web["url"] + "lake")
     page.wait_for_selector("[data-testid=diff-run]")
     page.locator("[data-testid=diff-table]").click()
+    page.keyboard.press("Control+A")  # typed, as a user finds it among many tables (see the lake page's test)
+    page.keyboard.type(f"{SCHEMA}.trips")
     page.get_by_role("option", name=f"{SCHEMA}.trips", exact=True).click()
     page.locator("[data-testid=diff-before]").fill(str(before))
     page.locator("[data-testid=diff-after]").fill(str(after))

@@ -175,7 +175,10 @@ def lake_page(backend: Backend) -> None:
             )
             _diff_section(backend, [t.qualified for t in tables], [s.snapshot_id for s in snaps])
             ui.label("Catalog tables (read-only)").classes("text-h6")
-            picked = _tid(ui.select(catalog, label="ducklake_* table"), "catalog-select").classes("w-72")
+            # typed to filter: DuckLake keeps a ducklake_inlined_data_<table>_<version> table per table, so on a
+            # lake of many tables the list is long (and its menu draws only the first options until scrolled)
+            picked = _tid(ui.select(catalog, label="ducklake_* table", with_input=True), "catalog-select")
+            picked.classes("w-72")
             shown = ui.column().classes("w-full")
 
             async def show(_: Any = None) -> None:
@@ -200,9 +203,9 @@ def _diff_section(backend: Backend, tables: list[str], snapshot_ids: list[int]) 
     ui.label("Diff a table between two snapshots").classes("text-h6")
     newest = snapshot_ids[0] if snapshot_ids else 0
     with ui.row().classes("items-center gap-4"):
-        table = _tid(ui.select(tables, label="table", value=tables[0] if tables else None), "diff-table").classes(
-            "w-72"
-        )
+        first = tables[0] if tables else None
+        # typed to filter, as the catalog tables' select: a lake of many tables is a long list
+        table = _tid(ui.select(tables, label="table", value=first, with_input=True), "diff-table").classes("w-72")
         before = _tid(ui.number("after snapshot", value=max(newest - 1, 0), min=0, precision=0), "diff-before")
         after = _tid(ui.number("up to snapshot", value=newest, min=0, precision=0), "diff-after")
         button = _tid(ui.button("Diff"), "diff-run")
