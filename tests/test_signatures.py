@@ -12,7 +12,6 @@ MOST = 6
 # not yet regrouped, each with what stands in the way; the test fails when one is fixed and left here, so this list
 # only shrinks
 NOT_YET = {
-    "ducklake_kit/pipelines/flow.py run",  # tests/pipelines call it with select/from_failed/timeout_s keywords
     "ducklake_kit/platforms/procs.py start",  # tests/platforms/test_procs.py calls it with its keywords
     "ducklake_kit/steps/task.py run_step",  # a worker task: its options want a type, as CommitTag did for others
     "ducklake_kit/taxi/synthetic.py generate_month",  # tests/taxi pass chunk_rows; no caller passes rates

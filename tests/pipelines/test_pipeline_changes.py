@@ -73,7 +73,7 @@ class Lab:
             lake.run(text)
 
     def run(self, **kw) -> PipelineRun:
-        return flow.run(self.path, self.address, self.ep, **kw).run
+        return flow.run(self.path, self.address, self.ep, flow.Options(**kw)).run
 
     def plan(self) -> dict[str, changes.Decision]:
         return flow.plan(self.path, self.address, self.ep).decisions

@@ -37,7 +37,7 @@ class Pipes:
 
     def run(self, name: str, source: str | None = None, **kw) -> PipelineRun:
         path = self.folder / f"{name}.sql" if source is None else self.file(name, source)
-        outcome = flow.run(path, self.address, self.ep, **kw)
+        outcome = flow.run(path, self.address, self.ep, flow.Options(**kw))
         return outcome.run if outcome else None
 
 

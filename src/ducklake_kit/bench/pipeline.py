@@ -130,7 +130,7 @@ def _changes(kit: Kit, address: str, nodes: int) -> ChangeFigures:
     times, runs = [], []
     for force in (True, False):
         t0 = time.perf_counter()
-        outcome = flow.run(pipeline, address, ep, force=force, platform_name=kit.platform.name)
+        outcome = flow.run(pipeline, address, ep, flow.Options(force=force), platform_name=kit.platform.name)
         times.append(time.perf_counter() - t0)
         runs.append(outcome.run)
     if not runs[0].ok:

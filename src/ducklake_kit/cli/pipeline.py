@@ -77,7 +77,10 @@ def plan_cmd(
     c: Kit = ctx.obj
     pipeline = _read(file, select, strict)  # bad input is one line before any service is asked
     plan = flow.plan(
-        pipeline, PlaneConfig.of(c.state, c.scheduler).address, c.platform.endpoints(), select=select, force=force
+        pipeline,
+        PlaneConfig.of(c.state, c.scheduler).address,
+        c.platform.endpoints(),
+        flow.Options(select=select, force=force),
     )
     if png is not None:
         _draw_plan(plan, png)
@@ -198,12 +201,9 @@ def run_cmd(
             pipeline,
             PlaneConfig.of(c.state, c.scheduler).address,
             c.platform.endpoints(),
-            select=select,
-            from_failed=from_failed,
-            timeout_s=timeout,
+            flow.Options(select=select, from_failed=from_failed, timeout_s=timeout, force=force),
             platform_name=c.platform_name,
             on_event=on_event,
-            force=force,
         )
     finally:
         bar.close()

@@ -98,7 +98,9 @@ def run(kit: Kit, checks: CheckRun, *, path: Path = PIPELINE_FILE) -> PipelineRe
         return PipelineResult(skipped=PLANE_OFF)
     kit.say(f"pipeline: {path.name} on the worker plane ({', '.join(w.name for w in status.workers)})")
     say = lambda kind, n: kit.say(f"pipeline: node {n.id} {'started' if kind == 'start' else n.status}")  # noqa: E731
-    outcome = flow.run(path, status.address, ep, platform_name=kit.platform.name, on_event=say, force=True)
+    outcome = flow.run(
+        path, status.address, ep, flow.Options(force=True), platform_name=kit.platform.name, on_event=say
+    )
     done = outcome.run
     checks.equal(
         "pipeline: every node ran and succeeded",

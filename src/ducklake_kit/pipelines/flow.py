@@ -62,6 +62,23 @@ class Plan:
         }
 
 
+@dataclass(frozen=True)
+class Options:
+    """How `plan` and `run` choose and run the nodes (the CLI's options): `select`, dbt's forms (see
+    Pipeline.select); `from_failed`, only the nodes the last run failed or skipped (run only); `strict`, an inferred
+    edge the headers do not declare is an error; `timeout_s` per node, enforced on its worker (run only); `force`,
+    run every chosen node, unchanged or not."""
+
+    select: str | None = None
+    from_failed: bool = False
+    strict: bool = False
+    timeout_s: float | None = None
+    force: bool = False
+
+
+DEFAULTS = Options()
+
+
 def _running_workers(plane: WorkerPlane) -> list[str]:
     return sorted(plane.names(), key=name_order)
 
@@ -70,19 +87,12 @@ def _pipeline(source: Path | Pipeline, strict: bool) -> Pipeline:
     return source if isinstance(source, Pipeline) else dag.load(source, strict=strict)
 
 
-def plan(
-    source: Path | Pipeline,
-    scheduler: str,
-    endpoints: Endpoints,
-    *,
-    strict: bool = False,
-    select: str | None = None,
-    force: bool = False,
-) -> Plan:
+def plan(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, options: Options = DEFAULTS) -> Plan:
     """The DAG, where each node runs, and which nodes a run would run and why (change-aware: see changes.py); runs
     nothing. The pins are checked when the worker plane answers. `source`: the file, or the pipeline already read
-    from it (`dag.load`)."""
-    pipeline = _pipeline(source, strict)
+    from it (`dag.load`); of `options`, plan reads select, strict and force."""
+    select, force = options.select, options.force
+    pipeline = _pipeline(source, options.strict)
     selected = pipeline.select(select) if select else set(pipeline.nodes)
     warnings = list(pipeline.warnings)
     try:
@@ -143,20 +153,18 @@ def run(
     source: Path | Pipeline,
     scheduler: str,
     endpoints: Endpoints,
+    options: Options = DEFAULTS,
     *,
-    select: str | None = None,
-    from_failed: bool = False,
-    strict: bool = False,
-    timeout_s: float | None = None,
     platform_name: str = "local",
     on_event: Callable[[str, NodeRun | Node], None] = lambda _k, _n: None,
-    force: bool = False,
 ) -> RunOutcome | None:
-    """Run the pipeline (or the chosen nodes) and record it. None when --from-failed finds nothing to re-run.
-    `source`: the file, or the pipeline already read from it (`dag.load`). Change-aware: a node whose fingerprint
-    is what it was at its last successful run is left `unchanged` (decided when it becomes ready, after its
-    parents ran); `force` runs every chosen node."""
-    pipeline = _pipeline(source, strict)
+    """Run the pipeline (or the nodes `options` choose) and record it. None when --from-failed finds nothing to
+    re-run. `source`: the file, or the pipeline already read from it (`dag.load`). Change-aware: a node whose
+    fingerprint is what it was at its last successful run is left `unchanged` (decided when it becomes ready, after
+    its parents ran); `options.force` runs every chosen node. `platform_name` labels the catalog info;
+    `on_event("start", Node)` / `on_event("end", NodeRun)` as the nodes go."""
+    select, from_failed, force = options.select, options.from_failed, options.force
+    pipeline = _pipeline(source, options.strict)
     run_id = runner.new_run_id()
     with (
         _one_run_at_a_time(endpoints, pipeline.name, run_id),
@@ -191,7 +199,7 @@ def run(
         done = runner.run(
             pipeline,
             plane,
-            choice=runner.RunChoice(only, selector, timeout_s, gate=gate),
+            choice=runner.RunChoice(only, selector, options.timeout_s, gate=gate),
             run_id=run_id,
             on_event=event,
             landed=lambda token: snapshot_of_token(lake, token),
