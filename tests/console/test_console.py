@@ -98,6 +98,7 @@ def test_http_without_the_token_is_refused(web, stack):
     for url, headers in [
         (base, {}),
         (f"{base}lake", {}),
+        (f"{base}api/snapshots", {}),
         (static, {}),
         (f"{base}?token=not-{token}", {}),
         (base, {"Authorization": "token wrong"}),
@@ -366,6 +367,19 @@ def test_a_diff_on_the_lake_page_is_the_change_feed(page, stack, web):
     )
     shown = [r.split("\t") for r in page.locator("[data-testid=diff-rows] tbody tr").all_inner_texts()]
     assert shown == [[str(v) for v in r] for r in feed]
+    # what the page showed is what /api/diff serves (lab 18 reads it with curl), and its timeline is the page's
+    auth = {"Authorization": f"token {console_mod.read_token(stack.state)}"}
+    query = f"api/diff?table={SCHEMA}.trips&before={before}&after={after}"
+    status, _, body = _get(web["url"] + query, auth)
+    served = json.loads(body)
+    assert status == 200 and served["summary"] == page.locator("[data-testid=diff-summary]").inner_text()
+    assert served["rows"] == [list(r) for r in feed]
+    timeline = json.loads(_get(web["url"] + "api/snapshots", auth)[2])["snapshots"]
+    with postgres.connect(stack.platform.endpoints().pg) as conn:
+        ids = [r[0] for r in conn.execute("SELECT snapshot_id FROM ducklake_snapshot ORDER BY 1 DESC").fetchall()]
+    assert [s["snapshot_id"] for s in timeline] == ids and after in ids
+    status, _, body = _get(web["url"] + f"api/diff?table={SCHEMA}.trips&before={after}&after={before}", auth)
+    assert status == 400 and json.loads(body)["error"].startswith("Error: a diff runs from an earlier snapshot")
 
 
 def test_the_workers_page_lists_the_plane(page, stack, web):

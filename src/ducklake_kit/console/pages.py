@@ -222,9 +222,7 @@ def _diff_section(backend: Backend, tables: list[str], snapshot_ids: list[int]) 
                 _error(exc.line(), "diff-error")
             return
         with shown:
-            counts = ", ".join(f"{k} {v}" for k, v in got.counts.items()) or "nothing changed"
-            summary = f"{got.table}, snapshots {got.before + 1}..{got.after}: {counts}"
-            _tid(ui.label(summary), "diff-summary")
+            _tid(ui.label(shapes.diff_summary(got)), "diff-summary")
             _table(got.columns, got.rows, "diff-rows")
 
     button.on_click(go)

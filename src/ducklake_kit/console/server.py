@@ -21,13 +21,14 @@ def main(folder: str) -> None:
 
     from nicegui import app, background_tasks, run, ui
 
-    from ducklake_kit.console import pages
+    from ducklake_kit.console import api, pages
     from ducklake_kit.console.backend import Backend
     from ducklake_kit.console.gate import TokenGate
     from ducklake_kit.errors import KitError
 
     backend = Backend(settings)
     pages.register(backend)
+    api.register(app, backend)
 
     @app.get(HEALTH_PATH)
     def health() -> dict[str, bool]:

@@ -76,6 +76,13 @@ def chart_options(spec: ChartSpec, columns: list[str], rows: list[tuple]) -> dic
     }
 
 
+def diff_summary(diff) -> str:
+    """The line over a diff (lake.explore.TableDiff), on the page and in /api/diff:
+    `schema.table, snapshots 5..7: delete 4, insert 1`."""
+    counts = ", ".join(f"{k} {v}" for k, v in sorted(diff.counts.items())) or "nothing changed"
+    return f"{diff.table}, snapshots {diff.before + 1}..{diff.after}: {counts}"
+
+
 def table_columns(columns: list[str]) -> list[dict[str, Any]]:
     """Quasar's columns: fields c0, c1, ... (a column's own name may hold dots or repeat), labelled by the names."""
     return [{"name": f"c{i}", "label": name, "field": f"c{i}", "align": "left"} for i, name in enumerate(columns)]
