@@ -21,7 +21,7 @@ import pytest
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.gate import GATE_ENV, OPTIMISTIC
 from ducklake_kit.steps import retries, runner
-from ducklake_kit.steps.task import Target, run_step
+from ducklake_kit.steps.task import StepOptions, Target, run_step
 from ducklake_kit.workers import WorkerPlane, plane
 
 pytestmark = pytest.mark.integration
@@ -122,7 +122,7 @@ def _at_once(wp, fresh: Fresh, sqls: list[str]):
     """The step tasks, submitted together, one per worker in turn, as a parallel loop does."""
     names = sorted(wp.names())
     futures = [
-        wp.submit_call(run_step, fresh.target(), [sql], {}, worker=names[i % len(names)], with_info=False)
+        wp.submit_call(run_step, fresh.target(), [sql], {}, StepOptions(with_info=False), worker=names[i % len(names)])
         for i, sql in enumerate(sqls)
     ]
     return [f.result() for f in futures]
@@ -170,11 +170,8 @@ def test_a_transaction_step_whose_commit_did_not_land_runs_again_whole(stack, wp
         target,
         ["INSERT INTO t VALUES (1)", "INSERT INTO t VALUES (2)"],
         {},
+        StepOptions(message="pddl: both", commit_token=uuid.uuid4().hex, extra={}, with_info=False),
         worker="w1",
-        message="pddl: both",
-        commit_token=uuid.uuid4().hex,
-        extra={},
-        with_info=False,
     ).result()
     assert not task.failed and task.snapshot_id is not None, (task.error, task.retries)
     assert len(task.retries) == 1 and "so the transaction ran again" in task.retries[0], task.retries
@@ -242,7 +239,7 @@ def test_a_write_to_a_worker_local_table_makes_no_snapshot_of_the_lake(stack, wp
         before = lake.current_snapshot()
         target = Target("lake", None, ep.data_path)
         sql = "CREATE OR REPLACE TABLE local.pddl_x AS SELECT 1 AS one; INSERT INTO local.pddl_x VALUES (2)"
-        task = wp.submit_call(run_step, target, [sql], {}, worker="w1", with_info=False).result()
+        task = wp.submit_call(run_step, target, [sql], {}, StepOptions(with_info=False), worker="w1").result()
         assert not task.failed, [s.error for s in task.statements]
         assert [s.affected_rows for s in task.statements] == [None, 1] and not any(
             s.snapshot_id for s in task.statements

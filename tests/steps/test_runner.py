@@ -33,10 +33,12 @@ class Books:
 
     def task(self, sql: str, worker: str, alias: str = "lake"):
         """One step task (run_step) on a named worker, against the kit's catalog under `alias`."""
-        from ducklake_kit.steps.task import Target, run_step
+        from ducklake_kit.steps.task import StepOptions, Target, run_step
 
         target = Target(alias, None, self.ep.data_path)
-        return self.plane.result(self.plane.submit_call(run_step, target, [sql], {}, worker=worker, with_info=False))
+        return self.plane.result(
+            self.plane.submit_call(run_step, target, [sql], {}, StepOptions(with_info=False), worker=worker)
+        )
 
     def run(self, body_or_path: str | Path, **overrides) -> PlaybookRun:
         path = body_or_path if isinstance(body_or_path, Path) else self.file(body_or_path)
@@ -418,7 +420,7 @@ def test_an_alias_moves_to_another_catalog_on_a_worker(books):
     the default database, which DuckDB refuses), and snapshot ids are the new catalog's own."""
     import dataclasses
 
-    from ducklake_kit.steps.task import Target, run_step
+    from ducklake_kit.steps.task import StepOptions, Target, run_step
 
     pg = books.ep.pg
     with psycopg.connect(pg.libpq("postgres"), autocommit=True) as con:
@@ -428,7 +430,9 @@ def test_an_alias_moves_to_another_catalog_on_a_worker(books):
     other = Target("switch", dataclasses.replace(pg, dbname="steps_switch"), "s3://raw/steps-switch/")
 
     def on_w1(target, sql):
-        return books.plane.result(books.plane.submit_call(run_step, target, [sql], {}, worker="w1", with_info=False))
+        return books.plane.result(
+            books.plane.submit_call(run_step, target, [sql], {}, StepOptions(with_info=False), worker="w1")
+        )
 
     first = on_w1(kit, f"CREATE OR REPLACE TABLE {S}.sw (i INTEGER); INSERT INTO {S}.sw VALUES (1)")
     moved = on_w1(other, "CREATE OR REPLACE TABLE sw_other (i INTEGER); INSERT INTO sw_other VALUES (7), (8)")

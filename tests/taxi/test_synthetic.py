@@ -20,7 +20,7 @@ import pytest
 
 from ducklake_kit.errors import KitError
 from ducklake_kit.taxi import schema
-from ducklake_kit.taxi.synthetic import QuirkRates, generate_month, write_zone_lookup
+from ducklake_kit.taxi.synthetic import QuirkRates, Recipe, generate_month, write_zone_lookup
 
 ROWS = 200_000  # enough for the rarest default quirk (0.05%) to be measured within about +-40%
 
@@ -56,7 +56,7 @@ def test_2025_era_schema_equals_the_real_2025_sample(tmp_path, sample):
 
 @pytest.mark.parametrize(("era", "year"), [("2025", 2025), ("2024", 2024), ("2022", 2022), ("2022", 2019)])
 def test_each_era_writes_its_declared_schema(tmp_path, era, year):
-    out = generate_month(tmp_path / "x.parquet", year, 6, 5000, seed=1, era=era)
+    out = generate_month(tmp_path / "x.parquet", year, 6, 5000, seed=1, recipe=Recipe(era=era))
     assert out.era == era
     written = pq.ParquetFile(out.path).schema_arrow
     assert written.equals(schema.TLC_ERAS[era])
@@ -95,8 +95,8 @@ def test_same_seed_same_bytes_other_seed_other_values(tmp_path):
 
 
 def test_values_do_not_depend_on_row_group_size_and_smaller_months_are_prefixes(tmp_path):
-    small_groups = generate_month(tmp_path / "a.parquet", 2025, 1, 40_000, seed=5, chunk_rows=3_000)
-    one_group = generate_month(tmp_path / "b.parquet", 2025, 1, 40_000, seed=5, chunk_rows=1_000_000)
+    small_groups = generate_month(tmp_path / "a.parquet", 2025, 1, 40_000, seed=5, recipe=Recipe(chunk_rows=3_000))
+    one_group = generate_month(tmp_path / "b.parquet", 2025, 1, 40_000, seed=5, recipe=Recipe(chunk_rows=1_000_000))
     shorter = generate_month(tmp_path / "c.parquet", 2025, 1, 25_000, seed=5)
     a, b, c = (pq.read_table(x.path) for x in (small_groups, one_group, shorter))
     assert a.equals(b) and _data_hash(a) == _data_hash(b)
@@ -104,7 +104,7 @@ def test_values_do_not_depend_on_row_group_size_and_smaller_months_are_prefixes(
 
 
 def test_row_groups_are_chunk_sized(tmp_path):
-    out = generate_month(tmp_path / "m.parquet", 2024, 3, 50_000, seed=1, chunk_rows=7_000)
+    out = generate_month(tmp_path / "m.parquet", 2024, 3, 50_000, seed=1, recipe=Recipe(chunk_rows=7_000))
     meta = pq.ParquetFile(out.path).metadata
     sizes = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
     assert sizes == [7_000] * 7 + [1_000]
@@ -113,8 +113,8 @@ def test_row_groups_are_chunk_sized(tmp_path):
 
 _PEAK = """
 import sys, pyarrow as pa
-from ducklake_kit.taxi.synthetic import generate_month
-generate_month(sys.argv[1], 2024, 5, int(sys.argv[2]), seed=1, chunk_rows=16_384)
+from ducklake_kit.taxi.synthetic import Recipe, generate_month
+generate_month(sys.argv[1], 2024, 5, int(sys.argv[2]), seed=1, recipe=Recipe(chunk_rows=16_384))
 print(pa.default_memory_pool().max_memory())
 """
 
@@ -139,7 +139,7 @@ def test_bad_arguments_are_clear_errors(tmp_path):
     with pytest.raises(KitError, match="no such month: 2024-13"):
         generate_month(tmp_path, 2024, 13, 10)
     with pytest.raises(KitError, match="unknown TLC schema era '2030'"):
-        generate_month(tmp_path, 2024, 1, 10, era="2030")
+        generate_month(tmp_path, 2024, 1, 10, recipe=Recipe(era="2030"))
     with pytest.raises(KitError, match="rows must be >= 0"):
         generate_month(tmp_path, 2024, 1, -1)
     assert not list(tmp_path.iterdir())  # nothing half-written

@@ -164,10 +164,9 @@ def start(state: State, settings: dict[str, Any]) -> tuple[ConsoleStatus, str]:
             pid_file=pid_file,
             log_file=log_file,
             port=port,
-            env={"HOME": str(folder(state)), "PYTHONUNBUFFERED": "1"},
-            run_as=run_as,
-            umask=0o077,
-            cwd=folder(state),
+            how=procs.Launch(
+                env={"HOME": str(folder(state)), "PYTHONUNBUFFERED": "1"}, run_as=run_as, umask=0o077, cwd=folder(state)
+            ),
         )
         try:
             procs.wait_until(

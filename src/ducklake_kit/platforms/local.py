@@ -114,9 +114,7 @@ class LocalPlatform(Platform):
             pid_file=pid_file,
             log_file=log_file,
             port=port,
-            env=env,
-            run_as=run_as,
-            umask=0o077 if svc.name == "s3" else None,
+            how=procs.Launch(env=env, run_as=run_as, umask=0o077 if svc.name == "s3" else None),
         )
         try:
             procs.wait_until(

@@ -102,7 +102,7 @@ def start(folder: Path) -> Service:
         pid_file=folder / PID_FILE,
         log_file=log,
         port=0,
-        env={"CONTAINERS_CONF": podman_env()["CONTAINERS_CONF"]},
+        how=procs.Launch(env={"CONTAINERS_CONF": podman_env()["CONTAINERS_CONF"]}),
     )
     try:
         procs.wait_until(

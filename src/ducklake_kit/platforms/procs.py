@@ -181,6 +181,18 @@ def _preexec(user: str | None, umask: int | None) -> Callable[[], None] | None:
     return preexec
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How `start` runs a process, besides its argv: `env` added to the kit's environment, `run_as` a user to switch
+    to (the kit runs as root), `umask` for the files and folders it creates (0o077: only their owner may read them),
+    `cwd` its working folder."""
+
+    env: dict[str, str] | None = None
+    run_as: str | None = None
+    umask: int | None = None
+    cwd: Path | None = None
+
+
 def start(
     service: str,
     argv: list[str],
@@ -188,13 +200,9 @@ def start(
     pid_file: Path,
     log_file: Path,
     port: int,
-    env: dict[str, str] | None = None,
-    run_as: str | None = None,
-    umask: int | None = None,
-    cwd: Path | None = None,
+    how: Launch = Launch(),
 ) -> tuple[PidRecord, subprocess.Popen]:
-    """Start `argv` in its own session (it outlives the CLI), output appended to `log_file`. `umask`: for the files
-    and folders it creates (0o077: only their owner may read them)."""
+    """Start `argv` in its own session (it outlives the CLI), output appended to `log_file`, as `how` says."""
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with open(log_file, "ab") as log:
         log.write(f"\n--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {service} on port {port}\n".encode())
@@ -205,10 +213,10 @@ def start(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # not killed with the terminal that ran `up`
-            env={**os.environ, **(env or {})},
-            preexec_fn=_preexec(run_as, umask),  # noqa: PLW1509 - setgid/setuid/umask only, no lock taken
+            env={**os.environ, **(how.env or {})},
+            preexec_fn=_preexec(how.run_as, how.umask),  # noqa: PLW1509 - setgid/setuid/umask only, no lock taken
             close_fds=True,
-            cwd=cwd,
+            cwd=how.cwd,
         )
     rec = PidRecord(service, proc.pid, psutil.Process(proc.pid).create_time(), port, Path(argv[0]).name)
     pid_file.parent.mkdir(parents=True, exist_ok=True)

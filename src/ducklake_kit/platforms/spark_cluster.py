@@ -313,9 +313,7 @@ class SparkCluster:
             pid_file=pid_file,
             log_file=log_file,
             port=port,
-            env=self._env(service),
-            umask=0o077,
-            cwd=self.root,
+            how=procs.Launch(env=self._env(service), umask=0o077, cwd=self.root),
         )  # e.g. spark-warehouse/ lands in the state folder
         try:
             procs.wait_until(ping, what=f"{what} on port {port}", timeout=READY_TIMEOUT_S, proc=proc, log_file=log_file)
@@ -383,9 +381,7 @@ class SparkCluster:
                 pid_file=pid_file,
                 log_file=self.state.log_file(_worker_service(name)),
                 port=0,
-                env=self._env(_worker_service(name)),
-                umask=0o077,
-                cwd=self.root,
+                how=procs.Launch(env=self._env(_worker_service(name)), umask=0o077, cwd=self.root),
             )
             started.append(name)
 

@@ -51,7 +51,7 @@ from ducklake_kit.steps.model import (
     Step,
 )
 from ducklake_kit.steps.results import ERROR, OK, SKIPPED, Attempt, Failure, Iteration, PlaybookRun, StepFailed, StepRun
-from ducklake_kit.steps.task import StepTask, Target, run_step
+from ducklake_kit.steps.task import StepOptions, StepTask, Target, run_step
 from ducklake_kit.workers.client import WorkerPlane
 from ducklake_kit.workers.config import PlaneConfig
 from ducklake_kit.workers.tasks import TaskResult
@@ -174,13 +174,15 @@ class Runner(Driven):
             target,
             texts,
             params,
-            message=message,
-            keep_going=step.on_error == "continue",
-            settings=settings,
-            with_info=with_info,
-            commit_token=unit.token if decided else None,
-            extra=unit.extra if decided else None,
-            recheck=decided and (self.resume is not None or retry),  # a retry never lands a commit twice
+            StepOptions(
+                message=message,
+                keep_going=step.on_error == "continue",
+                settings=settings,
+                with_info=with_info,
+                commit_token=unit.token if decided else None,
+                extra=unit.extra if decided else None,
+                recheck=decided and (self.resume is not None or retry),  # a retry never lands a commit twice
+            ),
         )
 
     def _outcome(self, future, unit: once.Unit, target: Target) -> StepTask:
@@ -382,7 +384,7 @@ class Runner(Driven):
             raise PlaneLost(why) from None
         run.iterations_seconds = round(time.perf_counter() - started, 6)
         if target is not None:  # the catalog's state once every iteration is done
-            info = self.plane.result(self.plane.submit_call(run_step, target, [], {}, with_info=True))
+            info = self.plane.result(self.plane.submit_call(run_step, target, [], {}, StepOptions(with_info=True)))
             run.catalog_info = info.catalog_info if isinstance(info, StepTask) else None
 
     # -- routing -------------------------------------------------------------------------------------------------

@@ -101,30 +101,38 @@ class StepTask:
         return self.error is not None or any(s.error for s in self.statements)
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """How a step task runs its commands. `message`: every command in ONE transaction with that commit message,
+    carrying `commit_token` and `extra` in its commit_extra_info (the runner finds it in the lake by the token when
+    the task's fate is unknown). `recheck`: before the COMMIT, look the token up: an attempt that is already in the
+    lake is not committed again. `keep_going`: a failed statement does not stop the later ones (on_error: continue).
+    `settings`: DuckDB settings for this step only. `with_info`: add the catalog's state after it."""
+
+    message: str | None = None
+    keep_going: bool = False
+    settings: dict[str, Any] | None = None
+    with_info: bool = True
+    commit_token: str | None = None
+    extra: dict[str, Any] | None = None
+    recheck: bool = False
+
+
 def run_step(
     plugin: str,
     target: Target,
     commands: list[str],
     params: dict[str, Any],
+    how: StepOptions = StepOptions(),
     *,
-    message: str | None = None,
-    keep_going: bool = False,
-    settings: dict[str, Any] | None = None,
-    with_info: bool = True,
     token: str | None = None,
-    commit_token: str | None = None,
-    extra: dict[str, Any] | None = None,
-    recheck: bool = False,
 ) -> StepTask:
-    """Run on a worker. `message`: every command in ONE transaction with that commit message, carrying `commit_token`
-    and `extra` in its commit_extra_info (the runner finds it in the lake by the token when the task's fate is
-    unknown). `recheck`: before the COMMIT, look the token up: an attempt that is already in the lake is not
-    committed again. `keep_going`: a failed statement does not stop the later ones (on_error: continue). `with_info`:
-    add the catalog's state after it."""
+    """Run on a worker (submitted with `WorkerPlane.submit_call`, which passes `plugin` and the task's `token`):
+    `commands` against `target` with `params`, as `how` says."""
     worker = get_worker()
     # the worker's name in the commit too: which worker made a step's snapshot is in the lake's own record
-    extra = {**extra, "worker": str(worker.name)} if extra is not None else None
-    gate = _Gate(commit_token, extra, recheck)
+    extra = {**how.extra, "worker": str(worker.name)} if how.extra is not None else None
+    gate = _Gate(how.commit_token, extra, how.recheck)
     start = time.perf_counter()
     out = StepTask(str(worker.name), worker.address, started_at=time.time())
     lake_plugin, refused = task_lake(plugin, token)
@@ -133,7 +141,7 @@ def run_step(
     else:
         try:
             with lake_plugin.exclusive():  # settled first: LakeLost when the lake cannot be attached again
-                _run_held(lake_plugin, target, commands, params, message, keep_going, settings, with_info, out, gate)
+                _run_held(lake_plugin, target, commands, params, how, out, gate)
         except LakeLost as exc:
             out.error = exc.what
     out.finished_at = time.time()
@@ -161,31 +169,28 @@ def _run_held(
     target: Target,
     commands: list[str],
     params: dict[str, Any],
-    message: str | None,
-    keep_going: bool,
-    settings: dict[str, Any] | None,
-    with_info: bool,
+    how: StepOptions,
     out: StepTask,
-    gate: _Gate | None = None,
+    gate: _Gate,
 ) -> None:
     """The step on the worker's connection, held by this task."""
     lake: Lake = lake_plugin.lake
     try:
         view = _attached(lake_plugin, target, out.retries)
-        restore = _apply_settings(lake.con, settings or {})
+        restore = _apply_settings(lake.con, how.settings or {})
         try:
             _use(lake_plugin, target.alias if target.use else lake.alias)
-            if message is not None:
-                _transaction(view, commands, params, message, out, gate or _Gate())
+            if how.message is not None:
+                _transaction(view, commands, params, how.message, out, gate)
             else:
-                _autocommit(view, commands, params, keep_going, out, _known_snapshot(lake_plugin, target.alias))
+                _autocommit(view, commands, params, how.keep_going, out, _known_snapshot(lake_plugin, target.alias))
                 lake_plugin.snapshots[target.alias] = (lake_plugin.turn, out.last_snapshot)
             if any(s.statement_type in ("SET", "ATTACH", "DETACH") for s in out.statements):
                 lake_plugin.default_db = None  # the step's own SQL may have changed it (USE is a SET)
             if any(s.statement_type in ("ATTACH", "DETACH") for s in out.statements):
                 lake_plugin.catalogs.clear()  # ... and what is attached: check again before the next use
                 lake_plugin.snapshots.clear()
-            if with_info:
+            if how.with_info:
                 out.catalog_info = catalog_info(view)
         finally:
             restore()

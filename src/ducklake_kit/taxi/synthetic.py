@@ -513,24 +513,32 @@ def _epoch_s(dt: datetime) -> int:
     return int((dt - datetime(1970, 1, 1)).total_seconds())
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """What a generated file is made of besides its month, size and seed: `era` the TLC schema ("2025", "2024",
+    "2022"; None: the era of the year), `chunk_rows` the rows of each row group (the last one fewer), `rates` the
+    quirks' rates."""
+
+    era: str | None = None
+    chunk_rows: int = DEFAULT_CHUNK_ROWS
+    rates: QuirkRates = QuirkRates()
+
+
 def generate_month(
     path: str | os.PathLike,
     year: int,
     month: int,
     rows: int,
     seed: int = 0,
-    era: str | None = None,
-    *,
-    chunk_rows: int = DEFAULT_CHUNK_ROWS,
-    rates: QuirkRates = QuirkRates(),
+    recipe: Recipe = Recipe(),
 ) -> GeneratedFile:
-    """Write `rows` synthetic trips of `year`-`month` as one TLC-schema Parquet file.
+    """Write `rows` synthetic trips of `year`-`month` as one TLC-schema Parquet file, made as `recipe` says.
 
-    `path` is the file, or an existing directory to put `yellow_tripdata_YYYY-MM.parquet` in. `era`
-    ("2025", "2024", "2022") defaults to the era of the year. Each row group holds `chunk_rows` rows
-    (the last one fewer); memory is bounded by one block plus one row group. The file is written to a
-    temporary name and renamed, so a killed run never leaves a partial file under the final name.
+    `path` is the file, or an existing directory to put `yellow_tripdata_YYYY-MM.parquet` in. Memory is bounded by
+    one block plus one row group. The file is written to a temporary name and renamed, so a killed run never leaves
+    a partial file under the final name.
     """
+    era, chunk_rows, rates = recipe.era, recipe.chunk_rows, recipe.rates
     if not (1 <= month <= 12) or not (1900 < year < 2200):
         raise KitError(f"no such month: {year}-{month:02d}", "give a month as YYYY-MM with MM between 01 and 12")
     if rows < 0 or chunk_rows <= 0:

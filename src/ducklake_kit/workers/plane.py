@@ -245,10 +245,7 @@ def _ensure_scheduler(state: State, cfg: PlaneConfig, run_as: str | None) -> int
         pid_file=pid_file,
         log_file=log_file,
         port=cfg.scheduler_port,
-        env=_env(state, "scheduler"),
-        run_as=run_as,
-        umask=0o077,
-        cwd=_plane_dir(state),
+        how=procs.Launch(env=_env(state, "scheduler"), run_as=run_as, umask=0o077, cwd=_plane_dir(state)),
     )
     try:
         procs.wait_until(
@@ -296,10 +293,7 @@ def _start_worker_if_needed(state: State, cfg: PlaneConfig, plane: WorkerPlane, 
         pid_file=pid_file,
         log_file=state.log_file(_worker_service(name)),
         port=cfg.scheduler_port,
-        env=_env(state, "worker"),
-        run_as=run_as,
-        umask=0o077,
-        cwd=_plane_dir(state),
+        how=procs.Launch(env=_env(state, "worker"), run_as=run_as, umask=0o077, cwd=_plane_dir(state)),
     )
     return True
 
