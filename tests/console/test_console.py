@@ -382,6 +382,103 @@ def test_a_diff_on_the_lake_page_is_the_change_feed(page, stack, web):
     assert status == 400 and json.loads(body)["error"].startswith("Error: a diff runs from an earlier snapshot")
 
 
+def _catalog(stack, query: str, params: list | None = None) -> list[tuple]:
+    with postgres.connect(stack.platform.endpoints().pg) as conn:
+        return conn.execute(query, params or []).fetchall()
+
+
+def test_a_query_at_a_snapshot_chosen_on_the_timeline(page, stack, web):
+    from playwright.sync_api import expect
+
+    sql = f"SELECT count(*) AS n, sum(fare) AS fares FROM {SCHEMA}.trips"
+    with Lake(stack.platform.endpoints()) as lake:
+        then = lake.current_snapshot()
+        lake.run(f"INSERT INTO {SCHEMA}.trips SELECT range + 9000, 'zone 5', 100 FROM range(30)")
+        # independent of the page's rewrite: the same question asked of the lake, AT written by hand
+        expected = lake.run(f"SELECT count(*), sum(fare) FROM {SCHEMA}.trips AT (VERSION => {then})")[-1].rows
+        now = lake.run(sql)[-1].rows
+    assert expected != now  # the insert changed the answer: a query that ignored the snapshot would show it
+    page.goto(web["url"] + "lake")
+    page.wait_for_selector("[data-testid=at-run]")
+    row = page.locator("[data-testid=snapshots] tbody tr").filter(
+        has=page.locator("td:first-child").get_by_text(str(then), exact=True)
+    )
+    row.click()
+    expect(page.locator("[data-testid=at-snapshot]")).to_have_value(str(then))
+    page.locator("[data-testid=at-sql]").fill(sql)
+    page.locator("[data-testid=at-run]").click()
+    page.wait_for_selector("[data-testid=at-summary], [data-testid=at-error]")
+    assert page.locator("[data-testid=at-query] pre").inner_text().strip() == (
+        f"SELECT COUNT(*) AS n, SUM(fare) AS fares FROM {SCHEMA}.trips AT (VERSION => {then})"
+    )
+    shown = [r.split("\t") for r in page.locator("[data-testid=at-rows] tbody tr").all_inner_texts()]
+    assert shown == [[str(v) for v in r] for r in expected]
+    assert page.locator("[data-testid=at-summary]").inner_text().startswith(f"at snapshot {then}: 1 rows, 1 drawn")
+    # a statement that writes is refused before it reaches a worker
+    page.locator("[data-testid=at-sql]").fill(f"DELETE FROM {SCHEMA}.trips")
+    page.locator("[data-testid=at-run]").click()
+    expect(page.locator("[data-testid=at-error]")).to_contain_text("a query at a snapshot is one SELECT")
+
+
+STRATA_SQL = """
+WITH f AS (
+  SELECT f.record_count, f.begin_snapshot, f.end_snapshot FROM ducklake_data_file f
+  JOIN ducklake_table t ON t.table_id = f.table_id AND t.end_snapshot IS NULL
+  JOIN ducklake_schema s ON s.schema_id = t.schema_id AND s.end_snapshot IS NULL
+  WHERE s.schema_name = %s AND t.table_name = %s),
+xs AS (SELECT begin_snapshot AS x FROM f UNION SELECT end_snapshot FROM f WHERE end_snapshot IS NOT NULL
+       UNION SELECT max(snapshot_id) FROM ducklake_snapshot),
+layers AS (SELECT DISTINCT begin_snapshot AS b FROM f)
+SELECT b, array_agg(alive ORDER BY x) FROM (
+  SELECT layers.b, xs.x, (SELECT coalesce(sum(record_count), 0) FROM f WHERE f.begin_snapshot = layers.b
+                          AND f.begin_snapshot <= xs.x AND (f.end_snapshot IS NULL OR xs.x < f.end_snapshot)) AS alive
+  FROM layers CROSS JOIN xs) g
+GROUP BY b ORDER BY b
+"""
+
+
+def test_a_tables_data_files_are_drawn_as_strata_from_the_catalog(page, stack, web):
+    with Lake(stack.platform.endpoints()) as lake:  # three files, then one's rows all deleted: its layer ends
+        lake.run(
+            f"CREATE OR REPLACE TABLE {SCHEMA}.layers AS SELECT range AS id FROM range(100); "
+            f"INSERT INTO {SCHEMA}.layers SELECT range + 100 FROM range(50); "
+            f"INSERT INTO {SCHEMA}.layers SELECT range + 200 FROM range(60); "
+            f"DELETE FROM {SCHEMA}.layers WHERE id >= 100 AND id < 150"
+        )
+    expected = [(b, [int(v) for v in alive]) for b, alive in _catalog(stack, STRATA_SQL, [SCHEMA, "layers"])]
+    files = _catalog(
+        stack,
+        "SELECT f.data_file_id, f.record_count, f.begin_snapshot, f.end_snapshot FROM ducklake_data_file f "
+        "JOIN ducklake_table t USING (table_id) WHERE t.table_name = 'layers' AND t.end_snapshot IS NULL "
+        "ORDER BY f.begin_snapshot, f.data_file_id",
+    )
+    assert [r[1] for r in files] == [100, 50, 60] and [r[3] is None for r in files] == [True, False, True]
+    page.goto(web["url"] + "lake")
+    page.wait_for_selector("[data-testid=strata-table]")
+    page.locator("[data-testid=strata-table]").click()
+    page.keyboard.type(f"{SCHEMA}.layers")
+    page.get_by_role("option", name=f"{SCHEMA}.layers", exact=True).click()
+    page.wait_for_selector("[data-testid=strata-chart] svg text")
+    drawn = page.locator("[data-testid=strata-chart]").evaluate(
+        "el => { const o = getElement(el).chart.getOption();"
+        " return {x: o.xAxis[0].data, series: o.series.map(s => [s.name, s.data, s.stack])}; }"
+    )
+    xs = sorted(
+        {r[2] for r in files}
+        | {r[3] for r in files if r[3] is not None}
+        | {_catalog(stack, "SELECT max(snapshot_id) FROM ducklake_snapshot")[0][0]}
+    )
+    assert drawn["x"] == [str(x) for x in xs]
+    assert drawn["series"] == [[f"added at {b}", alive, "files"] for b, alive in expected]
+    listed = [r.split("\t") for r in page.locator("[data-testid=strata-files] tbody tr").all_inner_texts()]
+    assert [(int(r[0]), int(r[2]), int(r[4]), None if r[5] == "NULL" else int(r[5])) for r in listed] == files
+    assert (
+        page.locator("[data-testid=strata-summary]")
+        .inner_text()
+        .startswith(f"{SCHEMA}.layers: 3 data files in the catalog, 2 in the table now (160 rows;")
+    )
+
+
 def test_the_workers_page_lists_the_plane(page, stack, web):
     _run(page, web, "CREATE OR REPLACE TABLE local.console_scratch AS SELECT 1 AS x", worker="w2")
     _answer(page, "summary")

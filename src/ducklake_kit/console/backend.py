@@ -142,6 +142,12 @@ class Backend:
     def diff(self, table: str, before: int, after: int) -> explore.TableDiff:
         return self.on_lake(lambda lake: explore.diff(lake, table, before, after))
 
+    def strata(self, table: str):
+        """The table's data files from the catalog, as console.strata.Strata."""
+        from ducklake_kit.console import strata
+
+        return self.on_lake(lambda lake: strata.data_files(lake, table))
+
     def catalog_tables(self) -> list[str]:
         return self.on_lake(explore.catalog_tables)
 

@@ -1,6 +1,7 @@
 """The console's pages. Query: SQL run as a task on the worker plane, the answer as a Message, a Table or a Chart,
 a slider for the rows drawn (only those cross to the page), the run's snapshot, worker and time. Lake: the tables
-with their row counts and columns, the snapshot timeline, the raw catalog tables. Elements the browser tests read
+with their row counts and columns, the snapshot timeline, any query at a snapshot, a table's data files as strata, a
+diff between two snapshots, the raw catalog tables. Elements the browser tests read
 carry a `data-testid`."""
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from typing import Any
 
 from nicegui import run, ui
 
-from ducklake_kit.console import shapes
+from ducklake_kit.console import shapes, strata
+from ducklake_kit.console.at_snapshot import at_snapshot
 from ducklake_kit.console.backend import Backend
 from ducklake_kit.errors import KitError
 from ducklake_kit.workers.query import DEFAULT_ROWS, QueryAnswer
@@ -45,8 +47,8 @@ def _summary(answer: QueryAnswer) -> str:
     return f"{rows} · snapshot {answer.snapshot_id} · worker {answer.worker} · {answer.seconds:.3f} s"
 
 
-def _table(columns: list[str], rows: list[tuple], testid: str) -> None:
-    _tid(
+def _table(columns: list[str], rows: list[tuple], testid: str):
+    return _tid(
         ui.table(columns=shapes.table_columns(columns), rows=shapes.table_rows(rows), row_key="_row").props(
             "dense flat bordered"
         ),
@@ -165,7 +167,8 @@ def lake_page(backend: Backend) -> None:
                 "tables",
             )
             _tid(ui.label(f"Snapshots: {len(snaps)}").classes("text-h6"), "snapshot-count")
-            _table(
+            ui.label("Click a snapshot to query the lake as it was then (below).").classes("text-caption")
+            timeline = _table(
                 ["snapshot", "time", "author", "commit message", "extra info", "changes"],
                 [
                     (s.snapshot_id, s.time, s.author, s.commit_message, s.commit_extra_info, _changes(s.changes))
@@ -173,7 +176,11 @@ def lake_page(backend: Backend) -> None:
                 ],
                 "snapshots",
             )
-            _diff_section(backend, [t.qualified for t in tables], [s.snapshot_id for s in snaps])
+            names = [t.qualified for t in tables]
+            pinned = _at_snapshot_section(backend, names, snaps[0].snapshot_id if snaps else 0)
+            timeline.on("rowClick", lambda e: pinned.set_value(int(e.args[1]["c0"])))
+            _strata_section(backend, names)
+            _diff_section(backend, names, [s.snapshot_id for s in snaps])
             ui.label("Catalog tables (read-only)").classes("text-h6")
             # typed to filter: DuckLake keeps a ducklake_inlined_data_<table>_<version> table per table, so on a
             # lake of many tables the list is long (and its menu draws only the first options until scrolled)
@@ -196,6 +203,85 @@ def lake_page(backend: Backend) -> None:
                     _table(got.columns, got.rows, "catalog-table")
 
             picked.on_value_change(show)
+
+
+def _at_snapshot_section(backend: Backend, tables: list[str], newest: int):
+    """Any query at a chosen snapshot: each lake table it reads pinned `AT (VERSION => n)`, run on the plane. Returns
+    the snapshot's input (a click on the timeline sets it)."""
+    ui.label("Query at a snapshot").classes("text-h6")
+    example = f"SELECT count(*) AS rows FROM {tables[0]}" if tables else "SELECT 1"
+    with ui.row().classes("items-center gap-4 w-full"):
+        snap = _tid(ui.number("snapshot", value=newest, min=0, precision=0), "at-snapshot").classes("w-32")
+        text = _tid(ui.textarea("SQL", value=example), "at-sql").classes("w-[40rem] font-mono")
+        text.props("outlined autogrow")
+        button = _tid(ui.button("Run at this snapshot"), "at-run")
+    shown = ui.column().classes("w-full")
+
+    async def go() -> None:
+        shown.clear()
+        try:
+            query = at_snapshot(text.value or "", int(snap.value or 0))
+        except KitError as exc:
+            with shown:
+                _error(exc.line(), "at-error")
+            return
+        with shown:
+            _tid(ui.spinner(), "at-running")
+        button.disable()
+        try:
+            answer = await run.io_bound(backend.ask, query, None, DEFAULT_ROWS, uuid.uuid4().hex)
+        finally:
+            button.enable()
+        shown.clear()
+        with shown:
+            _tid(ui.code(query, language="sql"), "at-query").classes("w-full")
+            if not answer.ok:
+                _error(answer.error or "", "at-error")
+                return
+            rows = f"{answer.total_rows} rows, {len(answer.rows)} drawn"
+            line = f"at snapshot {int(snap.value or 0)}: {rows} · worker {answer.worker} · {answer.seconds:.3f} s"
+            _tid(ui.label(line), "at-summary")
+            _table(answer.columns, answer.rows, "at-rows")
+
+    button.on_click(go)
+    return snap
+
+
+def _strata_section(backend: Backend, tables: list[str]) -> None:
+    """A table's data files (the catalog's ducklake_data_file) drawn as strata by snapshot, and listed."""
+    ui.label("A table's data files, by snapshot").classes("text-h6")
+    table = _tid(ui.select(tables, label="table", with_input=True), "strata-table").classes("w-72")
+    shown = ui.column().classes("w-full")
+
+    async def show(_: Any = None) -> None:
+        shown.clear()
+        if not table.value:
+            return
+        try:
+            got = await run.io_bound(backend.strata, table.value)
+        except KitError as exc:
+            with shown:
+                _error(exc.line(), "strata-error")
+            return
+        with shown:
+            alive = [f for f in got.files if f.end_snapshot is None]
+            _tid(
+                ui.label(
+                    f"{got.table}: {len(got.files)} data files in the catalog, {len(alive)} in the table now "
+                    f"({sum(f.rows for f in alive)} rows; rows still inlined in the catalog are in no file)"
+                ),
+                "strata-summary",
+            )
+            if got.files:
+                chart = ui.echart(strata.chart_options(got), renderer="svg").classes("w-full h-80")
+                _tid(chart, "strata-chart")
+            _table(
+                ["file", "path", "rows", "bytes", "added at", "removed at"],
+                [(f.file_id, f.path, f.rows, f.size_bytes, f.begin_snapshot, f.end_snapshot) for f in got.files],
+                "strata-files",
+            )
+
+    table.on_value_change(show)
 
 
 def _diff_section(backend: Backend, tables: list[str], snapshot_ids: list[int]) -> None:
