@@ -3,8 +3,9 @@
 --   python ducklake_test.py pipeline run pipelines/taxi_marts.sql      (each node on a worker, as soon as it can)
 --   python ducklake_test.py pipeline lineage marts.borough_summary --columns
 -- Headers say what each statement is and what it needs; the kit also infers dependencies from the tables each
--- statement reads, and warns when a header leaves one out. Money is summed as DECIMAL(18, 2): exact, so that
--- `all` can compare every mart with the same figure computed directly from `trips`.
+-- statement reads, and warns when a header leaves one out. `-- audit:` checks the table a node builds, in its
+-- transaction: a failed audit rolls the node back and skips what depends on it. Money is summed as
+-- DECIMAL(18, 2): exact, so that `all` can compare every mart with the same figure computed directly from `trips`.
 
 -- id: schema
 -- description: the schema the marts live in
@@ -19,6 +20,7 @@ SELECT location_id, borough || ' / ' || zone AS name FROM zones;
 -- id: daily_revenue
 -- depends_on: schema
 -- description: trips and revenue per day and pickup borough (a join with zones)
+-- audit: row_count > 0
 CREATE OR REPLACE TABLE marts.daily_revenue AS
 SELECT t.pickup_date, z.borough, count(*) AS trips, sum(t.total_amount::DECIMAL(18, 2)) AS revenue
 FROM trips t JOIN zones z ON z.location_id = t.pu_location_id
@@ -58,6 +60,7 @@ GROUP BY pu.name, dropoff.name;
 -- id: borough_summary
 -- depends_on: daily_revenue, airport_trips
 -- description: per borough: trips, revenue and the share of airport trips (joins two marts)
+-- audit: unique(borough), row_count > 0
 CREATE OR REPLACE TABLE marts.borough_summary AS
 SELECT r.borough, r.trips, r.revenue, coalesce(a.trips, 0) AS airport_trips,
        round(coalesce(a.trips, 0) / r.trips, 4) AS airport_share

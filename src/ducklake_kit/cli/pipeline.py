@@ -71,7 +71,7 @@ def plan_cmd(
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """The DAG: its waves, every edge (declared or inferred), where each node runs, and which nodes a run would run and why (new, SQL changed and whether breaking, input changed) or leave unchanged. Runs nothing."""
+    """The DAG: its waves, every edge (declared or inferred), where each node runs, its audits, and which nodes a run would run and why (new, SQL changed and whether breaking, input changed) or leave unchanged. Runs nothing."""
     from ducklake_kit.pipelines import flow
 
     c: Kit = ctx.obj
@@ -106,6 +106,7 @@ def _print_plan(plan: Plan) -> None:
             n.pin or "any",
             ", ".join(sorted(map(str, n.use.writes))) or "-",
             ", ".join(sorted(map(str, n.use.reads))) or "-",
+            ", ".join(a.text for a in n.audits) or "-",
             n.description or "",
         ]
         for n in p.nodes.values()
@@ -114,7 +115,7 @@ def _print_plan(plan: Plan) -> None:
     out.print(
         table(
             f"Pipeline {p.name} ({p.file}): {len(plan.selected)} node(s) in {len(plan.waves)} wave(s)",
-            ["node", "wave", "after", "worker", "writes", "reads", "description"],
+            ["node", "wave", "after", "worker", "writes", "reads", "audits", "description"],
             rows,
         )
     )
@@ -170,7 +171,7 @@ def run_cmd(
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the pipeline on the worker plane: each node as soon as its dependencies are done; a failed node's descendants are skipped. Change-aware: a node whose SQL and input tables are unchanged since its last successful run is left `unchanged` (say --force to run it). Exit 1 if a node failed."""
+    """Run the pipeline on the worker plane: each node as soon as its dependencies are done; a failed node's descendants are skipped. Change-aware: a node whose SQL and input tables are unchanged since its last successful run is left `unchanged` (say --force to run it). A node's `-- audit:` checks run in its transaction: a failed audit fails the node and rolls its write back. Exit 1 if a node failed."""
     from ducklake_kit.pipelines import flow
 
     c: Kit = ctx.obj
@@ -239,6 +240,15 @@ def _aborted_line(aborted: str) -> str:
     return KitError(aborted, "run `status`, then `pipeline run --from-failed`").line()
 
 
+def _audits_said(audits: list[dict]) -> str:
+    passed = [a["audit"] for a in audits if a["status"] == "passed"]
+    failed = [a["audit"] for a in audits if a["status"] == "failed"]
+    parts = ([f"audit FAILED: {', '.join(failed)}"] if failed else []) + (
+        [f"audits passed: {', '.join(passed)}"] if passed else []
+    )
+    return "".join(f"; {p}" for p in parts)
+
+
 def _print_run(outcome: RunOutcome) -> None:
     r = outcome.run
     rows = [
@@ -249,7 +259,7 @@ def _print_run(outcome: RunOutcome) -> None:
             n.started_at.strftime("%H:%M:%S.%f")[:-3] if n.started_at else "-",
             f"{n.duration_ms:.0f}" if n.duration_ms is not None else "-",
             n.snapshot_id if n.snapshot_id is not None else "-",
-            n.error or n.reason or (f"ran: {n.why}" if n.why else ""),
+            (n.error or n.reason or (f"ran: {n.why}" if n.why else "")) + _audits_said(n.audits),
         ]
         for n in r.nodes
     ]

@@ -38,6 +38,7 @@ from ducklake_kit.pipelines.tables import DIALECT, MAKE, TableRef, table_use
 
 ABSENT = "absent"  # the version of a table the lake does not have
 EVERY = "*"  # a change touches every column / a node reads every column
+AUDITS = "(audits)"  # among a node's inputs: the hash of its audits, so that a new or edited audit runs it again
 
 
 def normalised(tree: exp.Expression) -> str:
@@ -305,6 +306,9 @@ class Decider:
         node = self.pipeline.nodes[node_id]
         h = sql_hash(node)
         inputs = {str(t): self.version(t) for t in sorted(node.use.reads) if t not in node.use.writes}
+        if node.audits:
+            texts = [f"{a.text} {a.query or ''}" for a in node.audits]
+            inputs[AUDITS] = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
         d = Decision(node_id, True, "", h, inputs)
         prev = self.previous.get(node_id)
         if force:
@@ -342,6 +346,8 @@ class Decider:
             was = prev.inputs.get(t)
             if was == now:
                 continue
+            if t == AUDITS:
+                return "its audits are new or changed"
             if was is None:
                 return f"it reads {t} now (a new input)"
             if now == ABSENT:

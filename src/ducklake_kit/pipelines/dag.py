@@ -20,6 +20,8 @@ import duckdb
 from sqlglot import exp
 
 from ducklake_kit.errors import first_line
+from ducklake_kit.pipelines.audits import Audit, AuditError
+from ducklake_kit.pipelines.audits import parse as parse_audits
 from ducklake_kit.pipelines.sqlfile import PipelineError, Statement, read_file, split_statements
 from ducklake_kit.pipelines.tables import CHANGE, DROP, MAKE, TableRef, TableUse, table_use
 
@@ -49,6 +51,8 @@ class Node:
     pin_reason: str | None = None  # "-- node" or why it was inherited (the worker-local table it reads)
     pin_line: int | None = None  # the line of its `-- node:` header
     depends_line: int | None = None  # the line of its `-- depends_on:` header
+    audits: list[Audit] = field(default_factory=list)  # its `-- audit:` checks, of `audited`
+    audited: TableRef | None = None  # the table its audits check: the one table it makes or changes
 
     @property
     def writes_lake(self) -> bool:
@@ -188,6 +192,7 @@ def _nodes(statements: list[Statement], file: str) -> dict[str, Node]:
                 "write it as DuckDB SQL (the workers run it with DuckDB, which would refuse it at run time)",
             )
         pin = stmt.header("node")
+        audits, audited = _audits(stmt, node_id, use, file)
         nodes[node_id] = Node(
             node_id,
             stmt.sql,
@@ -199,8 +204,35 @@ def _nodes(statements: list[Statement], file: str) -> dict[str, Node]:
             "-- node" if pin else None,
             stmt.headers["node"].line if pin else None,
             stmt.headers["depends_on"].line if "depends_on" in stmt.headers else None,
+            audits,
+            audited,
         )
     return nodes
+
+
+def _audits(stmt: Statement, node_id: str, use: TableUse, file: str) -> tuple[list[Audit], TableRef | None]:
+    """The node's audits and the table they check: the one table it makes or changes (not a schema, not one it
+    drops)."""
+    if not stmt.audits:
+        return [], None
+    out: list[Audit] = []
+    for header in stmt.audits:
+        try:
+            out += parse_audits(header.value, Path(file).parent)
+        except AuditError as exc:
+            raise PipelineError(file, header.line, f"node {node_id}: {exc.what}", exc.fix) from None
+    targets = sorted(
+        t for t, roles in use.uses.items() if not t.is_schema and roles & {MAKE, CHANGE} and DROP not in roles
+    )
+    if len(targets) != 1:
+        raise PipelineError(
+            file,
+            stmt.audits[0].line,
+            f"node {node_id} has audits but writes {len(targets)} tables ({', '.join(map(str, targets)) or 'none'}); "
+            "an audit checks the one table its node makes or changes",
+            "put the audit above the statement that builds the table",
+        )
+    return out, targets[0]
 
 
 def duckdb_refuses(sql: str) -> str | None:

@@ -49,6 +49,8 @@ class Plan:
                     "writes": sorted(map(str, n.use.writes)),
                     "reads": sorted(map(str, n.use.reads)),
                     "commits_snapshot": n.commits,
+                    "audits": [a.as_dict() for a in n.audits],
+                    "audited": str(n.audited) if n.audited else None,
                     "selected": n.id in self.selected,
                     "would_run": self.decisions[n.id].run if self.decisions and n.id in self.decisions else None,
                     "decision": self.decisions[n.id].as_dict() if self.decisions and n.id in self.decisions else None,

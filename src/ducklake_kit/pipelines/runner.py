@@ -63,6 +63,7 @@ class NodeRun:
     sql_hash: str | None = None
     inputs: dict[str, str] | None = None
     outputs: dict[str, str] | None = None
+    audits: list[dict[str, Any]] = field(default_factory=list)  # each audit: passed, failed or not run (audit_outcomes)
 
     @property
     def duration_ms(self) -> float | None:
@@ -85,6 +86,7 @@ class NodeRun:
             "fingerprint": self.fingerprint,
             "inputs": self.inputs,
             "snapshot_id": self.snapshot_id,
+            "audits": self.audits,
             "statements": [_statement_dict(st) for st in self.statements],
         }
 
@@ -159,7 +161,26 @@ def _node_run(node: Node, result: TaskResult) -> NodeRun:
     )
     if result.error is not None:
         run.error = result.error.error + (" (rolled back)" if result.rolled_back else "")
+        if result.error.index is not None and result.error.index > 0 and not result.rolled_back:
+            run.error += " (its write stays: it ran outside a transaction)"
+    run.audits = audit_outcomes(node, result)
     return run
+
+
+def audit_outcomes(node: Node, result: TaskResult) -> list[dict[str, Any]]:
+    """What became of each of the node's audits (statement i + 1 of its task): passed (0 offending rows), failed
+    (the statement that raised) or not run (the node, or an audit before it, failed first)."""
+    failed_at = result.error.index if result.error is not None else None
+    ran = {s.index: s for s in result.statements}
+    out = []
+    for i, audit in enumerate(node.audits, start=1):
+        row = {"audit": audit.text, "table": str(node.audited), "status": "not run", "error": None}
+        if failed_at == i:
+            row |= {"status": "failed", "error": result.error.error}
+        elif i in ran and (failed_at is None or failed_at > i):
+            row["status"] = "passed"
+        out.append(row)
+    return out
 
 
 def _skip_reason(node: str, parents: set[str], done: dict[str, NodeRun]) -> str | None:
@@ -251,8 +272,9 @@ def run(
                 message = commit_message(pipeline.name, node_id, run_id) if node.commits else None
                 tokens[node_id] = uuid.uuid4().hex if node.commits else None
                 extra = {"pipeline": pipeline.name, "run": run_id, "node": node_id}
+                checks = [a.check(node.audited) for a in node.audits if node.audited is not None]
                 future = plane.submit(
-                    [node.sql],
+                    [node.sql, *checks],
                     worker=node.pin,
                     tag=CommitTag(message, tokens[node_id], extra) if message is not None else None,
                     timeout_s=timeout_s,

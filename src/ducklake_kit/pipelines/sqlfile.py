@@ -8,8 +8,9 @@ are read from the comment lines there, in any order:
     -- depends_on: a, b           ids of other statements of the file
     -- node: w2                   run it on that worker (its worker-local tables live there)
     -- description: one line      shown by `pipeline plan`
+    -- audit: not_null(k)         a check of the table it writes (see audits.py); this one may be given again
 
-Only these four words make a header; any other comment is a comment (`-- NOTE: ...`, `-- TODO: ...`), except a word
+Only these five words make a header; any other comment is a comment (`-- NOTE: ...`, `-- TODO: ...`), except a word
 so close to a header that it is most likely a misspelt one (`-- depend_on: a`): that is an error, lest a dependency
 be dropped without a word. Every error names the file and line: `PipelineError`.
 """
@@ -27,7 +28,8 @@ from sqlglot.tokens import TokenType
 
 from ducklake_kit.errors import KitError
 
-HEADERS = ("id", "depends_on", "node", "description")
+HEADERS = ("id", "depends_on", "node", "description", "audit")
+REPEATABLE = ("audit",)  # headers a statement may carry more than once
 DIALECT = "duckdb"
 
 
@@ -54,6 +56,7 @@ class Statement:
     line: int  # where the statement starts (1-based)
     position: int  # 1-based position among the file's statements
     headers: dict[str, Header] = field(default_factory=dict)
+    audits: list[Header] = field(default_factory=list)  # every `-- audit:` line, in order
 
     def header(self, key: str) -> str | None:
         h = self.headers.get(key)
@@ -124,8 +127,9 @@ def _header_lines(source: str, start: int, end: int, file: str) -> list[tuple[in
     return out
 
 
-def _headers(found: list[tuple[int, str, str, bool]], file: str) -> dict[str, Header]:
+def _headers(found: list[tuple[int, str, str, bool]], file: str) -> tuple[dict[str, Header], list[Header]]:
     headers: dict[str, Header] = {}
+    repeated: list[Header] = []
     for line, key, value, own_line in found:
         if not own_line:
             raise PipelineError(
@@ -141,6 +145,9 @@ def _headers(found: list[tuple[int, str, str, bool]], file: str) -> dict[str, He
                 f"unknown header '{key}' (did you mean '{_misspelt(key)}'?)",
                 f"spell it as one of {', '.join(HEADERS)}; for a plain comment, leave out the colon",
             )
+        if key in REPEATABLE:
+            repeated.append(Header(key, value, line))
+            continue
         if key in headers:
             raise PipelineError(
                 file,
@@ -149,7 +156,7 @@ def _headers(found: list[tuple[int, str, str, bool]], file: str) -> dict[str, He
                 "keep one",
             )
         headers[key] = Header(key, value, line)
-    return headers
+    return headers, repeated
 
 
 def split_statements(source: str, file: str = "<sql>") -> list[Statement]:
@@ -190,11 +197,15 @@ def split_statements(source: str, file: str = "<sql>") -> list[Statement]:
                     f"header '{inside[0][1]}' inside a statement",
                     "end the statement above it with `;`",
                 )
-        headers = _headers(found, file)
+        headers, audits = _headers(found, file)
         first, last = words[0], words[-1]
         statements.append(
             Statement(
-                source[first.start : last.end + 1].strip(), _line(source, first.start), len(statements) + 1, headers
+                source[first.start : last.end + 1].strip(),
+                _line(source, first.start),
+                len(statements) + 1,
+                headers,
+                audits,
             )
         )
         gap_start = chunk[-1].end + 1  # after its `;` (or its last word)

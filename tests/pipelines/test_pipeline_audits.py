@@ -1,0 +1,146 @@
+"""Audits (`-- audit:`) on the real lake and worker plane: each kind passes on clean data and fails on data that
+breaks it; a failed audit fails its node, skips its dependents with the reason, and rolls its write back (the
+table's rows are those of the last good run and the only new snapshot is the run's history). Header errors are
+one line naming the file and line (no services)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ducklake_kit.lake import Lake
+from ducklake_kit.pipelines import dag, flow
+from ducklake_kit.pipelines.sqlfile import PipelineError
+from ducklake_kit.workers import plane
+from ducklake_kit.workers.config import PlaneConfig
+
+S = "pipeline_audits"
+GOOD = "SELECT * FROM (VALUES (1, 'a'), (2, 'b'), (3, 'a')) v(k, s)"
+# audit -> the source rows that break it
+CASES = {
+    "not_null(k)": "SELECT * FROM (VALUES (1, 'a'), (NULL, 'b')) v(k, s)",
+    "unique(k)": "SELECT * FROM (VALUES (1, 'a'), (1, 'b'), (NULL, 'a'), (NULL, 'a')) v(k, s)",
+    "accepted_values(s, 'a', 'b')": "SELECT * FROM (VALUES (1, 'a'), (2, 'c'), (3, NULL)) v(k, s)",
+    "row_count > 0": "SELECT 1 AS k, 'a' AS s WHERE false",
+    "sql_file('audits/no_negative.sql')": "SELECT * FROM (VALUES (1, 'a'), (-2, 'b')) v(k, s)",
+}
+
+
+class Audited:
+    def __init__(self, stack, folder: Path):
+        self.ep = stack.platform.endpoints()
+        self.address = PlaneConfig.of(stack.state, None).address
+        self.folder = folder
+
+    def sql(self, text: str):
+        with Lake(self.ep) as lake:
+            return lake.con.execute(text).fetchall()
+
+    def snapshots(self) -> int:
+        with Lake(self.ep) as lake:
+            return lake.con.execute(f"SELECT count(*) FROM ducklake_snapshots('{lake.alias}')").fetchone()[0]
+
+    def last_snapshot(self) -> int:
+        with Lake(self.ep) as lake:
+            return lake.current_snapshot()
+
+
+@pytest.fixture(scope="module")
+def audited(stack, tmp_path_factory):
+    ep = stack.platform.endpoints()
+    plane.up(stack.state, ep, 2)
+    with Lake(ep) as lake:
+        lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}")
+    return Audited(stack, tmp_path_factory.mktemp("audits"))
+
+
+@pytest.mark.parametrize("audit", list(CASES))
+def test_each_audit_passes_on_clean_data_and_fails_on_data_that_breaks_it(audited, audit):
+    name = "".join(c for c in audit.split("(")[0].split(" ")[0] if c.isalnum() or c == "_")
+    src, built, child = f"{S}.src_{name}", f"{S}.built_{name}", f"{S}.child_{name}"
+    (audited.folder / "audits").mkdir(exist_ok=True)
+    (audited.folder / "audits" / "no_negative.sql").write_text(f"SELECT * FROM {built} WHERE k < 0;\n")
+    path = audited.folder / f"{name}.sql"
+    path.write_text(
+        f"-- id: build\n-- audit: {audit}\nCREATE OR REPLACE TABLE {built} AS SELECT * FROM {src};\n\n"
+        f"-- id: child\nCREATE OR REPLACE TABLE {child} AS SELECT count(*) AS n FROM {built};\n"
+    )
+    audited.sql(f"CREATE OR REPLACE TABLE {src} AS {GOOD}")
+    plan = flow.plan(path, audited.address, audited.ep).as_dict()
+    assert plan["nodes"][0]["audits"][0]["audit"] == audit and plan["nodes"][0]["audited"] == built
+
+    good = flow.run(path, audited.address, audited.ep)
+    assert {n.id: n.status for n in good.run.nodes} == {"build": "ok", "child": "ok"}, good.run.nodes
+    assert good.run.node("build").audits == [{"audit": audit, "table": built, "status": "passed", "error": None}]
+    rows = audited.sql(f"SELECT * FROM {built} ORDER BY ALL")
+    assert rows == [(1, "a"), (2, "b"), (3, "a")]
+
+    audited.sql(f"CREATE OR REPLACE TABLE {src} AS {CASES[audit]}")
+    before = audited.snapshots()
+    bad = flow.run(path, audited.address, audited.ep)
+    build = bad.run.node("build")
+    assert (build.status, bad.run.node("child").status) == ("failed", "skipped"), bad.run.nodes
+    assert f"audit {audit} failed on {built}: " in build.error and build.error.endswith("(rolled back)"), build.error
+    assert bad.run.node("child").reason == "not run: its dependency build failed"
+    assert build.audits[0]["status"] == "failed"
+    # rolled back: the table holds the last good run's rows, and the run's history is the one new snapshot
+    assert audited.sql(f"SELECT * FROM {built} ORDER BY ALL") == rows
+    assert audited.snapshots() == before + 1
+    assert audited.last_snapshot() == bad.history_snapshot
+    recorded = audited.sql(
+        f"SELECT status, audits FROM main.pipeline_nodes WHERE run_id = '{bad.run.run_id}' AND node_id = 'build'"
+    )
+    assert recorded[0][0] == "failed" and json.loads(recorded[0][1])[0]["status"] == "failed"
+
+    # the data fixed, the audit passes again and the child runs
+    audited.sql(f"CREATE OR REPLACE TABLE {src} AS {GOOD}")
+    fixed = flow.run(path, audited.address, audited.ep)
+    assert {n.id: n.status for n in fixed.run.nodes} == {"build": "ok", "child": "ok"}
+
+
+def test_audits_run_in_order_and_a_new_audit_runs_an_unchanged_node_again(audited, tmp_path):
+    src, built = f"{S}.src_order", f"{S}.built_order"
+    audited.sql(f"CREATE OR REPLACE TABLE {src} AS SELECT * FROM (VALUES (1, 'a'), (1, 'z')) v(k, s)")
+    path = tmp_path / "order.sql"
+    body = f"CREATE OR REPLACE TABLE {built} AS SELECT * FROM {src};\n"
+    path.write_text("-- id: build\n-- audit: not_null(k)\n" + body)
+    assert flow.run(path, audited.address, audited.ep).run.node("build").status == "ok"
+    assert flow.run(path, audited.address, audited.ep).run.node("build").status == "unchanged"
+    path.write_text("-- id: build\n-- audit: not_null(k), unique(k)\n-- audit: accepted_values(s, 'a')\n" + body)
+    node = flow.run(path, audited.address, audited.ep).run.node("build")
+    assert node.why == "its audits are new or changed"
+    assert [(a["audit"], a["status"]) for a in node.audits] == [
+        ("not_null(k)", "passed"),
+        ("unique(k)", "failed"),
+        ("accepted_values(s, 'a')", "not run"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "header, expected",
+    [
+        (
+            "nonsense(k)",
+            "node 1: 'nonsense' is no audit (known: not_null, unique, accepted_values, row_count, sql_file)",
+        ),
+        ("not_null(1)", "node 1: not_null(1) takes one or more column names"),
+        ("accepted_values(s, x)", "node 1: accepted_values(s, x) takes a column and one or more literal values"),
+        ("not_null(k", "node 1: audit 'not_null(k' does not parse"),
+        ("sql_file('none.sql')", "node 1: sql_file('none.sql'): cannot read"),
+    ],
+)
+def test_a_bad_audit_is_one_line_with_its_line(tmp_path, header, expected):
+    path = tmp_path / "p.sql"
+    path.write_text(f"-- NOTE: a plain comment\n-- audit: {header}\nCREATE TABLE t AS SELECT 1 AS k;")
+    with pytest.raises(PipelineError) as err:
+        dag.load(path)
+    assert str(err.value).startswith(f"{path}:2: {expected}"), str(err.value)
+
+
+def test_an_audit_needs_one_table_written(tmp_path):
+    with pytest.raises(PipelineError, match="node q has audits but writes 0 tables"):
+        dag.build("-- id: q\n-- audit: row_count > 0\nSELECT 1 AS k;")
+    n = dag.build('-- audit: not_null("T (degC)")\nCREATE TABLE t AS SELECT 1 AS "T (degC)";').nodes["1"]
+    assert [a.text for a in n.audits] == ['not_null("T (degC)")'] and str(n.audited) == "t"
