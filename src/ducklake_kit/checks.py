@@ -30,7 +30,7 @@ class Check:
 
 
 class CheckRun:
-    """Collects checks and step timings; `ok` only when at least one check ran and all held."""
+    """Collects checks and timings; `ok` only when at least one check ran and all held."""
 
     def __init__(self) -> None:
         self.checks: list[Check] = []
@@ -69,7 +69,8 @@ class CheckRun:
         return out
 
     @contextmanager
-    def step(self, name: str) -> Iterator[None]:
+    def timed(self, name: str) -> Iterator[None]:
+        """Keep the time of what runs inside, under `name` (the run's `timings_s`)."""
         start = time.perf_counter()
         try:
             yield

@@ -13,7 +13,7 @@ from ducklake_kit.cli.output import console, print_json, table
 from ducklake_kit.cli.spark import print_cluster
 from ducklake_kit.cli.workers import print_plane
 from ducklake_kit.errors import EXIT_CHECK_FAILED, EXIT_ERROR, KitError
-from ducklake_kit.lake import connect as connect_mod
+from ducklake_kit.lake import clients
 from ducklake_kit.platforms import doctor as doctor_mod
 
 
@@ -211,7 +211,7 @@ def connect(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Print how to reach the catalog (psql, DBeaver), the lake (DuckDB CLI with an init SQL file), the worker plane,
     the Spark cluster and the console."""
     c: Kit = ctx.obj
-    info = connect_mod.describe(c.state, c.platform.endpoints())
+    info = clients.describe(c.state, c.platform.endpoints())
     info["worker_plane"] = _plane_address(c)
     info["spark"] = _spark_addresses(c)
     from ducklake_kit.platforms import console as console_mod
@@ -285,7 +285,7 @@ def _spark_addresses(c: Kit) -> dict[str, Any]:
 def shell(ctx: typer.Context) -> None:
     """Open the DuckDB CLI with the lake attached (the init SQL `connect` prints); extra arguments go to duckdb, e.g. -c "SQL"."""
     c: Kit = ctx.obj
-    argv = connect_mod.shell_argv(c.state, c.platform.endpoints(), list(ctx.args))
+    argv = clients.shell_argv(c.state, c.platform.endpoints(), list(ctx.args))
     try:
         code = subprocess.call(argv)
     except OSError as exc:

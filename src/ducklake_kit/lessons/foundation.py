@@ -36,7 +36,7 @@ class FoundationResult(LessonResult):
 
 @lesson("foundation")
 def run(kit: Kit, checks: CheckRun) -> FoundationResult:
-    with checks.step("up"):
+    with checks.timed("up"):
         kit.platform.up()
     statuses = kit.platform.status()  # measured after `up`, by a fresh round trip to each service
     checks.true(
@@ -45,12 +45,12 @@ def run(kit: Kit, checks: CheckRun) -> FoundationResult:
         actual=", ".join(f"{s.name}: {s.detail}" for s in statuses),
     )
     ep = kit.platform.endpoints()
-    with checks.step("buckets"):
+    with checks.timed("buckets"):
         buckets = s3.list_buckets(ep.s3)
     checks.true("buckets exist", set(BUCKETS) <= set(buckets), expected=list(BUCKETS), actual=buckets)
 
     snapshots: list[int] = []
-    with checks.step("create + 2 inserts"), Lake(ep) as lake:
+    with checks.timed("create + 2 inserts"), Lake(ep) as lake:
         # kit_smoke: this table's name before 2026-11 (one name for the foundation everywhere); dropped so it is not left over
         lake.run(
             f"DROP TABLE IF EXISTS kit_smoke; DROP TABLE IF EXISTS {TABLE}; CREATE TABLE {TABLE} (id BIGINT, amount BIGINT)"
@@ -61,7 +61,7 @@ def run(kit: Kit, checks: CheckRun) -> FoundationResult:
             checks.equal(f"insert {lo}..{hi - 1} reports its affected rows", res.affected_rows, hi - lo)
             snapshots.append(lake.current_snapshot())
 
-    with checks.step("checks"), Lake(ep) as lake:
+    with checks.timed("checks"), Lake(ep) as lake:
         expected_rows, expected_sum = 0, 0
         checks.equal("each insert made one new snapshot", snapshots, [created_at + 1, created_at + 2])
         changes = dict(

@@ -160,7 +160,7 @@ class _Maintain:
         )
         self.snaps_before = snapshot_ids(lake)
         self.objects_before = s3_objects(self.ep)
-        with self.checks.step("maintain: fingerprint before"):
+        with self.checks.timed("maintain: fingerprint before"):
             self.fp_before = fingerprint(lake)
             # the oldest snapshot that will survive (not the current one): its answers must not change either
             survivors = [s for s in self.snaps_before[:-1] if s not in ops.expire(lake, self.args, dry_run=True)]
@@ -202,35 +202,35 @@ class _Maintain:
         done.flushed = self._flush()
         done.merged = self._merge()
         done.expired = self._expire()
-        with self.checks.step("maintain: clean up old files"):
+        with self.checks.timed("maintain: clean up old files"):
             self.say("deleting the files only expired snapshots used")
             done.cleaned = ops.cleanup_old_files(self.lake)
-        with self.checks.step("maintain: delete orphaned files"):
+        with self.checks.timed("maintain: delete orphaned files"):
             self.say("deleting orphaned files (written but never committed, e.g. by a killed load)")
             done.orphans_deleted = ops.delete_orphans(self.lake, self.cutoff)
-        with self.checks.step("maintain: files of dead loads"):
+        with self.checks.timed("maintain: files of dead loads"):
             if dead_loads:
                 done.dead_load_files_deleted = self._dead_loads()
             self._unreferenced_left()
-        with self.checks.step("maintain: checkpoint"):
+        with self.checks.timed("maintain: checkpoint"):
             self.say("CHECKPOINT")
             self.answer_preserving("CHECKPOINT", lambda: ops.checkpoint(self.lake))
         self.result.after = inventory(self.lake, self.ep)
 
     def _flush(self) -> dict[str, int]:
-        with self.checks.step("maintain: flush inlined data"):
+        with self.checks.timed("maintain: flush inlined data"):
             self.say("flushing inlined data into Parquet files")
             rows = self.answer_preserving("flushing inlined data", lambda: ops.flush(self.lake))
         return {f"{s}.{t}": int(n) for s, t, n in rows}
 
     def _merge(self) -> dict[str, dict[str, int]]:
-        with self.checks.step("maintain: merge adjacent files"):
+        with self.checks.timed("maintain: merge adjacent files"):
             self.say("merging adjacent small files")
             rows = self.answer_preserving("merging adjacent files", lambda: ops.merge(self.lake))
         return {f"{s}.{t}": {"files_processed": int(p), "files_created": int(c)} for s, t, p, c in rows}
 
     def _expire(self) -> list[int]:
-        with self.checks.step("maintain: expire snapshots"):
+        with self.checks.timed("maintain: expire snapshots"):
             versions = self.result.versions
             self.say(f"expiring snapshots {'in ' + str(versions) if versions else 'older than ' + self.result.cutoff}")
             return ops.expire(self.lake, self.args, dry_run=False)
@@ -254,7 +254,7 @@ class _Maintain:
     # -- after a real run: the lake answers as before, expired is gone, every needed file is there
 
     def check_after(self) -> None:
-        with self.checks.step("maintain: fingerprint after"):
+        with self.checks.timed("maintain: fingerprint after"):
             fp_after = fingerprint(self.lake)
         snaps_after = snapshot_ids(self.lake)
         self._check_answers(fp_after, snaps_after)

@@ -89,7 +89,7 @@ def check_queries(lake: Lake, checks: CheckRun, names: list[str] | None = None) 
         )
     answers: dict[str, Answer] = {}
     try:
-        with checks.step("queries: reference from the source files"):
+        with checks.timed("queries: reference from the source files"):
             ref = build_reference(lake)
     except UnreadableSource as exc:  # one failed check naming the file and the fix, and the lessons still run
         checks.true(

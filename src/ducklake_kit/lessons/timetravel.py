@@ -122,7 +122,7 @@ def build_story(kit: Kit, checks: CheckRun, *, rows_per_month: int = ROWS_PER_MO
     loads: list[LoadResult] = []
     for f in files:
         say(f"loading {f.period} into {TABLE} (one snapshot)")
-        with checks.step(f"timetravel: load {f.period}"):
+        with checks.timed(f"timetravel: load {f.period}"):
             loads.append(
                 run_load(
                     kit,
@@ -346,5 +346,5 @@ def check_story(lake: Lake, story: Story, checks: CheckRun) -> TimetravelResult:
 def run(kit: Kit, checks: CheckRun, *, rows_per_month: int = ROWS_PER_MONTH, seed: int = SEED) -> TimetravelResult:
     """Steps 1-4 (`build_story`), then every figure shown and checked (`check_story`)."""
     story = build_story(kit, checks, rows_per_month=rows_per_month, seed=seed)
-    with checks.step("timetravel: checks"), Lake(kit.platform.endpoints()) as lake:
+    with checks.timed("timetravel: checks"), Lake(kit.platform.endpoints()) as lake:
         return check_story(lake, story, checks)
