@@ -12,7 +12,6 @@ import os
 import urllib.error
 import urllib.request
 from html.parser import HTMLParser
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -22,42 +21,20 @@ from ducklake_kit.cli import app
 from ducklake_kit.lake import Lake, StatementFailed
 from ducklake_kit.platforms import console as console_mod
 from ducklake_kit.platforms import postgres, procs
-from ducklake_kit.workers import plane
 
-CHROMIUM = Path("/usr/bin/chromium")
-# no sandbox (root in CI), nothing fetched by the browser itself: Playwright's own browser download never runs here
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SCHEMA = "console_tests"
 ROWS = 250
 
 
-@pytest.fixture(scope="module")
-def web(stack):
-    """The console of the shared stack (two workers, a table of ROWS rows), started as a user starts it."""
-    ep = stack.platform.endpoints()
-    plane.up(stack.state, ep, 2)
-    with Lake(ep) as lake:
+@pytest.fixture(scope="module", autouse=True)
+def trips(stack):
+    """The module's schema, with a table of ROWS rows (made before the console starts)."""
+    with Lake(stack.platform.endpoints()) as lake:
         lake.run(
             f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE; CREATE SCHEMA {SCHEMA}; "
             f"CREATE TABLE {SCHEMA}.trips AS SELECT range AS id, 'zone ' || (range % 4) AS zone, "
             f"(range * 3) % 17 AS fare FROM range({ROWS})"
         )
-    made = CliRunner().invoke(app, ["console", "--json"], env={**stack.env, "COLUMNS": "200"})
-    try:
-        assert made.exit_code == 0, made.output
-        info = json.loads(made.stdout)["result"]
-        yield info
-    finally:
-        console_mod.stop(stack.state)
 
 
 def _get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
@@ -158,49 +135,6 @@ def test_the_served_page_names_no_other_host(web, stack):
 
 
 # -- in the browser ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not CHROMIUM.exists():
-        pytest.skip(f"{CHROMIUM} is absent: `apt-get install -y chromium` (Debian's) runs the browser tests")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture(scope="module")
-def session(browser, web):
-    """One page for the module, entered with the token; what it requested and what it logged as an error."""
-    context = browser.new_context()
-    page = context.new_page()
-    page.set_default_timeout(60_000)
-    seen = {"requests": [], "problems": []}
-    page.on("request", lambda r: seen["requests"].append(r.url))
-    page.on("console", lambda m: seen["problems"].append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda e: seen["problems"].append(str(e)))
-    page.goto(web["url_with_token"])
-    page.wait_for_selector("[data-testid=run]")
-    assert page.url == web["url"]  # the token went from the address bar
-    try:
-        yield page, seen
-    finally:
-        context.close()
-
-
-@pytest.fixture
-def page(session, web):
-    page, seen = session
-    yield page
-    assert seen["problems"] == [], "the page logged errors in the browser's console"
-    origin = web["url"].rstrip("/")
-    foreign = sorted({u for u in seen["requests"] if not u.startswith((origin + "/", "data:", "blob:"))})
-    assert foreign == [], "the page loaded something from another address"
 
 
 def _run(page, web, sql: str, shape: str = "Table", worker: str | None = None) -> None:

@@ -148,6 +148,34 @@ class Backend:
 
         return self.on_lake(lambda lake: strata.data_files(lake, table))
 
+    # -- dynamic tables (their metadata lives in PostgreSQL beside the lake) -----------------------------------
+    def dynamic_tables(self) -> list[tuple[Any, Any]]:
+        """Every dynamic table's Definition with its last Refresh (None: never refreshed)."""
+        from ducklake_kit.dynamic_tables.metadata import Metadata
+
+        with Metadata(self.endpoints) as meta:
+            return [(d, next(iter(meta.history(d.name, 1)), None)) for d in meta.all()]
+
+    def dynamic_history(self, name: str, limit: int = 50) -> tuple[Any, list]:
+        """A dynamic table's Definition and its refreshes, newest first (as `dynamic show` and `dynamic history`)."""
+        from ducklake_kit.dynamic_tables import manage
+        from ducklake_kit.dynamic_tables.metadata import Metadata
+
+        with Metadata(self.endpoints) as meta:
+            d = manage.get(meta, name)
+            return d, meta.history(d.name, limit)
+
+    def dynamic_refresh(self, name: str) -> list:
+        """Refresh `name` now (the dynamic tables it reads first, as `dynamic refresh NAME`): the refreshes made."""
+        from ducklake_kit.dynamic_tables import manage
+        from ducklake_kit.dynamic_tables.metadata import Metadata
+
+        def work(lake: Lake) -> list:
+            with Metadata(self.endpoints) as meta:
+                return manage.refresh_many(lake, meta, [name]).refreshes
+
+        return self.on_lake(work)
+
     def catalog_tables(self) -> list[str]:
         return self.on_lake(explore.catalog_tables)
 

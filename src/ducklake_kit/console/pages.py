@@ -14,6 +14,10 @@ from nicegui import run, ui
 from ducklake_kit.console import shapes, strata
 from ducklake_kit.console.at_snapshot import at_snapshot
 from ducklake_kit.console.backend import Backend
+from ducklake_kit.console.widgets import error as _error
+from ducklake_kit.console.widgets import frame as _frame
+from ducklake_kit.console.widgets import table as _table
+from ducklake_kit.console.widgets import tid as _tid
 from ducklake_kit.errors import KitError
 from ducklake_kit.workers.query import DEFAULT_ROWS, QueryAnswer
 
@@ -22,38 +26,12 @@ MOST_DRAWN = 1000
 EXAMPLE = "SELECT schema_name, count(*) AS tables\nFROM duckdb_tables()\nGROUP BY ALL\nORDER BY 1"
 
 
-def _tid(element, name: str):
-    return element.props(f'data-testid="{name}"')
-
-
-def _frame(title: str) -> None:
-    with ui.header().classes("items-center gap-6 bg-blue-grey-9"):
-        ui.label("ducklake-kit console").classes("text-lg font-bold")
-        ui.link("Query", "/").classes("text-white")
-        ui.link("Lake", "/lake").classes("text-white")
-        ui.link("Workers", "/workers").classes("text-white")
-        ui.label(title).classes("opacity-60")
-
-
-def _error(text: str, testid: str = "error") -> None:
-    _tid(ui.label(text).classes("text-negative font-mono whitespace-pre-wrap"), testid)
-
-
 def _summary(answer: QueryAnswer) -> str:
     if answer.total_rows is None:
         rows = answer.message or answer.statement_type
     else:
         rows = f"{answer.total_rows} rows, {len(answer.rows)} drawn"
     return f"{rows} · snapshot {answer.snapshot_id} · worker {answer.worker} · {answer.seconds:.3f} s"
-
-
-def _table(columns: list[str], rows: list[tuple], testid: str):
-    return _tid(
-        ui.table(columns=shapes.table_columns(columns), rows=shapes.table_rows(rows), row_key="_row").props(
-            "dense flat bordered"
-        ),
-        testid,
-    ).classes("w-full")
 
 
 def _draw(answer: QueryAnswer, shape: str) -> None:
@@ -353,6 +331,9 @@ def _changes(changes: dict[str, list[str]]) -> str:
 
 
 def register(backend: Backend) -> None:
+    from ducklake_kit.console import dynamic_page
+
     query_page(backend)
     lake_page(backend)
+    dynamic_page.register(backend)
     workers_page(backend)
