@@ -109,3 +109,93 @@ def test_the_dynamic_tables_page_says_what_dynamic_show_says_and_refreshes_now(p
     assert row[6].startswith(f"#{again['last_refresh']['id']} SUCCEEDED INCREMENTAL") and row[7] == str(now)
     with Lake(stack.platform.endpoints()) as lake:
         assert lake.run(f"SELECT n FROM {DYNAMIC} WHERE grp = 7")[-1].rows == [(3,)]
+
+
+PIPELINE = "console_pages_run"
+PIPELINE_SQL = f"""-- id: base
+CREATE OR REPLACE TABLE {SCHEMA}.p_base AS SELECT range AS id, range % 3 AS grp FROM range(1000);
+
+-- id: slow
+-- depends_on: base
+-- description: seconds of work, so that the page is seen drawing it running while the others wait
+CREATE OR REPLACE TABLE {SCHEMA}.p_slow AS
+SELECT grp, count(*) AS n, (SELECT count(*) FROM range(150000000) WHERE range % 7 = 3) AS busy
+FROM {SCHEMA}.p_base GROUP BY grp;
+
+-- id: quick
+-- depends_on: base
+CREATE OR REPLACE TABLE {SCHEMA}.p_quick AS SELECT id * 2 AS twice, grp FROM {SCHEMA}.p_base;
+
+-- id: summary
+-- depends_on: slow, quick
+CREATE OR REPLACE TABLE {SCHEMA}.p_summary AS
+SELECT s.grp, s.n, count(q.twice) AS q FROM {SCHEMA}.p_slow s JOIN {SCHEMA}.p_quick q USING (grp) GROUP BY ALL;
+"""
+
+
+def test_the_lineage_page_draws_a_run_live_and_the_lineage_it_recorded(page, stack, web):
+    import time
+
+    from ducklake_kit.pipelines import history
+    from ducklake_kit.pipelines.runner import commit_message
+
+    page.goto(web["url"] + "lineage")
+    page.wait_for_selector("[data-testid=pipeline-run]")
+    assert "taxi_marts.sql" in page.locator("[data-testid=pipeline-file]").inner_text()  # the project's pipelines
+    page.locator("[data-testid=pipeline-sql]").fill(PIPELINE_SQL)
+    page.locator("[data-testid=pipeline-name]").fill(PIPELINE)
+    page.locator("[data-testid=pipeline-run]").click()
+    seen: dict[str, list[str]] = {}  # node -> the states the page showed it in, in order
+    both: set[tuple[str, str]] = set()  # (slow's state, summary's state) seen at one moment
+    deadline = time.monotonic() + 300
+    while not page.locator("[data-testid=pipeline-done]").count():
+        assert time.monotonic() < deadline, f"the run did not end: {seen}"
+        rows = dict(r.split("\t")[:2] for r in page.locator("[data-testid=pipeline-nodes] tbody tr").all_inner_texts())
+        for node, state in rows.items():
+            if not seen.get(node) or seen[node][-1] != state:
+                seen.setdefault(node, []).append(state)
+        if rows:
+            both.add((rows.get("slow"), rows.get("summary")))
+        page.wait_for_timeout(100)
+    done = page.locator("[data-testid=pipeline-done]").inner_text()
+    assert done.startswith("run ") and f" of {PIPELINE}: ok (4 ok)" in done, done
+    run_id = done.split()[1]
+    # live: the slow node was drawn running while the node after it still waited, and every node ended ok
+    assert ("running", "pending") in both, both
+    final = dict(r.split("\t")[:2] for r in page.locator("[data-testid=pipeline-nodes] tbody tr").all_inner_texts())
+    assert final == dict.fromkeys(["base", "slow", "quick", "summary"], "ok")
+    for node, states in seen.items():  # never backwards: pending, then running, then ok
+        order = ["pending", "running", "ok"]
+        assert states == sorted(states, key=order.index) and states[-1] == "ok", (node, states)
+    drawn = page.locator("[data-testid=pipeline-graph]").evaluate(
+        "el => { const s = getElement(el).chart.getOption().series[0];"
+        " return {nodes: s.data.map(d => [d.name, d.value]), links: s.links.map(l => [l.source, l.target])}; }"
+    )
+    assert sorted(drawn["nodes"]) == [[n, "ok"] for n in ["base", "quick", "slow", "summary"]]
+    assert sorted(drawn["links"]) == [["base", "quick"], ["base", "slow"], ["quick", "summary"], ["slow", "summary"]]
+    # what the lake recorded: this run, every node ok, each node's snapshot the one its commit made
+    with Lake(stack.platform.endpoints()) as lake:
+        assert history.last_run(lake, PIPELINE) == (run_id, dict.fromkeys(final, "ok"))
+        made = dict(
+            lake.con.execute(
+                "SELECT commit_message, snapshot_id FROM ducklake_snapshots('lake') WHERE commit_message LIKE ?",
+                [f"pipeline {PIPELINE}: %"],
+            ).fetchall()
+        )
+    snapshots = {
+        r.split("\t")[0]: r.split("\t")[4]
+        for r in page.locator("[data-testid=pipeline-nodes] tbody tr").all_inner_texts()
+    }
+    assert snapshots == {n: str(made[commit_message(PIPELINE, n, run_id)]) for n in final}
+    # the lineage it recorded, as `pipeline lineage --columns` says it
+    page.locator("[data-testid=lineage-table]").fill(f"{SCHEMA}.p_summary")
+    page.locator("[data-testid=lineage-run]").click()
+    page.wait_for_selector("[data-testid=lineage-summary], [data-testid=lineage-error]")
+    told = _kit(stack, "pipeline", "lineage", f"{SCHEMA}.p_summary", "--columns")
+    edges = [r.split("\t") for r in page.locator("[data-testid=lineage-edges] tbody tr").all_inner_texts()]
+    assert edges == [[e["child"], e["parent"], e["pipeline"], e["node"]] for e in told["edges"]]
+    columns = [r.split("\t") for r in page.locator("[data-testid=lineage-columns] tbody tr").all_inner_texts()]
+    assert columns == [
+        [f"{c['child']}.{c['child_column']}", f"{c['parent']}.{c['parent_column']}"] for c in told["columns"]
+    ]
+    assert [f"{SCHEMA}.p_summary.q", f"{SCHEMA}.p_quick.twice"] in columns

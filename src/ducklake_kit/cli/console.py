@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from pathlib import Path
 
 import typer
 
@@ -16,9 +17,11 @@ from ducklake_kit.cli.output import print_json
 def console(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     """Start the lake console in the background (or find it running) and print its URL with its token: Query runs SQL
     as a task on the worker plane and draws the answer as a message, a table or a chart; Lake shows the tables, the
-    snapshot timeline, a table's diff between two snapshots and the raw catalog tables; Workers lists the plane's
-    workers. It listens on 127.0.0.1 (a free port) and refuses any request
-    without the token; the token is also in the state folder's console/token. `down` stops it."""
+    snapshot timeline, any query at a snapshot, a table's data files by snapshot, a table's diff between two
+    snapshots and the raw catalog tables; Dynamic tables shows each one's lag, mode and refreshes (Refresh now);
+    Lineage runs a pipeline of the pipelines/ folder and draws its nodes' states live, and a table's lineage;
+    Workers lists the plane's workers. It listens on 127.0.0.1 (a free port) and refuses any request without the
+    token; the token is also in the state folder's console/token. `down` stops it."""
     from ducklake_kit.platforms import console as console_mod  # psutil loads only when the command runs
     from ducklake_kit.workers.config import PlaneConfig  # no Dask import: the server connects itself
 
@@ -26,6 +29,7 @@ def console(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     plane = PlaneConfig.of(c.state, c.scheduler)
     settings = {
         "platform": c.platform_name,
+        "pipelines_dir": str(Path.cwd() / "pipelines"),  # the Lineage page's list of pipeline files
         "endpoints": asdict(c.platform.endpoints()),
         "plane": {
             "address": plane.address,

@@ -4,9 +4,11 @@ one line, as the CLI says it."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from ducklake_kit.errors import KitError, first_line
@@ -37,6 +39,13 @@ class Backend:
         self.dashboard: str | None = plane.get("dashboard")
         self.tls = ClientTLS(**plane["tls"]) if plane.get("tls") else None
         self.platform = settings.get("platform", "")
+        self.pipelines_dir = Path(settings["pipelines_dir"]) if settings.get("pipelines_dir") else None
+        if self.tls is not None and self.address:
+            # the library's own clients of the plane (a pipeline run's) find the plane's TLS files as a user's
+            # cluster's are found: paths in this process's environment (no secret: the files are 0600, ours)
+            os.environ["DUCKLAKE_SCHEDULER_TLS_CA"] = self.tls.ca_file
+            os.environ["DUCKLAKE_SCHEDULER_TLS_CERT"] = self.tls.cert
+            os.environ["DUCKLAKE_SCHEDULER_TLS_KEY"] = self.tls.key or ""
         self._plane = None
         self._lake: Lake | None = None
         self._plane_lock = threading.Lock()
@@ -175,6 +184,44 @@ class Backend:
                 return manage.refresh_many(lake, meta, [name]).refreshes
 
         return self.on_lake(work)
+
+    # -- pipelines -----------------------------------------------------------------------------------------------
+    def pipeline_files(self) -> list[str]:
+        """The pipeline files of the project's pipelines/ folder (where `console` was started), by name."""
+        if self.pipelines_dir is None or not self.pipelines_dir.is_dir():
+            return []
+        try:
+            return sorted(p.name for p in self.pipelines_dir.glob("*.sql"))
+        except OSError:
+            return []
+
+    def pipeline_text(self, name: str) -> str:
+        path = (self.pipelines_dir or Path(".")) / Path(name).name  # a name of the folder's list, never a path
+        try:
+            return path.read_text(encoding="utf-8-sig")
+        except OSError as exc:
+            raise KitError(f"cannot read the pipeline file {path} ({exc.strerror})", "check the file") from None
+
+    def build_pipeline(self, text: str, name: str):
+        """The pipeline in `text` (as `pipeline plan` reads a file named `name`): its nodes and edges, or one line."""
+        from ducklake_kit.pipelines import dag
+
+        return dag.build(text, name, name=Path(name).stem)
+
+    def run_pipeline(self, pipeline, on_event: Callable[[str, Any], None]):
+        """Run it as `pipeline run FILE` does (on the plane, change-aware, recorded in the lake); `on_event` as each
+        node starts and ends. The flow's RunOutcome (None: nothing to run)."""
+        from ducklake_kit.pipelines import flow
+
+        return flow.run(
+            pipeline, self.address, self.endpoints, flow.DEFAULTS, platform_name=self.platform, on_event=on_event
+        )
+
+    def lineage(self, table: str):
+        """The recorded table and column lineage of `table` (as `pipeline lineage TABLE --columns`)."""
+        from ducklake_kit.pipelines import flow
+
+        return flow.lineage(self.endpoints, table, columns=True)
 
     def catalog_tables(self) -> list[str]:
         return self.on_lake(explore.catalog_tables)

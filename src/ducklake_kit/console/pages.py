@@ -331,9 +331,10 @@ def _changes(changes: dict[str, list[str]]) -> str:
 
 
 def register(backend: Backend) -> None:
-    from ducklake_kit.console import dynamic_page
+    from ducklake_kit.console import dynamic_page, lineage_page
 
     query_page(backend)
     lake_page(backend)
     dynamic_page.register(backend)
+    lineage_page.register(backend)
     workers_page(backend)

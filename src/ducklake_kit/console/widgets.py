@@ -11,6 +11,7 @@ PAGES = [
     ("Query", "/"),
     ("Lake", "/lake"),
     ("Dynamic tables", "/dynamic"),
+    ("Lineage", "/lineage"),
     ("Workers", "/workers"),
 ]
 
