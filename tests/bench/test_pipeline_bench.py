@@ -23,7 +23,7 @@ def test_pipeline_bench_figures_hold_together(stack, tmp_path):
     r = bench_pipeline(
         Kit.on(stack.platform, stack.state),
         workers=2,
-        shape=DagShape(independent=3, chain=2, node_s=0.1, scheduling_nodes=6, lake_nodes=3),
+        shape=DagShape(independent=3, chain=2, node_s=0.1, scheduling_nodes=6, lake_nodes=3, months=3, month_rows=1000),
         json_path=out,
     )
     p, s = r.parallel, r.serial
@@ -36,6 +36,10 @@ def test_pipeline_bench_figures_hold_together(stack, tmp_path):
     # the change-aware pair: the second run of the unchanged lake DAG ran nothing, and is timed end to end
     c = r.changes
     assert (c.nodes, c.unchanged_nodes) == (3, 3) and c.forced_run_s > 0 and c.unchanged_run_s > 0
+    # the incremental node after one more month read that month's rows alone: 1000 of 4000 (every month the same size)
+    i = r.incremental
+    assert (i.mode, i.equals_full, i.rows_read_incremental, i.rows_full_rebuild) == ("incremental", True, 1000, 4000)
+    assert i.ratio == 0.25 and i.full_run_s > 0 and i.incremental_run_s > 0
     doc = json.loads(out.read_text())
     assert set(doc["goals"]) == {"makespan <= 1.15 x bound", "scheduling < 10 ms a node"}
     assert doc["machine"]["cores"] and doc["parallel"]["vs_bound"] == p.vs_bound
@@ -47,6 +51,8 @@ def test_pipeline_bench_figures_hold_together(stack, tmp_path):
     assert report.defect is None and json.loads(json.dumps(report.as_dict(), default=str)) == doc
     assert doc["changes"]["unchanged_nodes"] == 3
     assert (
-        report.notes[-1].startswith("change-aware: 3 lake tables, a --force run")
-        and "3 of 3 nodes unchanged" in (report.notes[-1])
+        report.notes[-2].startswith("change-aware: 3 lake tables, a --force run")
+        and "3 of 3 nodes unchanged" in (report.notes[-2])
     )
+    assert report.notes[-1].startswith("incremental_by_time after one more month (3 before, 1,000 rows each): read ")
+    assert "(ratio 0.25, 1/4 = 0.2500)" in report.notes[-1] and report.notes[-1].endswith("full rebuild: yes")

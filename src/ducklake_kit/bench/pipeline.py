@@ -11,6 +11,12 @@ the runner: (makespan - the nodes' own time) / (N - 1), the N - 1 hand-overs fro
 Change-aware runs: a small DAG of lake tables (schema `bench_pipeline`) run end to end as `pipeline run --force`
 does (every node, the history recorded), then again as `pipeline run` does: every node must be left unchanged, and
 the second run's time is what deciding that costs (the catalog read, the fingerprints, the history written).
+
+Incremental nodes: a table of M months of events (`bench_pipeline.events`) and a node `-- kind:
+incremental_by_time(day)` that sums them per day, built in full; then one more month is appended and the node run
+again. The figure is the ratio of the source rows its incremental run read (those from the earliest new day on,
+counted in the lake) to the rows a full rebuild reads (all of them now): about 1 / (M + 1). The node's table is then
+compared with its query run in full (EXCEPT ALL both ways): a difference is a defect.
 """
 
 from __future__ import annotations
@@ -139,6 +145,83 @@ def _changes(kit: Kit, address: str, nodes: int) -> ChangeFigures:
     return ChangeFigures(nodes, round(times[0], 3), round(times[1], 3), unchanged)
 
 
+INCREMENTAL_QUERY = f"SELECT day, count(*) AS trips, sum(fare) AS fares FROM {CHANGES_SCHEMA}.events GROUP BY day"
+
+
+def _month_rows(month: int, rows: int) -> str:
+    """`rows` events spread over month `month` (0: January 2024), one day each, deterministic."""
+    return (
+        f"SELECT (DATE '2024-01-01' + INTERVAL ({month}) MONTH + INTERVAL (i % 28) DAY)::DATE AS day, "
+        f"(i % 97)::DECIMAL(18, 2) AS fare FROM range({rows}) t(i)"
+    )
+
+
+@dataclass
+class IncrementalFigures:
+    months_before: int  # months in the source when the node was built in full
+    month_rows: int
+    full_run_s: float  # the node built in full (every month), end to end
+    incremental_run_s: float  # after one more month: the node's incremental run, end to end
+    mode: str  # what the second run did: incremental (or full: a defect here)
+    rows_read_incremental: int  # source rows from the earliest new day on: what the incremental run read
+    rows_full_rebuild: int  # source rows now: what a full rebuild reads
+    ratio: float  # rows_read_incremental / rows_full_rebuild
+    equals_full: bool  # the node's table equals its query run in full, EXCEPT ALL both ways
+
+
+def _incremental(kit: Kit, address: str, months: int, month_rows: int) -> IncrementalFigures:
+    import time
+
+    from ducklake_kit.lake import Lake
+    from ducklake_kit.pipelines import flow
+
+    ep = kit.platform.endpoints()
+    first = " UNION ALL ".join(_month_rows(m, month_rows) for m in range(months))
+    with Lake(ep) as lake:
+        lake.run(f"CREATE SCHEMA IF NOT EXISTS {CHANGES_SCHEMA}")
+        lake.run(f"CREATE OR REPLACE TABLE {CHANGES_SCHEMA}.events AS {first}")
+    source = (
+        f"-- id: daily\n-- kind: incremental_by_time(day)\n"
+        f"CREATE OR REPLACE TABLE {CHANGES_SCHEMA}.daily AS {INCREMENTAL_QUERY};"
+    )
+    pipeline = build(source, "<bench incremental>", name="bench_incremental")
+    t0 = time.perf_counter()
+    full = flow.run(pipeline, address, ep, flow.Options(force=True), platform_name=kit.platform.name).run
+    full_s = time.perf_counter() - t0
+    with Lake(ep) as lake:
+        lake.run(f"INSERT INTO {CHANGES_SCHEMA}.events {_month_rows(months, month_rows)}")
+    t0 = time.perf_counter()
+    again = flow.run(pipeline, address, ep, platform_name=kit.platform.name).run
+    incremental_s = time.perf_counter() - t0
+    node = again.node("daily")
+    if not (full.ok and again.ok):
+        raise KitError(
+            f"the incremental node failed ({node.error or node.reason})", "run `workers` to see the workers' state"
+        )
+    record = node.incremental or {}
+    with Lake(ep) as lake:
+        since = record.get("from")
+        read, total = lake.con.execute(
+            f"SELECT count(*) FILTER (day >= CAST(? AS DATE)), count(*) FROM {CHANGES_SCHEMA}.events",
+            [since or "9999-12-31"],
+        ).fetchone()
+        only_table, only_full = lake.con.execute(
+            f"SELECT (SELECT count(*) FROM (FROM {CHANGES_SCHEMA}.daily EXCEPT ALL {INCREMENTAL_QUERY})), "
+            f"(SELECT count(*) FROM ({INCREMENTAL_QUERY} EXCEPT ALL FROM {CHANGES_SCHEMA}.daily))"
+        ).fetchone()
+    return IncrementalFigures(
+        months,
+        month_rows,
+        round(full_s, 3),
+        round(incremental_s, 3),
+        str(record.get("mode")),
+        read,
+        total,
+        round(read / total, 4) if total else 0.0,
+        only_table == 0 and only_full == 0,
+    )
+
+
 @dataclass
 class PipelineBench:
     machine: Machine
@@ -153,6 +236,7 @@ class PipelineBench:
     scheduling_ms_per_node: float
     order_held: bool  # the parallel run's order held: every node started after its dependencies finished
     changes: ChangeFigures | None = None  # a forced run and an unchanged one of a small lake DAG, end to end
+    incremental: IncrementalFigures | None = None  # an incremental_by_time node after one more month
 
     @property
     def goals(self) -> dict[str, bool]:
@@ -191,6 +275,8 @@ class DagShape:
     node_s: float = 0.4
     scheduling_nodes: int = 50
     lake_nodes: int = 8  # the change-aware pair's DAG
+    months: int = 6  # the incremental node's source, in months, before one more is appended
+    month_rows: int = 100_000
 
 
 def bench_pipeline(
@@ -237,6 +323,8 @@ def bench_pipeline(
         chained = _run_ok(trivial, wp, RunChoice(among=names))
         say(f"change-aware runs: {shape.lake_nodes} lake tables run with --force, then again unchanged")
         changes = _changes(kit, status.address, shape.lake_nodes)
+        say(f"incremental: {shape.months} months of events built in full, then one more month")
+        incremental = _incremental(kit, status.address, shape.months, shape.month_rows)
     par, ser = figures(dag, parallel, workers), figures(serial_dag, serial, 1)
     own = sum(_seconds(n) for n in chained.nodes)
     per_node_ms = (makespan(chained) - own) / max(scheduling_nodes - 1, 1) * 1000
@@ -253,6 +341,7 @@ def bench_pipeline(
         round(per_node_ms, 3),
         _order_held(dag, parallel) and _order_held(trivial, chained),
         changes,
+        incremental,
     )
     write_outputs(out, json_path, None)
     return out

@@ -267,6 +267,16 @@ def pipeline_report(r: PipelineBench) -> Report:
             f"{c.unchanged_run_s} s with {c.unchanged_nodes} of {c.nodes} nodes unchanged (end to end)"
         )
     unchanged = c is None or c.unchanged_nodes == c.nodes
+    i = r.incremental
+    if i is not None:
+        notes.append(
+            f"incremental_by_time after one more month ({i.months_before} before, {i.month_rows:,} rows each): read "
+            f"{i.rows_read_incremental:,} of {i.rows_full_rebuild:,} source rows a full rebuild reads (ratio "
+            f"{i.ratio}, 1/{i.months_before + 1} = {1 / (i.months_before + 1):.4f}); {i.mode} run "
+            f"{i.incremental_run_s} s vs the full build {i.full_run_s} s; equals a full rebuild: "
+            f"{'yes' if i.equals_full else 'NO'}"
+        )
+    incremental_ok = i is None or (i.equals_full and i.mode == "incremental")
     title = (
         f"bench --suite pipeline: {r.independent} independent nodes + a chain of {r.chain} "
         f"({r.rows_per_node:,} rows of md5 each) on {r.workers} workers ({r.machine.cores} cores; load "
@@ -279,11 +289,13 @@ def pipeline_report(r: PipelineBench) -> Report:
         notes,
         r.as_dict(),
         defect=None
-        if r.order_held and unchanged
+        if r.order_held and unchanged and incremental_ok
         else (
             "a node started before one of its dependencies finished"
             if not r.order_held
             else "a second run of an unchanged pipeline ran nodes"
+            if not unchanged
+            else "the incremental node did not run incrementally or differs from a full rebuild"
         ),
         fix="this is a defect of the runner: report it",
     )

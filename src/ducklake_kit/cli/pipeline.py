@@ -125,6 +125,12 @@ def _print_plan(plan: Plan) -> None:
     for n in p.nodes.values():
         if n.pin_reason and n.pin_reason != "-- node":
             out.print(f"node {n.id} runs on {n.pin}: it {n.pin_reason}", markup=False)
+        if n.kind is not None:
+            out.print(
+                f"node {n.id} is {n.kind.text}: once built, a run reads only what changed in {n.kind.source} since "
+                "its last run",
+                markup=False,
+            )
     if plan.workers is not None:
         out.print(f"workers running: {', '.join(plan.workers) or 'none'}", markup=False)
     if plan.decisions is not None:
@@ -171,7 +177,7 @@ def run_cmd(
     force: ForceOpt = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Run the pipeline on the worker plane: each node as soon as its dependencies are done; a failed node's descendants are skipped. Change-aware: a node whose SQL and input tables are unchanged since its last successful run is left `unchanged` (say --force to run it). A node's `-- audit:` checks run in its transaction: a failed audit fails the node and rolls its write back. Exit 1 if a node failed."""
+    """Run the pipeline on the worker plane: each node as soon as its dependencies are done; a failed node's descendants are skipped. Change-aware: a node whose SQL and input tables are unchanged since its last successful run is left `unchanged` (say --force to run it). A node's `-- audit:` checks run in its transaction: a failed audit fails the node and rolls its write back. An incremental node (`-- kind: incremental_by_time(col)` or `incremental_by_key(col)`) reads only its source's rows changed since its last run. Exit 1 if a node failed."""
     from ducklake_kit.pipelines import flow
 
     c: Kit = ctx.obj

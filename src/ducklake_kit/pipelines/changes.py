@@ -378,6 +378,10 @@ class Decider:
         read = reads.get(ref, set())
         return EVERY not in read and not (read & parent.change.columns)
 
+    def output_changed(self, node: Node, prev: Previous) -> str | None:
+        """Why the tables the node writes are not as its last run left them (None: they are)."""
+        return self._output_changed(node, prev)
+
     def _output_changed(self, node: Node, prev: Previous) -> str | None:
         assert prev.outputs is not None
         for t in outputs_of(node):

@@ -22,6 +22,8 @@ from sqlglot import exp
 from ducklake_kit.errors import first_line
 from ducklake_kit.pipelines.audits import Audit, AuditError
 from ducklake_kit.pipelines.audits import parse as parse_audits
+from ducklake_kit.pipelines.incremental import Kind, KindError
+from ducklake_kit.pipelines.incremental import parse as parse_kind
 from ducklake_kit.pipelines.sqlfile import PipelineError, Statement, read_file, split_statements
 from ducklake_kit.pipelines.tables import CHANGE, DROP, MAKE, TableRef, TableUse, table_use
 
@@ -53,6 +55,7 @@ class Node:
     depends_line: int | None = None  # the line of its `-- depends_on:` header
     audits: list[Audit] = field(default_factory=list)  # its `-- audit:` checks, of `audited`
     audited: TableRef | None = None  # the table its audits check: the one table it makes or changes
+    kind: Kind | None = None  # `-- kind:` incremental_by_time / incremental_by_key; None: a full node
 
     @property
     def writes_lake(self) -> bool:
@@ -206,8 +209,19 @@ def _nodes(statements: list[Statement], file: str) -> dict[str, Node]:
             stmt.headers["depends_on"].line if "depends_on" in stmt.headers else None,
             audits,
             audited,
+            _kind(stmt, node_id, use, file),
         )
     return nodes
+
+
+def _kind(stmt: Statement, node_id: str, use: TableUse, file: str) -> Kind | None:
+    header = stmt.headers.get("kind")
+    if header is None:
+        return None
+    try:
+        return parse_kind(header.value, node_id, use)
+    except KindError as exc:
+        raise PipelineError(file, header.line, exc.what, exc.fix) from None
 
 
 def _audits(stmt: Statement, node_id: str, use: TableUse, file: str) -> tuple[list[Audit], TableRef | None]:

@@ -13,7 +13,7 @@ from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.locks import held_exclusively, named_key
 from ducklake_kit.lake.transactions import snapshot_of_token
-from ducklake_kit.pipelines import changes, dag, history, runner
+from ducklake_kit.pipelines import changes, dag, history, incremental, runner
 from ducklake_kit.pipelines.dag import Node, Pipeline
 from ducklake_kit.pipelines.runner import FAILED, OK, SKIPPED, UNCHANGED, NodeRun, PipelineRun
 from ducklake_kit.platforms.base import Endpoints
@@ -51,6 +51,7 @@ class Plan:
                     "commits_snapshot": n.commits,
                     "audits": [a.as_dict() for a in n.audits],
                     "audited": str(n.audited) if n.audited else None,
+                    "kind": n.kind.as_dict() if n.kind else None,
                     "selected": n.id in self.selected,
                     "would_run": self.decisions[n.id].run if self.decisions and n.id in self.decisions else None,
                     "decision": self.decisions[n.id].as_dict() if self.decisions and n.id in self.decisions else None,
@@ -189,8 +190,13 @@ def run(
         decider = _decider(lake, pipeline)
         decider.local_plan = planned.local_plan
 
+        how: dict[str, incremental.Choice] = {}  # incremental nodes: what their run does
+
         def gate(node_id: str, _done: dict[str, NodeRun]) -> str | None:
             decision = decider.decide(node_id, force=force)
+            node = pipeline.nodes[node_id]
+            if decision.run and node.kind is not None:
+                how[node_id] = _incremental(lake, decider, node, decision, force)
             return None if decision.run else decision.reason
 
         def event(kind: str, node: NodeRun | Node) -> None:
@@ -201,12 +207,18 @@ def run(
         done = runner.run(
             pipeline,
             plane,
-            choice=runner.RunChoice(only, selector, options.timeout_s, gate=gate),
+            choice=runner.RunChoice(
+                only, selector, options.timeout_s, gate=gate, texts=lambda n: how[n].statements if n in how else None
+            ),
             run_id=run_id,
             on_event=event,
             landed=lambda token: snapshot_of_token(lake, token),
         )
         _fingerprints(pipeline, done, decider, changes.versions(lake))
+        for n in done.nodes:
+            if n.id in how and n.status != SKIPPED:
+                n.incremental = how[n.id].record | {"why": how[n.id].why}
+                n.why = f"{n.why}; {how[n.id].why}" if n.why else how[n.id].why
         warnings = list(pipeline.warnings)
         local: dict[str, list] = {}
         try:  # the worker-local tables' columns, for column lineage through them
@@ -224,6 +236,30 @@ def run(
         snapshot = history.record(lake, pipeline, done, lineage)
         info = lake.catalog_info(platform_name)
     return RunOutcome(done, lineage, warnings + lineage.warnings, snapshot, info)
+
+
+def _incremental(
+    lake: Lake, decider: changes.Decider, node: Node, decision: changes.Decision, force: bool
+) -> incremental.Choice:
+    """An incremental node that must run: incrementally when only its source changed since its last run (its SQL,
+    its other inputs and its table as that run left them), else in full, saying why."""
+    kind = node.kind
+    assert kind is not None
+    full = kind.as_dict() | {"mode": "full"}
+    prev = decider.previous.get(node.id)
+    if force:
+        return incremental.Choice(None, "a full build (--force)", full)
+    if prev is None or prev.status not in (OK, UNCHANGED) or prev.inputs is None or prev.outputs is None:
+        return incremental.Choice(None, "a full build: no successful run to add to", full)
+    if prev.sql_hash != decision.sql_hash:
+        return incremental.Choice(None, "a full build: its SQL changed", full)
+    other = sorted(t for t, v in decision.inputs.items() if prev.inputs.get(t) != v and t != str(kind.source))
+    if other:
+        return incremental.Choice(None, f"a full build: {other[0]} changed too", full)
+    if decider.output_changed(node, prev) is not None:
+        return incremental.Choice(None, f"a full build: {decider.output_changed(node, prev)}", full)
+    source = str(kind.source)
+    return incremental.choose(lake, kind, prev.inputs.get(source), decision.inputs.get(source))
 
 
 def _fingerprints(pipeline: Pipeline, done: PipelineRun, decider: changes.Decider, now: dict[str, str]) -> None:

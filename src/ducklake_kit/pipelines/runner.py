@@ -64,6 +64,7 @@ class NodeRun:
     inputs: dict[str, str] | None = None
     outputs: dict[str, str] | None = None
     audits: list[dict[str, Any]] = field(default_factory=list)  # each audit: passed, failed or not run (audit_outcomes)
+    incremental: dict[str, Any] | None = None  # an incremental node's run: full or incremental, over which changes
 
     @property
     def duration_ms(self) -> float | None:
@@ -87,6 +88,7 @@ class NodeRun:
             "inputs": self.inputs,
             "snapshot_id": self.snapshot_id,
             "audits": self.audits,
+            "incremental": self.incremental,
             "statements": [_statement_dict(st) for st in self.statements],
         }
 
@@ -220,6 +222,8 @@ class RunChoice:
     # change-aware runs: asked when a node becomes ready (its parents done), the reason to leave it unchanged or None
     # to run it
     gate: Callable[[str, dict[str, NodeRun]], str | None] | None = None
+    # the statements to run for a node instead of its own (an incremental node's), asked right after its gate
+    texts: Callable[[str], list[str] | None] | None = None
 
 
 EVERY_NODE = RunChoice()
@@ -273,8 +277,9 @@ def run(
                 tokens[node_id] = uuid.uuid4().hex if node.commits else None
                 extra = {"pipeline": pipeline.name, "run": run_id, "node": node_id}
                 checks = [a.check(node.audited) for a in node.audits if node.audited is not None]
+                texts = (choice.texts(node_id) if choice.texts is not None else None) or [node.sql]
                 future = plane.submit(
-                    [node.sql, *checks],
+                    [*texts, *checks],
                     worker=node.pin,
                     tag=CommitTag(message, tokens[node_id], extra) if message is not None else None,
                     timeout_s=timeout_s,

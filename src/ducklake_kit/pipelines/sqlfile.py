@@ -9,8 +9,9 @@ are read from the comment lines there, in any order:
     -- node: w2                   run it on that worker (its worker-local tables live there)
     -- description: one line      shown by `pipeline plan`
     -- audit: not_null(k)         a check of the table it writes (see audits.py); this one may be given again
+    -- kind: incremental_by_time(day)   how a run rebuilds its table (see incremental.py; default: full)
 
-Only these five words make a header; any other comment is a comment (`-- NOTE: ...`, `-- TODO: ...`), except a word
+Only these six words make a header; any other comment is a comment (`-- NOTE: ...`, `-- TODO: ...`), except a word
 so close to a header that it is most likely a misspelt one (`-- depend_on: a`): that is an error, lest a dependency
 be dropped without a word. Every error names the file and line: `PipelineError`.
 """
@@ -28,7 +29,7 @@ from sqlglot.tokens import TokenType
 
 from ducklake_kit.errors import KitError
 
-HEADERS = ("id", "depends_on", "node", "description", "audit")
+HEADERS = ("id", "depends_on", "node", "description", "audit", "kind")
 REPEATABLE = ("audit",)  # headers a statement may carry more than once
 DIALECT = "duckdb"
 
