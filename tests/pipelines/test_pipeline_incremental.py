@@ -153,6 +153,11 @@ def test_what_makes_an_incremental_node_build_in_full_is_said(incr):
     )
     incr.sql(f"CREATE OR REPLACE TABLE {S}.facts AS SELECT * FROM {S}.events")
     incr.run(force=True)
+    incr.sql(f"INSERT INTO {S}.events VALUES (DATE '2024-01-03', 1, 7)")
+    said = flow.plan(incr.path, incr.address, incr.ep).decisions
+    assert said["daily"].reason.endswith(f"; incremental: 1 new row(s) of {S}.events from day 2024-01-03"), said
+    assert said["total"].run and said["total"].reason == f"its input {S}.daily was changed by node daily in this run"
+    assert incr.run().node("daily").incremental["mode"] == "incremental"
     incr.sql(f"UPDATE {S}.dim SET name = 'c' WHERE k = 2")  # another input: older rows may change
     assert incr.run().node("daily").incremental["why"] == f"a full build: {S}.dim changed too"
     incr.sql(f"DELETE FROM {S}.events WHERE k = 1")

@@ -110,7 +110,18 @@ def plan(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, options:
     decisions = None
     try:
         with Lake(endpoints) as lake:
-            decisions = _decider(lake, pipeline).plan([n for wave in waves for n in wave], force=force)
+            decider = _decider(lake, pipeline)
+            decisions = decider.plan([n for wave in waves for n in wave], force=force)
+            fresh = _decider(lake, pipeline)  # the tables as they are, not as the plan's runs would leave them
+            for node_id, d in decisions.items():  # what an incremental node that would run would do
+                node = pipeline.nodes[node_id]
+                if d.run and node.kind is not None:
+                    source = d.inputs.get(str(node.kind.source), "")
+                    d.reason += "; " + (
+                        _incremental(lake, fresh, node, d, force).why
+                        if source.isdigit()
+                        else f"incremental or full: decided when it runs ({node.kind.source} is rebuilt {source})"
+                    )
     except Exception as exc:  # noqa: BLE001 - the plan of the graph stands without the lake
         warnings.append(f"the lake does not answer, so what a run would skip is not known ({first_line(exc)})")
     return Plan(pipeline, waves, selected, workers, warnings, decisions)
