@@ -174,7 +174,7 @@ def plan_of(
         ("SELECT a FROM t INTERSECT SELECT a FROM u", "SET_OPERATION"),
         ("SELECT a FROM t UNION ALL SELECT a FROM u UNION SELECT a FROM v", "SET_OPERATION"),
         ("WITH c AS (SELECT a FROM t) SELECT a FROM c", "WITH_CLAUSE"),  # without the sources' columns
-        ("SELECT a FROM t WHERE a IN (SELECT a FROM u)", "SUBQUERY"),
+        ("SELECT a FROM t WHERE a > (SELECT max(a) FROM u)", "SUBQUERY"),  # IN (SELECT ...) is a semi-join
         ("SELECT a, row_number() OVER (ORDER BY a) AS r FROM t", "WINDOW_WITHOUT_PARTITION_BY"),
         (
             "SELECT a, rank() OVER (PARTITION BY a) AS r, rank() OVER (PARTITION BY b) AS q FROM t",
@@ -187,8 +187,9 @@ def plan_of(
         ),
         ("SELECT DISTINCT ON (a) a, b FROM t ORDER BY a, b", "DISTINCT"),
         ("SELECT a FROM t LIMIT 5", "LIMIT"),
-        ("SELECT t.a FROM t RIGHT JOIN u ON t.a = u.a", "OUTER_JOIN"),
-        ("SELECT t.a FROM t FULL OUTER JOIN u ON t.a = u.a", "OUTER_JOIN"),
+        ("SELECT * FROM t RIGHT JOIN u ON t.a = u.a", "OUTER_JOIN"),  # swapped, `*` would reorder the columns
+        ("SELECT t.a FROM t JOIN v ON t.a = v.a RIGHT JOIN u ON t.a = u.a", "OUTER_JOIN"),
+        ("SELECT t.a FROM t FULL OUTER JOIN u ON t.a = u.a FULL JOIN v ON u.a = v.a", "OUTER_JOIN"),
         ("SELECT a FROM t LEFT JOIN u USING (a) UNION ALL SELECT a FROM u", "OUTER_JOIN"),
         ("SELECT t.a FROM t ANTI JOIN u ON t.a = u.a", "OUTER_JOIN"),
         ("SELECT a, random() AS r FROM t", "NONDETERMINISTIC_FUNCTION"),
@@ -205,6 +206,13 @@ def test_shapes_refreshed_in_full_have_a_named_reason(query, reason):
     p = plan_of(query)
     assert (p.kind, p.reason) == (planner.FULL, reason)
     assert reason in p.explain()
+
+
+def test_a_right_join_is_planned_as_the_left_join_of_its_tables_swapped():
+    p = plan_of("SELECT u.a, t.b FROM t RIGHT JOIN u ON t.a = u.a LEFT JOIN v ON v.a = t.b")
+    assert (p.kind, [o.source for o in p.occurrences]) == (planner.ROWS, ["main.u", "main.t", "main.v"])
+    assert p.outer and p.explain().startswith("rows over LEFT JOINs (a RIGHT JOIN with its two tables swapped)")
+    assert p.query.sql() == "SELECT u.a, t.b FROM u LEFT JOIN t ON t.a = u.a LEFT JOIN v ON v.a = t.b"
 
 
 def test_keys_are_traced_through_aliases_ordinals_and_expressions():

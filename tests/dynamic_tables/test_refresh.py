@@ -481,11 +481,11 @@ REVIEW_CASES = {
         ],
         "SOURCE_REPLACED",
     ),
-    # a table read only inside a subquery is a source too
+    # a table read only inside a subquery is a source too (a semi-join: its change reaches the rows it matches)
     "subquery_source": (
         f"SELECT k, v FROM {S}.t WHERE k IN (SELECT k FROM {S}.u)",
         [f"INSERT INTO lake.{S}.u VALUES (2, 'q', 0)"],
-        "SUBQUERY",
+        "affected distinct rows recomputed",
     ),
     # columns read through COLUMNS(*), the whole row as a struct, a USING join
     "columns_star": (

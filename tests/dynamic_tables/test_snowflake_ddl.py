@@ -86,6 +86,18 @@ def test_our_reading_of_the_head_agrees_with_sqlglots_snowflake_dialect(text):
     assert comments == ([s.comment] if s.comment else [])
 
 
+def test_the_immutability_pages_example_is_taken_as_written():
+    # Snowflake's "Use immutability constraints" page, "Prevent recomputation when a dimension table changes"
+    [s] = ddl.parse(
+        "CREATE DYNAMIC TABLE joined_data\nTARGET_LAG = '1 minute'\nWAREHOUSE = mywh\n"
+        "IMMUTABLE WHERE (timestamp_col < CURRENT_TIMESTAMP() - INTERVAL '1 day')\nAS\n"
+        "SELECT F.primary_key primary_key, F.timestamp_col timestamp_col, D.value dim_value\n"
+        "FROM fact_table F\nLEFT OUTER JOIN dimension_table D USING (primary_key);"
+    )
+    assert s.immutable_where == "(timestamp_col < CURRENT_TIMESTAMP() - INTERVAL '1 day')"
+    assert (s.name, s.ignored, s.query.split()[0]) == ("main.joined_data", ("WAREHOUSE = mywh",), "SELECT")
+
+
 def test_a_column_list_of_names_renames_the_querys_columns_in_order():
     # a Snowflake quickstart's shape: the database's name where the lake's is, and the columns listed after the name
     [s] = ddl.parse(
@@ -103,7 +115,9 @@ def test_a_column_list_of_names_renames_the_querys_columns_in_order():
     [
         ("... ROW ACCESS POLICY rap ON (region)", "row access policies are not supported"),
         ("... WITH ROW ACCESS POLICY rap ON (region)", "row access policies are not supported"),
-        ("... IMMUTABLE WHERE (day < '2024-01-01')", "IMMUTABLE WHERE is not supported yet"),
+        ("... IMMUTABLE WHERE (t.day < '2024-01-01')", "must read only the table's own columns"),
+        ("... IMMUTABLE WHERE (day < (SELECT max(day) FROM s))", "must read only the table's own columns"),
+        ("... IMMUTABLE WHERE (day < random())", "IMMUTABLE WHERE of dynamic table main.t calls random()"),
         ("... COMMENT = 42", "COMMENT = 42 is not a string"),
         ("... CLUSTER BY (a", "a ( is not closed"),
     ],

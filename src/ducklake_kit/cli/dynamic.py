@@ -170,6 +170,7 @@ def show_cmd(ctx: typer.Context, name: NameArg, as_json: JsonOpt = False) -> Non
         "consecutive_failures": d.consecutive_failures,
         "comment": written.comment,
         "ignored": "; ".join(written.ignored) or None,
+        "immutable_where": d.immutable_where,
         "query": d.query,
         "last_refresh": last[0].as_dict() if last else None,
     }

@@ -6,12 +6,14 @@ inside them are sqlglot's business, never a regex's), with the defining query pa
       [REFRESH_MODE = ADAPTIVE | AUTO | FULL | INCREMENTAL]   -- default ADAPTIVE (AUTO means ADAPTIVE)
       [INITIALIZE = ON_CREATE | ON_SCHEDULE]       -- default ON_CREATE
       [COMMENT = '...']
+      [IMMUTABLE WHERE (<condition over the table's columns>)]   -- rows matching it are never recomputed
     AS SELECT ...;
 
 Snowflake's DDL is taken as written: the properties that mean nothing on one DuckLake (WAREHOUSE,
 INITIALIZATION_WAREHOUSE, CLUSTER BY (...), DATA_RETENTION_TIME_IN_DAYS, MAX_DATA_EXTENSION_TIME_IN_DAYS, TRANSIENT,
 COPY GRANTS, [WITH] TAG (...), REQUIRE USER) are kept in `ignored` and said once at create; the ones whose meaning
-the kit would drop (row access and aggregation policies, IMMUTABLE WHERE, BACKFILL FROM, column types) are refused in one line. sqlglot's Snowflake dialect reads most of this head too, but takes any
+the kit would drop (row access and aggregation policies, BACKFILL FROM, column types) are refused in one line.
+sqlglot's Snowflake dialect reads most of this head too, but takes any
 `KEY = value` as a property and turns IMMUTABLE WHERE into an opaque command: the checks and their messages are ours
 (tests compare our reading with sqlglot's).
     ALTER DYNAMIC TABLE name SUSPEND | RESUME | REFRESH | SET TARGET_LAG = ...;
@@ -154,6 +156,7 @@ class CreateDynamicTable:
     text: str = ""  # the whole statement, as written
     comment: str | None = None
     ignored: tuple[str, ...] = ()  # Snowflake's properties that mean nothing here, as written (WAREHOUSE = wh)
+    immutable_where: str | None = None  # IMMUTABLE WHERE's condition, as written (DuckDB SQL over the columns)
 
 
 @dataclass(frozen=True)
@@ -341,6 +344,7 @@ def parse_statement(text: str, tokens: list[Token] | None = None) -> Statement:
     name = r.name()
     columns = _column_list(r, name) if _word(r.peek()) == "(" else None
     props, comment = _properties(r, name, ignored)
+    immutable = _immutable(props.pop("IMMUTABLE", None), name)
     if "TARGET_LAG" not in props:
         raise DdlError(
             f"dynamic table {name} has no TARGET_LAG", "add TARGET_LAG = '5 minutes' (or DOWNSTREAM) before AS SELECT"
@@ -380,15 +384,51 @@ def parse_statement(text: str, tokens: list[Token] | None = None) -> Statement:
     if columns is not None:
         query, select = _named(query.strip(), select, columns, name)
     return CreateDynamicTable(
-        name, _lag(props["TARGET_LAG"]), query.strip(), select, mode, init, or_replace, text, comment, tuple(ignored)
+        name,
+        _lag(props["TARGET_LAG"]),
+        query.strip(),
+        select,
+        mode,
+        init,
+        or_replace,
+        text,
+        comment,
+        tuple(ignored),
+        immutable,
     )
+
+
+def _immutable(group: str | None, name: str) -> str | None:
+    """IMMUTABLE WHERE's condition (the group after WHERE, brackets included) checked: one expression, over columns
+    of the table (no table names, no subquery), deterministic; returned as written. The clock is allowed (Snowflake's
+    own example freezes the rows older than a day), a random function is not."""
+    if group is None:
+        return None
+    fix = "write IMMUTABLE WHERE (a condition over the dynamic table's columns), e.g. IMMUTABLE WHERE (day < '2024-01-01')"
+    try:
+        cond = sqlglot.parse_one(group, read=DIALECT)
+    except ParseError as exc:
+        raise DdlError(
+            f"the IMMUTABLE WHERE of dynamic table {name} does not parse ({str(exc).splitlines()[0]})", fix
+        ) from None
+    if any(isinstance(n, (exp.Select, exp.Subquery, exp.AggFunc, exp.Window)) for n in cond.walk()) or any(
+        c.table for c in cond.find_all(exp.Column)
+    ):
+        raise DdlError(
+            f"the IMMUTABLE WHERE of dynamic table {name} must read only the table's own columns (no table name, "
+            "subquery, aggregate or window)",
+            fix,
+        )
+    random = random_calls(cond, group)
+    if random:
+        raise DdlError(f"the IMMUTABLE WHERE of dynamic table {name} calls {', '.join(random)}", fix)
+    return group
 
 
 # Snowflake's properties that mean nothing on one DuckLake: kept as written, said once at create
 IGNORED = {"WAREHOUSE", "INITIALIZATION_WAREHOUSE", "DATA_RETENTION_TIME_IN_DAYS", "MAX_DATA_EXTENSION_TIME_IN_DAYS"}
 # ... and the ones whose meaning the kit would drop without a word: refused, with why
 REFUSED = {
-    "IMMUTABLE": "IMMUTABLE WHERE is not supported yet (every row is kept fresh)",
     "BACKFILL": "BACKFILL FROM is not supported (a dynamic table is filled from its query)",
     "ROW": "row access policies are not supported: the kit would show every row",
     "AGGREGATION": "aggregation policies are not supported: the kit would not enforce them",
@@ -411,7 +451,12 @@ def _properties(r: _Reader, name: str, ignored: list[str]) -> tuple[dict[str, To
             raise DdlError(
                 f"{REFUSED[key]}: dynamic table {name}", "leave it out of the statement (and say so to its readers)"
             )
-        if key in ("CLUSTER", "CLUSTER BY"):  # sqlglot's tokenizer reads CLUSTER BY as one token
+        if key == "IMMUTABLE":
+            r.expect("WHERE")
+            if "IMMUTABLE" in props:
+                raise DdlError(f"IMMUTABLE WHERE is given twice for dynamic table {name}")
+            props[key] = r.group()  # type: ignore[assignment]  # a text, popped by the caller
+        elif key in ("CLUSTER", "CLUSTER BY"):  # sqlglot's tokenizer reads CLUSTER BY as one token
             if key == "CLUSTER":
                 r.expect("BY")
             ignored.append(f"CLUSTER BY {r.group()}")

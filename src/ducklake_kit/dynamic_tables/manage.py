@@ -137,6 +137,15 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
             "give each column its own alias",
         )
     types = {r[0]: r[1] for r in described}
+    if stmt.immutable_where is not None:
+        try:
+            lake.con.execute(f"DESCRIBE SELECT * FROM ({sql(pinned)}) AS __t WHERE {stmt.immutable_where}").fetchall()
+        except duckdb.Error as exc:
+            raise KitError(
+                f"the IMMUTABLE WHERE of dynamic table {name} does not bind over its columns "
+                f"({', '.join(columns)}): {first_line(exc)}",
+                "name the dynamic table's own columns in it",
+            ) from None
     plan = planner.analyze(stmt.select, columns, lake.alias, types=types, schema=source_schema(lake, stmt.select))
     if stmt.refresh_mode == "INCREMENTAL" and not plan.incremental:
         raise KitError(
@@ -172,6 +181,7 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
         updated_at=datetime.now(UTC),
         sources=dict.fromkeys(sources),
         depends_on=depends_on,
+        immutable_where=stmt.immutable_where,
     )
     query = sql(named(pinned, columns))
     if stmt.initialize == "ON_SCHEDULE":
@@ -329,13 +339,17 @@ def not_comparable(meta: Metadata, name: str) -> str | None:
 
 def check(lake: Lake, meta: Metadata, name: str) -> tuple[int, int]:
     """(rows of the table not in its query run in full at the snapshot it read, rows of that query not in the
-    table), compared with EXCEPT ALL both ways: (0, 0) when the table is right."""
+    table), compared with EXCEPT ALL both ways: (0, 0) when the table is right. With IMMUTABLE WHERE, the rows
+    matching it are left out on both sides (they keep what they were; the caller may compare them with a copy)."""
     d = get(meta, name)
     snapshot = reflected(lake, d)
     if snapshot is None:
         raise KitError(f"dynamic table {d.name} was never refreshed", f"run `dynamic refresh {d.name}`")
     full = sql(named(planner.pinned(parse_query(d), lake.alias, snapshot), d.columns))
     tgt = target(lake, d.name)
+    if d.immutable_where is not None:  # the mutable region only: the immutable one keeps what it was
+        full = f"SELECT * FROM ({full}) AS __q WHERE ({d.immutable_where}) IS NOT TRUE"
+        tgt = f"(SELECT * FROM {tgt} WHERE ({d.immutable_where}) IS NOT TRUE)"
     only_table = lake.scalar(f"SELECT count(*) FROM (SELECT * FROM {tgt} EXCEPT ALL ({full}))")
     only_query = lake.scalar(f"SELECT count(*) FROM (({full}) EXCEPT ALL SELECT * FROM {tgt})")
     return int(only_table), int(only_query)

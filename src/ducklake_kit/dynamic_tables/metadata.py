@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS {SCHEMA}.refresh_history (
     started_at timestamptz NOT NULL, finished_at timestamptz NOT NULL, duration_ms double precision, error text);
 CREATE INDEX IF NOT EXISTS refresh_history_name ON {SCHEMA}.refresh_history (name, id);
 ALTER TABLE {SCHEMA}.refresh_history ADD COLUMN IF NOT EXISTS phases jsonb;
+ALTER TABLE {SCHEMA}.definitions ADD COLUMN IF NOT EXISTS immutable_where text;
 """
 DDL_LOCK = int.from_bytes(b"dyn-ddl", "big")  # held while the schema is created (if missing)
 ACTIVE, SUSPENDED = "ACTIVE", "SUSPENDED"
@@ -69,6 +70,7 @@ class Definition:
     updated_at: datetime
     sources: dict[str, int | None] = field(default_factory=dict)  # source -> the snapshot it was last read at
     depends_on: list[str] = field(default_factory=list)  # the dynamic tables it reads
+    immutable_where: str | None = None  # IMMUTABLE WHERE's condition: the rows matching it are never recomputed
 
     @property
     def lag(self) -> str:
@@ -157,8 +159,8 @@ class Metadata:
                 self.conn.execute(f"DELETE FROM {SCHEMA}.definitions WHERE name = %s", [d.name])
             self.conn.execute(
                 f"INSERT INTO {SCHEMA}.definitions (name, definition_id, query, ddl, lag_seconds, refresh_mode, "
-                "initialize, status, plan_kind, plan, reason, columns) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, "
-                "%s, %s, %s)",
+                "initialize, status, plan_kind, plan, reason, columns, immutable_where) VALUES (%s, %s, %s, %s, %s, "
+                "%s, %s, %s, %s, %s, %s, %s, %s)",
                 [
                     d.name,
                     d.definition_id,
@@ -172,6 +174,7 @@ class Metadata:
                     d.plan,
                     d.reason,
                     json.dumps(d.columns),
+                    d.immutable_where,
                 ],
             )
             for source in d.sources:

@@ -46,11 +46,12 @@ REASONS = {
     "SET_OPERATION": "INTERSECT / EXCEPT, UNION BY NAME, or UNION mixed with UNION ALL",
     "WITH_CLAUSE": "a WITH clause that cannot be inlined (recursive, or a CTE with an aggregate, DISTINCT, LIMIT or "
     "window that another query reads)",
-    "SUBQUERY": "a subquery",
+    "SUBQUERY": "a subquery (other than [NOT] EXISTS / [NOT] IN over one table, as a condition of the WHERE)",
     "WINDOW_FUNCTION": "a window function over GROUP BY, beside an aggregate, or over a named WINDOW",
     "DISTINCT": "SELECT DISTINCT",
     "LIMIT": "LIMIT / OFFSET",
-    "OUTER_JOIN": "a RIGHT or FULL outer, semi, anti, ASOF or lateral join (or a LEFT JOIN in a union)",
+    "OUTER_JOIN": "a RIGHT JOIN after the first join, a FULL JOIN of more than two tables, SEMI/ANTI JOIN syntax, an "
+    "ASOF or lateral join, or an outer or semi/anti join in a union branch",
     "NONDETERMINISTIC_FUNCTION": "a non-deterministic function",
     "TABLE_FUNCTION": "a table function or a file in FROM (not a table of the lake)",
     "GROUPING_SETS": "GROUPING SETS / ROLLUP / CUBE",
@@ -102,7 +103,12 @@ class Plan:
     query: exp.Expression | None = None  # the query as planned (CTEs inlined); ROWS/AGGREGATE branches: the SELECT
     branches: list[Plan] = field(default_factory=list)  # UNION: each branch's plan (ROWS or AGGREGATE)
     distinct: bool = False  # UNION: the result has no duplicates (UNION, SELECT DISTINCT); ROWS branch: DISTINCT
-    outer: bool = False  # ROWS/AGGREGATE: LEFT JOINs; each result row belongs to one row of the first table
+    outer: bool = False  # ROWS/AGGREGATE: LEFT JOINs, a FULL JOIN or semi/anti joins (maintained through the
+    # first table's rows a change reaches: each result row belongs to one row of it, or of the second (FULL JOIN))
+    two_sided: bool = False  # a FULL OUTER JOIN of two tables: the second table's rows are preserved too
+    semi: list[exp.Expression] = field(default_factory=list)  # the WHERE's [NOT] EXISTS / [NOT] IN conjuncts
+    derived: bool = False  # ROWS/AGGREGATE over one derived table, whose UNION ALL branches (or one) are `branches`
+    swapped: bool = False  # the query's first join was a RIGHT JOIN, planned as the LEFT JOIN of its tables swapped
 
     @property
     def sources(self) -> list[str]:
@@ -117,13 +123,32 @@ class Plan:
     def incremental(self) -> bool:
         return self.kind != FULL
 
+    def joins_named(self) -> str:
+        """What makes the plan `outer`, in words."""
+        what = ["a FULL OUTER JOIN"] if self.two_sided else []
+        if not self.two_sided and self.query is not None and _has_side(self.query):
+            what.append("LEFT JOINs (a RIGHT JOIN with its two tables swapped)" if self.swapped else "LEFT JOINs")
+        if self.semi:
+            what.append("semi/anti joins (" + ", ".join(_semi_name(c) for c in self.semi) + ")")
+        return " and ".join(what)
+
     def explain(self) -> str:
         if self.kind == FULL:
             return f"{self.reason}: {REASONS[self.reason]}"
+        if self.derived:
+            n = len(self.branches)
+            inner = f"UNION ALL of {n} branches" if n > 1 else "a query"
+            by = f"aggregate by {', '.join(k.column for k in self.keys)}" if self.kind == AGGREGATE else "rows"
+            return (
+                f"{by} over a derived table ({inner}: {', '.join(b.kind for b in self.branches)}): the derived rows a "
+                "change touches (an aggregate branch's affected groups), as they were and are, give the "
+                + ("groups recomputed" if self.kind == AGGREGATE else "rows replaced")
+            )
         if self.kind == ROWS and self.outer:
             return (
-                "rows over LEFT JOINs: the rows of the first table a change reaches (its own, or through a matching "
-                "row) have their result rows, NULL-padded ones included, replaced"
+                f"rows over {self.joins_named()}: the rows of the first table{' and of the second' if self.two_sided else ''}"
+                " a change reaches (their own, or through a matching row) have their result rows, NULL-padded ones "
+                "included, replaced"
             )
         if self.kind == ROWS:
             return "rows: inserts appended, other changes replace the affected rows"
@@ -141,7 +166,7 @@ class Plan:
             if self.merge is not None
             else f"inserts recompute their groups ({self.merge_reason})"
         )
-        over = " over LEFT JOINs" if self.outer else ""
+        over = f" over {self.joins_named()}" if self.outer else ""
         if self.kind == WINDOW:
             return (
                 f"window partitioned by {', '.join(k.column for k in self.keys)}{over}: the partitions a change "
@@ -194,6 +219,8 @@ def _from_tables(select: exp.Select) -> list[exp.Expression]:
 
 
 def _check_shape(query: exp.Expression) -> exp.Select:
+    """The SELECT as it is planned (a RIGHT JOIN as the first join becomes a LEFT JOIN of its tables swapped), or
+    _Full with the reason it cannot be maintained."""
     if isinstance(query, exp.SetOperation):
         raise _Full("SET_OPERATION")
     if not isinstance(query, exp.Select):
@@ -206,8 +233,13 @@ def _check_shape(query: exp.Expression) -> exp.Select:
         raise _Full("LIMIT")
     if query.args.get("qualify") and not any(isinstance(n, exp.Window) for n in query.args["qualify"].walk()):
         raise _Full("QUALIFY")
+    semi = semi_conjuncts(query)
     for node in query.walk():
-        if node is not query and isinstance(node, (exp.Select, exp.Subquery)):
+        if (
+            node is not query
+            and isinstance(node, (exp.Select, exp.Subquery))
+            and not any(_inside(node, c) for c in semi)
+        ):
             raise _Full("SUBQUERY")
         if isinstance(node, exp.TableSample):
             raise _Full("SAMPLE")
@@ -215,9 +247,12 @@ def _check_shape(query: exp.Expression) -> exp.Select:
             isinstance(node, exp.Anonymous) and str(node.this).lower() in NONDETERMINISTIC_NAMES
         ):
             raise _Full("NONDETERMINISTIC_FUNCTION")
-    for join in query.args.get("joins") or []:
+    query = _right_swapped(query)
+    joins = query.args.get("joins") or []
+    for join in joins:
+        side = (join.args.get("side") or "LEFT").upper()
         if (
-            (join.args.get("side") or "LEFT").upper() != "LEFT"  # RIGHT, FULL: the first table's rows may be padded
+            (side == "RIGHT" or (side == "FULL" and (len(joins) > 1 or semi)))
             or join.args.get("kind") in ("SEMI", "ANTI")
             or join.args.get("method")
             or isinstance(join.this, exp.Lateral)
@@ -226,8 +261,94 @@ def _check_shape(query: exp.Expression) -> exp.Select:
     return query
 
 
-def _outer(select: exp.Select) -> bool:
+def _inside(node: exp.Expression, ancestor: exp.Expression) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if parent is ancestor:
+            return True
+        parent = parent.parent
+    return False
+
+
+def _right_swapped(select: exp.Select) -> exp.Select:
+    """`a RIGHT JOIN b ON c ...` as `b LEFT JOIN a ON c ...`: the same rows (joins nest from the left, and columns
+    are named by their tables), so the first table is again the one whose rows are all kept. A `*` would change the
+    columns' order, so it stays a RIGHT JOIN (refused)."""
+    joins = select.args.get("joins") or []
+    if not joins or (joins[0].args.get("side") or "").upper() != "RIGHT":
+        return select
+    if any(isinstance(s.unalias(), (exp.Star, exp.Columns)) for s in select.selects):
+        return select
+    out = select.copy()
+    first, join = _from_tables(out)[0], out.args["joins"][0]
+    second = join.this
+    first_copy, second_copy = first.copy(), second.copy()
+    first.replace(second_copy)
+    second.replace(first_copy)
+    join.set("side", "LEFT")
+    return out
+
+
+def semi_conjuncts(select: exp.Select) -> list[exp.Expression]:
+    """The conditions of the WHERE (top-level AND terms) that are semi or anti joins: [NOT] EXISTS (SELECT ... FROM
+    one table [WHERE ...]) and x [NOT] IN (SELECT one column FROM one table [WHERE ...]). A subquery of another form
+    is not listed (and refused by the caller)."""
+    where = select.args.get("where")
+    if where is None:
+        return []
+    out = []
+    for c in where.this.flatten() if isinstance(where.this, exp.And) else [where.this]:
+        core = c.this if isinstance(c, exp.Not) else c
+        if isinstance(core, exp.Paren):
+            core = core.this
+        sub = None
+        if isinstance(core, exp.Exists):
+            sub = core.this
+        elif isinstance(core, exp.In) and isinstance(core.args.get("query"), exp.Subquery):
+            sub = core.args["query"].this
+            if isinstance(core.this, exp.Tuple) or not isinstance(sub, exp.Select) or len(sub.selects) != 1:
+                continue
+        if isinstance(sub, exp.Select) and _simple_subquery(sub):
+            out.append(c)
+    return out
+
+
+def _simple_subquery(sub: exp.Select) -> bool:
+    """One lake table in FROM, no join, group, window, limit or nested subquery: its rows are the table's, filtered."""
+    tables = _from_tables(sub)
+    if len(tables) != 1 or not isinstance(tables[0], exp.Table) or not isinstance(tables[0].this, exp.Identifier):
+        return False
+    if any(sub.args.get(a) for a in ("group", "having", "qualify", "limit", "offset", "with_", "with", "windows")):
+        return False
+    return not any(
+        isinstance(n, (exp.Select, exp.Subquery, exp.AggFunc, exp.Window, exp.TableSample)) and n is not sub
+        for n in sub.walk()
+    )
+
+
+def semi_subquery(conjunct: exp.Expression) -> exp.Select:
+    """The subquery of a semi/anti conjunct (one of `semi_conjuncts`)."""
+    core = conjunct.this if isinstance(conjunct, exp.Not) else conjunct
+    core = core.this if isinstance(core, exp.Paren) else core
+    return core.this if isinstance(core, exp.Exists) else core.args["query"].this
+
+
+def _semi_name(conjunct: exp.Expression) -> str:
+    core = conjunct.this if isinstance(conjunct, exp.Not) else conjunct
+    core = core.this if isinstance(core, exp.Paren) else core
+    return ("NOT " if isinstance(conjunct, exp.Not) else "") + ("EXISTS" if isinstance(core, exp.Exists) else "IN")
+
+
+def _has_side(select: exp.Select) -> bool:
     return any(j.args.get("side") for j in select.args.get("joins") or [])
+
+
+def _outer(select: exp.Select) -> bool:
+    return _has_side(select) or bool(semi_conjuncts(select))
+
+
+def _two_sided(select: exp.Select) -> bool:
+    return any((j.args.get("side") or "").upper() == "FULL" for j in select.args.get("joins") or [])
 
 
 def _is_aggregate(node: exp.Expression) -> bool:
@@ -310,6 +431,10 @@ def analyze(
         source_columns = {c.lower() for cols in schema.values() for c in cols}
     try:
         query = inline_ctes(query, lake_alias, schema)
+        if _derived_from(query) is not None:
+            out = _derived_plan(query, names, lake_alias)
+            out.read = read
+            return out
         branches, distinct = _union_branches(query)
         if branches is not None:
             plans = [_branch(b, names, lake_alias, types, source_columns) for b in branches]
@@ -317,8 +442,9 @@ def analyze(
             return Plan(
                 UNION, occurrences=occ, columns=names, read=read, query=query, branches=plans, distinct=distinct
             )
-        out = _select_plan(_check_shape(query), names, lake_alias, types, source_columns)
-        out.read = read
+        checked = _check_shape(query)
+        out = _select_plan(checked, names, lake_alias, types, source_columns)
+        out.read, out.swapped = read, checked is not query
         return out
     except _Full as full:
         return Plan(FULL, full.reason, [], names, read=read)
@@ -328,7 +454,10 @@ def _select_plan(
     select: exp.Select, names: list[str], lake_alias: str, types: dict | None, source_columns: set[str] | None
 ) -> Plan:
     occ = occurrences(select, lake_alias)
+    semi, two_sided = semi_conjuncts(select), _two_sided(select)
     if any(isinstance(n, exp.Window) for n in select.walk()):
+        if semi or two_sided:
+            raise _Full("SUBQUERY" if semi else "OUTER_JOIN")
         return Plan(
             WINDOW,
             occurrences=occ,
@@ -341,15 +470,19 @@ def _select_plan(
     if not select.args.get("group"):
         if any(_is_aggregate(s) for s in select.selects) or select.args.get("having"):
             raise _Full("GLOBAL_AGGREGATE")
-        return Plan(ROWS, occurrences=occ, columns=names, query=select, outer=_outer(select))
+        return Plan(
+            ROWS, occurrences=occ, columns=names, query=select, outer=_outer(select), two_sided=two_sided, semi=semi
+        )
     if any(isinstance(s, exp.Star) or isinstance(s.unalias(), exp.Star) for s in select.selects) or len(
         select.selects
     ) != len(names):
         raise _Full("STAR_WITH_AGGREGATE")
     keys = _group_keys(select, names, source_columns)
     merge, why = _merge_columns(select, names, keys, types)
-    if _outer(select):
-        merge, why = None, "a LEFT JOIN: a new row on its optional side can take the place of a NULL-padded one"
+    if semi:
+        merge, why = None, "semi/anti joins: a new row of a subquery's table can add or remove result rows"
+    if _outer(select) and not semi:
+        merge, why = None, "an outer join: a new row on an optional side can take the place of a NULL-padded one"
     return Plan(
         AGGREGATE,
         occurrences=occ,
@@ -359,7 +492,71 @@ def _select_plan(
         merge_reason=why,
         query=select,
         outer=_outer(select),
+        two_sided=two_sided,
+        semi=semi,
     )
+
+
+def _derived_from(query: exp.Expression) -> exp.Subquery | None:
+    """The derived table a SELECT reads as its only FROM item (no joins), if it does."""
+    if not isinstance(query, exp.Select) or query.args.get("joins"):
+        return None
+    tables = _from_tables(query)
+    return tables[0] if len(tables) == 1 and isinstance(tables[0], exp.Subquery) else None
+
+
+def derived_branches(select: exp.Select) -> list[exp.Select]:
+    """The SELECTs of the query's derived table, left to right (one, or the branches of its UNION ALL): the nodes of
+    this tree, so that a caller can replace them."""
+    out: list[exp.Select] = []
+
+    def walk(node: exp.Expression) -> None:
+        while isinstance(node, exp.Subquery) and not node.alias:
+            node = node.this
+        if isinstance(node, exp.SetOperation):
+            walk(node.this)
+            walk(node.expression)
+        else:
+            out.append(node)
+
+    walk(_derived_from(select).this)
+    return out
+
+
+def _derived_plan(select: exp.Select, names: list[str], lake_alias: str) -> Plan:
+    """A SELECT (rows, or an aggregate with GROUP BY) over one derived table whose query is a rows or aggregate
+    shape, or a UNION ALL of them (an inlined WITH clause that aggregates becomes one)."""
+    derived = _derived_from(select)
+    stand_in = select.copy()
+    _from_tables(stand_in)[0].replace(exp.to_table("__derived").as_(derived.alias_or_name or "__derived"))
+    shape = _check_shape(stand_in)  # DISTINCT, LIMIT, other subqueries, non-determinism: refused as elsewhere
+    if semi_conjuncts(shape) or any(isinstance(n, exp.Window) for n in shape.walk()):
+        raise _Full("SUBQUERY")
+    body = derived.this
+    if isinstance(body, exp.Select):
+        if body.args.get("distinct"):
+            raise _Full("SUBQUERY")
+        branches = [body]
+    else:
+        branches, distinct = _union_branches(body)
+        if branches is None or distinct:
+            raise _Full("SUBQUERY")  # a UNION (distinct) inside
+    plans = []
+    for b in branches:
+        p = _select_plan(_check_shape(b), [f"__c{i}" for i in range(len(b.selects))], lake_alias, None, None)
+        if p.kind not in (ROWS, AGGREGATE) or p.outer:
+            raise _Full("SUBQUERY")
+        plans.append(p)
+    occ = [o for b in plans for o in b.occurrences]
+    common = {"occurrences": occ, "columns": names, "query": select, "branches": plans, "derived": True}
+    if not shape.args.get("group"):
+        if any(_is_aggregate(s) for s in shape.selects) or shape.args.get("having"):
+            raise _Full("GLOBAL_AGGREGATE")
+        return Plan(ROWS, **common)
+    if any(isinstance(s.unalias(), exp.Star) for s in shape.selects) or len(shape.selects) != len(names):
+        raise _Full("STAR_WITH_AGGREGATE")
+    keys = _group_keys(select, names, None)
+    return Plan(AGGREGATE, keys=keys, merge_reason="an aggregate over a derived table", **common)
 
 
 def _partition_keys(select: exp.Select, names: list[str]) -> list[Key]:
@@ -509,8 +706,9 @@ def inline_ctes(query: exp.Expression, lake_alias: str, schema: dict[str, dict[s
         out = merge_subqueries(out)
     except Exception as exc:  # sqlglot could not resolve it: planned as written, in full
         raise _Full("WITH_CLAUSE") from exc
-    selects = [out] if isinstance(out, exp.Select) else list(out.find_all(exp.Select))
-    if any(isinstance(t, exp.Subquery) for sel in selects for t in _from_tables(sel)):
+    selects = list(out.find_all(exp.Select))  # a derived table is left only as the top SELECT's one FROM item
+    top = _derived_from(out)
+    if any(isinstance(t, exp.Subquery) and t is not top for sel in selects for t in _from_tables(sel)):
         raise _Full("WITH_CLAUSE")
     return out
 
@@ -572,6 +770,60 @@ def term(select: exp.Select, lake_alias: str, bound: dict[int, exp.Table], befor
     for i, t in enumerate(_from_tables(out)):
         new = bound[i] if i in bound else _pinned_table(t, lake_alias, before if i < first else after)
         t.replace(new)
+    _pin_subqueries(out, lake_alias, after)
+    return out
+
+
+def _pin_subqueries(select: exp.Select, lake_alias: str, at: int, skip: exp.Expression | None = None) -> None:
+    """The lake tables of the semi/anti joins' subqueries read AT (VERSION => at), in place (`skip`: one left as is)."""
+    for c in semi_conjuncts(select):
+        for t in _from_tables(semi_subquery(c)):
+            if t is not skip and isinstance(t, exp.Table) and t.catalog.lower() != "temp":
+                t.replace(_pinned_table(t, lake_alias, at))
+
+
+def one_sided(select: exp.Select, side: str) -> exp.Select:
+    """The query with its FULL JOIN made a LEFT (the first table's rows kept) or RIGHT one (the second's)."""
+    out = select.copy()
+    for j in out.args.get("joins") or []:
+        if (j.args.get("side") or "").upper() == "FULL":
+            j.set("side", side)
+    return out
+
+
+def reached_by_subquery(
+    select: exp.Select, lake_alias: str, conjunct: int, bound: exp.Table, at: int, columns: list
+) -> exp.Select:
+    """The rows of the query's first table (projected on `columns`, the joins as written, every table at snapshot
+    `at`) whose result rows the rows of `bound` (a temporary table standing for the table of semi/anti conjunct
+    number `conjunct`) may change: those it correlates with (EXISTS; IN: a value equal to x). NOT IN also reaches
+    every row whose x is NULL (it passes only while the subquery is empty) and, when a changed row's value is NULL
+    (which makes NOT IN pass no row), every row."""
+    out = select.copy()
+    for arg in ("group", "having", "order", "limit", "offset", "distinct", "qualify"):
+        out.set(arg, None)
+    c = semi_conjuncts(out)[conjunct]
+    sub = semi_subquery(c).copy()
+    [table] = _from_tables(sub)
+    table.replace(bound)
+    core = c.this if isinstance(c, exp.Not) else c
+    core = core.this if isinstance(core, exp.Paren) else core
+    if isinstance(core, exp.Exists):
+        reached: exp.Expression = exp.Exists(this=sub)
+    else:
+        x = core.this.copy()
+        reached = exp.In(this=x, query=exp.Subquery(this=sub))
+        if isinstance(c, exp.Not):
+            nulls = sub.copy()
+            value = nulls.selects[0].unalias().copy()
+            nulls.set("expressions", [exp.Literal.number(1)])
+            nulls = nulls.where(exp.Is(this=value, expression=exp.Null()))
+            reached = exp.or_(reached, exp.Is(this=x.copy(), expression=exp.Null()), exp.Exists(this=nulls))
+    out.set("where", exp.Where(this=reached))
+    for t in _from_tables(out):
+        t.replace(_pinned_table(t, lake_alias, at))
+    _pin_subqueries(out, lake_alias, at)
+    out.set("expressions", [c.copy() for c in columns])
     return out
 
 
@@ -586,7 +838,7 @@ def preserved_rows(
     out = select.copy()
     for arg in ("group", "having", "order", "limit", "offset", "where", "distinct", "qualify"):
         out.set(arg, None)
-    join = out.args["joins"][index - 1]
+    join = out.args["joins"][max(index, 1) - 1]  # index 0: the second table's rows, reached through the first's
     join.set("side", None)
     join.set("kind", None)
     for i, t in enumerate(_from_tables(out)):

@@ -270,6 +270,7 @@ class Refresher:
         self.after_read: Callable[[int], None] | None = None
         self.before_commit: Callable[[], None] | None = None
         self.clock = Clock()  # the current refresh's phases
+        self.terms = 0  # the delta terms the current refresh's inserts were read with (one per changed occurrence)
         self._lock_conn: psycopg.Connection | None = None  # the session of the refreshes' advisory locks
         # columns_of and the parsed plans, by the lake's schema version: read again only after a schema change
         self._version = -1
@@ -530,19 +531,23 @@ class Refresher:
                     out.append(planner.term(select, self.lake.alias, bound, before, after))
             return out
 
-        if plan.kind == planner.ROWS and insert_only and not plan.outer:
-            new = " UNION ALL ".join(sql(t) for t in terms(post, prev, now))
+        if plan.kind == planner.ROWS and insert_only and not plan.outer and not plan.derived:
+            gained = terms(post, prev, now)
+            self.terms = len(gained)
+            new = " UNION ALL ".join(sql(t) for t in gained)
             return Work(INCREMENTAL, "inserts appended"), [("insert", new)]
-        if plan.kind == planner.AGGREGATE and insert_only and plan.merge is not None:
-            return self._merge(d, plan, terms(post, prev, now), temps)
+        if plan.kind == planner.AGGREGATE and insert_only and plan.merge is not None and not d.immutable_where:
+            gained = terms(post, prev, now)
+            self.terms = len(gained)
+            return self._merge(d, plan, gained, temps)
         # affected keys: pre-images against the old snapshot, post-images against the new one
         keys = plan.keys if plan.keyed else [planner.Key(c, exp.column(c, "__q", quoted=True)) for c in plan.columns]
-        if plan.outer:  # the result rows of the first table's rows a change reaches, as they were and are
-            delta = Delta(pre, post, counts, prev, now)
-            touched = self._outer_rows(
-                select, plan, delta, self._read_columns(plan.occurrences[0].source, select, plan)
-            )
-            temps.append("__dt_outer")
+        if plan.derived:  # the query over the derived rows a change touches, as they were and are
+            touched = self._derived_rows(select, plan, Delta(pre, post, counts, prev, now), temps)
+        elif plan.outer:  # the result rows of the kept tables' rows a change reaches, as they were and are
+            touched = self._outer_rows(select, plan, Delta(pre, post, counts, prev, now), temps)
+            if not touched:
+                return None
         else:
             touched = terms(pre, prev, prev) + terms(post, now, now)
         if plan.keyed:
@@ -565,25 +570,81 @@ class Refresher:
         ]
         return Work(INCREMENTAL, f"{affected} affected {what} recomputed"), statements
 
-    def _outer_rows(self, select: exp.Select, plan: planner.Plan, delta: Delta, columns: list[str]) -> list:
-        """Over LEFT JOINs every result row belongs to one row of the first table (never padded): the rows of that
-        table a change reaches (its own lost and gained rows; the rows joined to another table's changed rows, read
-        as they were for lost rows and as they are for gained ones) go to temporary table `__dt_outer` (as
-        `columns`, the ones the query reads); the query with its first table read from there, at both snapshots,
-        gives every result row that went or came, NULL-padded ones included."""
-        first = plan.occurrences[0]
-        parts = []
-        if any(delta.counts[first.source]):
-            parts += [f"SELECT * FROM temp.main.{quote_ident(t[first.source])}" for t in (delta.pre, delta.post)]
-        projected = [exp.column(c, first.ref, quoted=True) for c in columns]
-        for o in plan.occurrences[1:]:
-            for images, side, at in ((delta.pre, 0, delta.prev), (delta.post, 1, delta.now)):
-                if delta.counts[o.source][side]:
-                    bound = (o.index, planner.temp_table(images[o.source], o.ref))
-                    parts.append(sql(planner.preserved_rows(select, self.lake.alias, bound, at, projected)))
-        self._temp("__dt_outer", " UNION ".join(parts))
-        reached = {0: planner.temp_table("__dt_outer", first.ref)}
-        return [planner.term(select, self.lake.alias, reached, at, at) for at in (delta.prev, delta.now)]
+    def _outer_rows(self, select: exp.Select, plan: planner.Plan, delta: Delta, temps: list[str]) -> list:
+        """Over LEFT JOINs and semi/anti joins every result row belongs to one row of the first table (never
+        padded): the rows of that table a change reaches (its own lost and gained rows; the rows joined to another
+        table's changed rows, or correlated with a subquery's changed rows, read as they were for lost rows and as
+        they are for gained ones) go to temporary table `__dt_outer0` (as the columns the query reads); the query
+        with its first table read from there, at both snapshots, gives every result row that went or came,
+        NULL-padded ones included. A FULL JOIN of two tables does the same from both sides: the second table's
+        reached rows go to `__dt_outer1`, read through the query made a RIGHT JOIN (the first side's through a
+        LEFT one), so the rows padded on either side are found from the row that is kept."""
+        sides = [0, 1] if plan.two_sided else [0]
+        out = []
+        for side in sides:
+            occ = plan.occurrences[side]
+            columns = self._read_columns(occ.source, select, plan)
+            projected = [exp.column(c, occ.ref, quoted=True) for c in columns]
+            parts = []
+            if any(delta.counts[occ.source]):
+                parts += [
+                    f"SELECT {', '.join(quote_ident(c) for c in columns)} FROM temp.main.{quote_ident(t[occ.source])}"
+                    for t in (delta.pre, delta.post)
+                ]
+            for o in plan.occurrences:
+                if o.index == side:
+                    continue
+                for images, kind, at in ((delta.pre, 0, delta.prev), (delta.post, 1, delta.now)):
+                    if delta.counts[o.source][kind]:
+                        bound = (o.index, planner.temp_table(images[o.source], o.ref))
+                        parts.append(sql(planner.preserved_rows(select, self.lake.alias, bound, at, projected)))
+            for j, c in enumerate(plan.semi):
+                sub = planner.semi_subquery(c)
+                [t] = planner._from_tables(sub)
+                source = planner.source_name(t, self.lake.alias)
+                for images, kind, at in ((delta.pre, 0, delta.prev), (delta.post, 1, delta.now)):
+                    if delta.counts[source][kind]:
+                        bound = planner.temp_table(images[source], t.alias_or_name)
+                        parts.append(sql(planner.reached_by_subquery(select, self.lake.alias, j, bound, at, projected)))
+            name = f"__dt_outer{side}"
+            temps.append(name)
+            if not parts:
+                continue
+            self._temp(name, " UNION ".join(parts))
+            query = planner.one_sided(select, "RIGHT" if side else "LEFT") if plan.two_sided else select
+            reached = {side: planner.temp_table(name, occ.ref)}
+            out += [planner.term(query, self.lake.alias, reached, at, at) for at in (delta.prev, delta.now)]
+        return out
+
+    def _derived_rows(self, select: exp.Select, plan: planner.Plan, delta: Delta, temps: list[str]) -> list:
+        """A query over one derived table: that table's rows a change touches, as they were (at the old snapshot, from
+        the rows lost) and as they are (at the new one, from the rows gained), each branch of its UNION ALL on its
+        own: a rows branch's changed rows (its delta terms), an aggregate branch's affected groups (read whole at
+        that snapshot), nothing from an unchanged branch. The query read over each gives the result rows (or
+        groups) that may have changed."""
+        alias, out = self.lake.alias, []
+        keys: dict[int, str] = {}
+        for j, b in enumerate(plan.branches):
+            if b.kind == planner.AGGREGATE and any(any(delta.counts[o.source]) for o in b.occurrences):
+                keys[j] = f"__dt_dkeys{j}"
+                temps.append(keys[j])
+                lost_and_gained = delta.terms(b, alias, False, at=delta.prev) + delta.terms(
+                    b, alias, True, at=delta.now
+                )
+                self._temp(keys[j], " UNION ".join(sql(planner.key_select(t, b.keys)) for t in lost_and_gained))
+        for at, gained in ((delta.prev, False), (delta.now, True)):
+            q = select.copy()
+            for j, (node, b) in enumerate(zip(planner.derived_branches(q), plan.branches)):
+                if j in keys:
+                    new = planner.restricted(planner.pinned(b.query, alias, at), b.keys, keys[j])
+                elif b.kind == planner.ROWS and (terms := delta.terms(b, alias, gained, at=at)):
+                    union = " UNION ALL ".join(sql(t) for t in terms)
+                    new = sqlglot.parse_one(f"SELECT * FROM ({union}) AS __t{j}", read=DIALECT)
+                else:  # no change in this branch (on this side)
+                    new = planner.pinned(b.query, alias, at).where("FALSE")
+                node.replace(new)
+            out.append(q)
+        return out
 
     def _union(
         self, d: Definition, query: exp.Expression, plan: planner.Plan, delta: Delta, temps: list[str]
@@ -661,6 +722,9 @@ class Refresher:
     def apply(self, d: Definition, work: Work, statements: list, read: int, trigger: str = "manual") -> int | None:
         """The deletes and inserts in one lake transaction; the snapshot it made."""
         tgt = target(self.lake, d.name)
+        # IMMUTABLE WHERE: the rows matching it are neither deleted nor added (the first refresh fills them all)
+        frozen = d.immutable_where if d.immutable_where and not work.reason.startswith("INITIAL") else None
+        mutable = f" AND ({_qualified(frozen, self.lake.alias, d.name)}) IS NOT TRUE" if frozen else ""
 
         def run(con: duckdb.DuckDBPyConnection) -> None:
             with self.clock.phase("write"):
@@ -669,7 +733,7 @@ class Refresher:
         def write(con: duckdb.DuckDBPyConnection) -> None:
             for kind, arg in statements:
                 if kind == "delete_all":
-                    text = f"DELETE FROM {tgt}"
+                    text = f"DELETE FROM {tgt} WHERE TRUE{mutable}"
                 elif kind == "delete_keys":  # (temporary table, [(table column, its key column)])
                     table, cols = arg
                     on = (
@@ -678,7 +742,9 @@ class Refresher:
                         )
                         or "TRUE"
                     )
-                    text = f"DELETE FROM {tgt} USING temp.main.{quote_ident(table)} AS __k WHERE {on}"
+                    text = f"DELETE FROM {tgt} USING temp.main.{quote_ident(table)} AS __k WHERE {on}{mutable}"
+                elif frozen:
+                    text = f"INSERT INTO {tgt} SELECT * FROM ({arg}) AS __i WHERE ({frozen}) IS NOT TRUE"
                 else:
                     text = f"INSERT INTO {tgt} {arg}"
                 count = int(con.execute(text).fetchone()[0])
@@ -767,6 +833,7 @@ class Refresher:
         out = Refresh(d.name, d.definition_id, trigger, FAILED, started, started)
         temps: list[str] = []
         clock = self.clock = Clock()
+        self.terms = 0
         try:
             busy = KitError(
                 f"dynamic table {d.name} is being refreshed by another process for over {LOCK_WAIT_S} s",
@@ -832,6 +899,19 @@ class Refresher:
         clock.ms["commit"] -= clock.ms.get("write", 0.0) - write
         out.status, out.mode, out.reason = SUCCEEDED, work.mode, work.reason
         out.rows_inserted, out.rows_deleted = work.inserted, work.deleted
+
+
+def _qualified(condition: str, lake_alias: str, name: str) -> str:
+    """IMMUTABLE WHERE's condition with each column named through the dynamic table (`lake.schema.table.column`), so
+    that inside a DELETE ... USING it never means a column of the other table."""
+    schema, table = name.split(".")
+
+    def qualify(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column) and not node.table:
+            return exp.column(node.name, table, schema, lake_alias, quoted=True)
+        return node
+
+    return sql(sqlglot.parse_one(condition, read=DIALECT).transform(qualify))
 
 
 def new_definition_id() -> str:
