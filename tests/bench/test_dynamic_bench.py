@@ -11,6 +11,7 @@ import pytest
 
 from ducklake_kit.bench import reports
 from ducklake_kit.bench.dynamic import FIXED_RUNS, INC, SMALL, STREAM, TRIPS, bench_dynamic
+from ducklake_kit.bench.dynamic_joins import CHAIN, CHAIN_RUNS, FACTS, JOINED, STAR_RUNS
 from ducklake_kit.dynamic_tables.refresh import ADAPTIVE_CROSSOVER, PHASES
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import table_exists
@@ -58,7 +59,17 @@ def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp
         assert f"ADAPTIVE chose {s.adaptive_mode.lower()}: " in s.adaptive_reason
     assert replace.adaptive_mode == "FULL" and st.steps[0].adaptive_mode == "INCREMENTAL"
     assert any(n.startswith(f"stream of {STREAM} refreshes") for n in report.notes)
+    # the star join: one delta term per fact append (the refresher's own count; the dimensions did not change), the
+    # ratio from the same refreshes; the chain: three INCREMENTAL refreshes, upstream first, per row
+    sj = r.star
+    assert sj.base_rows == 2000 and sj.append_rows == 20 and len(sj.joined_s) == len(sj.plain_s) == STAR_RUNS
+    assert sj.joined_terms == [1] * STAR_RUNS and sj.joined_how.startswith("inserts merged into")
+    assert goals["star"]["ratio"] == sj.ratio and goals["star"]["goal"] == 1.2
+    assert len(r.chain.end_to_end_s) == CHAIN_RUNS
+    assert r.chain.refreshes[0] == [f"{n.split('.')[1]} SUCCEEDED INCREMENTAL" for n in CHAIN]
+    assert any(n.startswith("star join (1 fact of 2,000 rows + 3 dimensions)") for n in report.notes)
+    assert any(n.startswith("one row through a chain of 3 DOWNSTREAM tables") for n in report.notes)
     with Lake(stack.platform.endpoints()) as lake:
-        for name in (TRIPS, INC, SMALL):
+        for name in (TRIPS, INC, SMALL, FACTS, JOINED, CHAIN[-1]):
             schema, table = name.split(".")
             assert not table_exists(lake.con, lake.alias, schema, table)

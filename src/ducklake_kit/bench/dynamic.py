@@ -23,7 +23,9 @@ Then two more measurements (issue 30):
   replaced (its rows deleted and loaded again in one commit, as `load --mode replace` does), each change followed by
   a refresh of every table, timed. Goals: ADAPTIVE's total at most 1.1 x the better of the other two, and the
   crossover (the change's share of the base where an incremental refresh costs what a full one does) measured from
-  the same refreshes: the figure `refresh.ADAPTIVE_CROSSOVER` comes from."""
+  the same refreshes: the figure `refresh.ADAPTIVE_CROSSOVER` comes from.
+- **A star join and a DOWNSTREAM chain** (`dynamic_joins`): a 1-fact + 3-dimension join refreshed after a fact
+  append against the same table without the joins, and one row through three DOWNSTREAM tables end to end."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ducklake_kit.bench.dynamic_joins import Chain, StarJoin, bench_joins
 from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average, write_outputs
 from ducklake_kit.dynamic_tables import ddl, manage
 from ducklake_kit.dynamic_tables.metadata import SUCCEEDED, Metadata
@@ -188,6 +191,8 @@ class DynamicBench:
     file_cache: bool = False  # DuckDB's external file cache (off: every refresh reads its files from S3)
     fixed: FixedCost | None = None
     stream: Stream | None = None
+    star: StarJoin | None = None
+    chain: Chain | None = None
 
     @property
     def growth(self) -> float:
@@ -213,6 +218,12 @@ class DynamicBench:
             "adaptive_over_better": self.stream.ratio if self.stream else None,
             "adaptive_goal": GOAL_ADAPTIVE,
             "adaptive_met": bool(self.stream and self.stream.ratio <= GOAL_ADAPTIVE),
+            **({"star": self.star.as_dict()} if self.star else {}),
+            **(
+                {"chain": {k: v for k, v in self.chain.as_dict().items() if k in ("median_s", "goal_s", "met")}}
+                if self.chain
+                else {}
+            ),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -224,6 +235,8 @@ class DynamicBench:
             "bases": [b.as_dict() for b in self.bases],
             "fixed_cost": self.fixed.as_dict() if self.fixed else None,
             "stream": self.stream.as_dict() if self.stream else None,
+            "star_join": self.star.as_dict() if self.star else None,
+            "chain": self.chain.as_dict() if self.chain else None,
             "goals": self.goals(),
         }
 
@@ -402,11 +415,12 @@ def bench_dynamic(
             stream = _stream(lake, meta, refresher, files, months, say)
             _drop(lake, meta)
             fixed = fixed_cost(lake, meta, refresher, say)
+            star, chain = bench_joins(lake, meta, months * rows_per_month, say)
         finally:
             refresher.close()
             _drop(lake, meta)
             for t in (TRIPS, ZONES, SMALL):
                 lake.con.execute(f"DROP TABLE IF EXISTS lake.{t}")
-    result = DynamicBench(Machine.since(before), rows_per_month, runs, bases, file_cache, fixed, stream)
+    result = DynamicBench(Machine.since(before), rows_per_month, runs, bases, file_cache, fixed, stream, star, chain)
     write_outputs(result, json_path, None)
     return result
