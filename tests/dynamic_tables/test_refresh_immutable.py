@@ -99,6 +99,8 @@ def test_a_frozen_row_keeps_its_value_while_the_query_moves_on(env):
     env.sql(f"INSERT INTO lake.{S}.ia VALUES (1, 20)")  # a new row matching the condition: not added
     [r] = env.refresh(name).refreshes
     assert (r.status, r.mode) == (SUCCEEDED, INCREMENTAL), r.error
+    # only the mutable region is read again: row 2 as it was and is (rows 1 are not recomputed, nor counted)
+    assert r.reason.startswith("2 affected distinct rows recomputed"), r.reason
     assert env.sql(f"SELECT * FROM lake.{name} ORDER BY ALL") == [(1, "ten"), (2, "TEN"), (3, "twenty")]
     env.equal(name)  # the mutable region is the query's
     env.sql(f"DELETE FROM lake.{S}.ia WHERE id = 1")  # gone from the source, kept in the table

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import sqlglot
 from sqlglot import exp
 
 from ducklake_kit.dynamic_tables.ddl import (
@@ -845,6 +846,29 @@ def preserved_rows(
         t.replace(table if i == index else _pinned_table(t, lake_alias, at))
     out.set("expressions", [c.copy() for c in columns])
     return out
+
+
+def mutable_only(select: exp.Select, condition: str, plan: Plan) -> exp.Select:
+    """The query restricted to the rows IMMUTABLE WHERE's `condition` (over the table's columns) does not hold for,
+    the condition read through each column's expression over the sources, so that a refresh neither reads nor
+    recomputes the immutable region (whose rows it never writes anyway). Only where that is the same rows: a
+    projection (`rows`), or an aggregate whose condition reads only group keys (whole groups go); otherwise, or
+    when a column is not a plain select item, the query as it is."""
+    if plan.kind not in (ROWS, AGGREGATE) or plan.derived or len(select.selects) != len(plan.columns):
+        return select
+    items = {n.lower(): s.unalias() for n, s in zip(plan.columns, select.selects)}
+    if any(isinstance(e, (exp.Star, exp.Columns)) for e in items.values()):
+        return select
+    allowed = {k.column.lower() for k in plan.keys} if plan.kind == AGGREGATE else set(items)
+    cond = sqlglot.parse_one(condition, read=DIALECT)
+    if any(c.table or c.name.lower() not in allowed for c in cond.find_all(exp.Column)):
+        return select
+
+    def through(node: exp.Expression) -> exp.Expression:
+        return exp.Paren(this=items[node.name.lower()].copy()) if isinstance(node, exp.Column) else node
+
+    held = exp.Is(this=exp.Paren(this=cond.transform(through)), expression=exp.true())
+    return select.copy().where(exp.Not(this=exp.Paren(this=held)))
 
 
 def key_column(i: int) -> str:

@@ -492,6 +492,8 @@ class Refresher:
         sources `changed` shows changed), then the shape's own way to the rows to delete and insert."""
         prev, now = span
         select = named(plan.query, d.columns) if plan.query is not None else query  # CTEs inlined
+        if d.immutable_where and isinstance(select, exp.Select):  # the immutable region is neither read nor written
+            select = planner.mutable_only(select, d.immutable_where, plan)
         pre: dict[str, str] = {}
         post: dict[str, str] = {}
         counts: dict[str, tuple[int, int]] = {}
