@@ -79,19 +79,25 @@ def incr(stack, tmp_path_factory):
     return Incr(stack, path)
 
 
+def sql_day(d: dt.date | None) -> str:
+    return "NULL" if d is None else f"DATE '{d.isoformat()}'"
+
+
 def values(rows: list[tuple]) -> str:
-    return ", ".join(
-        f"(DATE '{d.isoformat()}', {'NULL' if k is None else k}, {'NULL' if v is None else v})" for d, k, v in rows
-    )
+    return ", ".join(f"({sql_day(d)}, {'NULL' if k is None else k}, {'NULL' if v is None else v})" for d, k, v in rows)
 
 
 day = st.integers(0, 40).map(lambda i: DAY0 + dt.timedelta(days=i))
 row = st.tuples(day, st.one_of(st.none(), st.integers(0, 3)), st.one_of(st.none(), st.integers(0, 5)))
-appends = st.lists(st.lists(row, min_size=1, max_size=6), min_size=1, max_size=3)
+# by time: some rows have no time at all (their NULL group must be made again when one is appended)
+timed_row = st.tuples(
+    st.one_of(day, st.none()), st.one_of(st.none(), st.integers(0, 3)), st.one_of(st.none(), st.integers(0, 5))
+)
+appends = st.lists(st.lists(timed_row, min_size=1, max_size=6), min_size=1, max_size=3)
 
 
 @settings(max_examples=4, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(first=st.lists(row, min_size=1, max_size=8), stream=appends)
+@given(first=st.lists(timed_row, min_size=1, max_size=8), stream=appends)
 def test_incremental_by_time_equals_a_full_rebuild_after_random_appends(incr, first, stream):
     incr.sql(f"CREATE OR REPLACE TABLE {S}.events (day DATE, k INTEGER, v INTEGER)")
     incr.sql(f"INSERT INTO {S}.events VALUES {values(first)}")
@@ -106,7 +112,9 @@ def test_incremental_by_time_equals_a_full_rebuild_after_random_appends(incr, fi
             n = run.node(node)
             assert n.status == "ok", (n.error, n.reason)
             assert n.incremental["mode"] == "incremental", n.incremental
-            assert n.incremental["from"] == min(d for d, _, _ in rows).isoformat()  # reads from the earliest new row
+            days = [d for d, _, _ in rows if d is not None]
+            assert n.incremental["from"] == (min(days).isoformat() if days else None)  # from the earliest new row
+            assert n.incremental["null_time_rows"] == len(rows) - len(days)
             assert n.incremental["new_rows"] == len(rows)
             total, only_table, only_full = incr.differs(table, query)
             assert (only_table, only_full) == (0, 0), (node, total, rows)

@@ -68,14 +68,18 @@ class Kind:
             "source_column": self.source_column,
         }
 
-    def statements(self, since: int, until: int, lo: Any) -> list[str]:
-        """The node's transaction for an incremental run over the source's changes in snapshots [since, until]."""
+    def statements(self, since: int, until: int, lo: Any, nulls: bool = False) -> list[str]:
+        """The node's transaction for an incremental run over the source's changes in snapshots [since, until]. By
+        time: from `lo` on, and the NULL time too when `nulls` (rows with no time were appended: their group is
+        made again)."""
         target, col = table_sql(self.target), exp.to_identifier(self.column, quoted=True).sql(DIALECT)
         src_col = exp.to_identifier(self.source_column, quoted=True).sql(DIALECT)
         if self.name == BY_TIME:
             bound = _literal(lo)
-            rows = self._over(f"SELECT * FROM {table_sql(self.source)} WHERE {src_col} >= {bound}")
-            return [f"DELETE FROM {target} WHERE {col} >= {bound}", f"INSERT INTO {target} {rows}"]
+            also = " OR {c} IS NULL" if nulls else ""
+            keep = f"{src_col} >= {bound}" + also.format(c=src_col)
+            rows = self._over(f"SELECT * FROM {table_sql(self.source)} WHERE {keep}")
+            return [f"DELETE FROM {target} WHERE {col} >= {bound}" + also.format(c=col), f"INSERT INTO {target} {rows}"]
         feed = changes_sql(self.source, since, until)
         # the keys of every changed row, a NULL key included (IN never matches NULL)
         changed = (
@@ -237,9 +241,10 @@ def choose(lake: Lake, kind: Kind, since: str | None, until: str | None) -> Choi
         )
     col = exp.to_identifier(kind.source_column, quoted=True).sql(DIALECT)
     try:
-        lo, new, other = lake.con.execute(
+        lo, new, other, nulls = lake.con.execute(
             f"SELECT min({col}) FILTER (change_type = 'insert'), count(*) FILTER (change_type = 'insert'), "
-            f"count(*) FILTER (change_type <> 'insert') FROM {changes_sql(kind.source, first, last)}"
+            f"count(*) FILTER (change_type <> 'insert'), count(*) FILTER (change_type = 'insert' AND {col} IS NULL) "
+            f"FROM {changes_sql(kind.source, first, last)}"
         ).fetchone()
     except Exception as exc:  # noqa: BLE001 - e.g. the source was replaced: its feed does not reach back
         return Choice(
@@ -255,10 +260,11 @@ def choose(lake: Lake, kind: Kind, since: str | None, until: str | None) -> Choi
             record | {"mode": "full"},
         )
     if kind.name == BY_TIME:
-        record |= {"mode": "incremental", "from": str(lo) if lo is not None else None}
+        record |= {"mode": "incremental", "from": str(lo) if lo is not None else None, "null_time_rows": nulls}
         return Choice(
-            kind.statements(first, last, lo),
-            f"incremental: {new} new row(s) of {kind.source} from {kind.source_column} {lo}",
+            kind.statements(first, last, lo, nulls > 0),
+            f"incremental: {new} new row(s) of {kind.source} from {kind.source_column} {lo}"
+            + (f" and {nulls} with no {kind.source_column} (the NULL group made again)" if nulls else ""),
             record,
         )
     record |= {"mode": "incremental", "changed_rows": new + other}
