@@ -22,11 +22,11 @@ def _names_read(fn) -> set[str]:
     return {n.id for stmt in body for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
 
 
-def test_the_six_suites_are_registered_in_the_order_help_lists_them():
-    assert list(suites.SUITES) == ["load", "queries", "concurrency", "pipeline", "steps", "dynamic"]
+def test_the_seven_suites_are_registered_in_the_order_help_lists_them():
+    assert list(suites.SUITES) == ["load", "queries", "concurrency", "pipeline", "steps", "dynamic", "console"]
 
 
-@pytest.mark.parametrize("name", ["load", "queries", "concurrency", "pipeline", "steps", "dynamic"])
+@pytest.mark.parametrize("name", ["load", "queries", "concurrency", "pipeline", "steps", "dynamic", "console"])
 def test_a_suite_takes_exactly_the_options_it_declares_and_reads_each(name):
     s = suites.SUITES[name]
     params = inspect.signature(s.run).parameters
@@ -83,7 +83,8 @@ def test_prepare_keeps_the_options_given_and_parses_rows():
         (
             "sqlite",
             {},
-            "Error: unknown suite 'sqlite'. Try: choose one of: load, queries, concurrency, pipeline, steps, dynamic.",
+            "Error: unknown suite 'sqlite'. Try: choose one of: load, queries, concurrency, pipeline, steps, dynamic, "
+            "console.",
         ),
     ],
 )

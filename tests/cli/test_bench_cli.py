@@ -14,7 +14,7 @@ from ducklake_kit.bench.results import Report, Table
 
 # every refusal: (suite, the option given, the one line on stderr)
 REFUSALS = [
-    ("load", ["--runs", "3"], "--runs means nothing to --suite load. Try: drop it (--suite load takes --rows, --out; --runs is for --suite queries, dynamic)."),
+    ("load", ["--runs", "3"], "--runs means nothing to --suite load. Try: drop it (--suite load takes --rows, --out; --runs is for --suite queries, dynamic, console)."),
     ("load", ["--months", "3"], "--months means nothing to --suite load. Try: drop it (--suite load takes --rows, --out; --months is for --suite dynamic)."),
     ("load", ["--file-cache"], "--file-cache means nothing to --suite load. Try: drop it (--suite load takes --rows, --out; --file-cache is for --suite dynamic)."),
     ("load", ["--workers", "2"], "--workers means nothing to --suite load. Try: drop it (--suite load takes --rows, --out; --workers is for --suite pipeline, steps)."),
@@ -25,15 +25,15 @@ REFUSALS = [
     ("queries", ["--months", "3"], "--months means nothing to --suite queries. Try: drop it (--suite queries takes --rows, --runs, --out, --png; --months is for --suite dynamic)."),
     ("queries", ["--workers", "2"], "--workers means nothing to --suite queries. Try: drop it (--suite queries takes --rows, --runs, --out, --png; --workers is for --suite pipeline, steps)."),
     ("queries", ["--ops", "5"], "--ops means nothing to --suite queries. Try: drop it (--suite queries takes --rows, --runs, --out, --png; --ops is for --suite concurrency, steps)."),
-    ("concurrency", ["--rows", "1000"], "--rows means nothing to --suite concurrency. Try: drop it (--suite concurrency takes --writers, --ops, --modes, --out, --png; --rows is for --suite load, queries, dynamic)."),
+    ("concurrency", ["--rows", "1000"], "--rows means nothing to --suite concurrency. Try: drop it (--suite concurrency takes --writers, --ops, --modes, --out, --png; --rows is for --suite load, queries, dynamic, console)."),
     ("concurrency", ["--workers", "3"], "bench --suite concurrency takes --writers N (the concurrent writers); --workers is the worker plane's Dask workers. Try: bench --suite concurrency --writers 3."),
-    ("concurrency", ["--runs", "3"], "--runs means nothing to --suite concurrency. Try: drop it (--suite concurrency takes --writers, --ops, --modes, --out, --png; --runs is for --suite queries, dynamic)."),
+    ("concurrency", ["--runs", "3"], "--runs means nothing to --suite concurrency. Try: drop it (--suite concurrency takes --writers, --ops, --modes, --out, --png; --runs is for --suite queries, dynamic, console)."),
     ("pipeline", ["--writers", "2"], "--writers is for --suite concurrency, not pipeline. Try: bench --suite pipeline --workers 2."),
     ("pipeline", ["--ops", "5"], "--ops means nothing to --suite pipeline. Try: drop it (--suite pipeline takes --workers, --out; --ops is for --suite concurrency, steps)."),
     ("pipeline", ["--png", "x.png"], "--png means nothing to --suite pipeline. Try: drop it (--suite pipeline takes --workers, --out; --png is for --suite queries, concurrency)."),
     ("steps", ["--writers", "2"], "--writers is for --suite concurrency, not steps. Try: bench --suite steps --workers 2."),
     ("steps", ["--modes", "file"], "--modes means nothing to --suite steps. Try: drop it (--suite steps takes --workers, --ops, --out; --modes is for --suite concurrency)."),
-    ("steps", ["--rows", "1000"], "--rows means nothing to --suite steps. Try: drop it (--suite steps takes --workers, --ops, --out; --rows is for --suite load, queries, dynamic)."),
+    ("steps", ["--rows", "1000"], "--rows means nothing to --suite steps. Try: drop it (--suite steps takes --workers, --ops, --out; --rows is for --suite load, queries, dynamic, console)."),
     ("dynamic", ["--workers", "2"], "--workers means nothing to --suite dynamic. Try: drop it (--suite dynamic takes --rows, --runs, --months, --file-cache, --out; --workers is for --suite pipeline, steps)."),
     ("dynamic", ["--ops", "5"], "--ops means nothing to --suite dynamic. Try: drop it (--suite dynamic takes --rows, --runs, --months, --file-cache, --out; --ops is for --suite concurrency, steps)."),
     ("dynamic", ["--modes", "file"], "--modes means nothing to --suite dynamic. Try: drop it (--suite dynamic takes --rows, --runs, --months, --file-cache, --out; --modes is for --suite concurrency)."),
@@ -43,16 +43,23 @@ REFUSALS = [
     ("queries", ["--modes", "file"], "--modes means nothing to --suite queries. Try: drop it (--suite queries takes --rows, --runs, --out, --png; --modes is for --suite concurrency)."),
     ("concurrency", ["--months", "2"], "--months means nothing to --suite concurrency. Try: drop it (--suite concurrency takes --writers, --ops, --modes, --out, --png; --months is for --suite dynamic)."),
     ("concurrency", ["--file-cache"], "--file-cache means nothing to --suite concurrency. Try: drop it (--suite concurrency takes --writers, --ops, --modes, --out, --png; --file-cache is for --suite dynamic)."),
-    ("pipeline", ["--rows", "1000"], "--rows means nothing to --suite pipeline. Try: drop it (--suite pipeline takes --workers, --out; --rows is for --suite load, queries, dynamic)."),
-    ("pipeline", ["--runs", "2"], "--runs means nothing to --suite pipeline. Try: drop it (--suite pipeline takes --workers, --out; --runs is for --suite queries, dynamic)."),
+    ("pipeline", ["--rows", "1000"], "--rows means nothing to --suite pipeline. Try: drop it (--suite pipeline takes --workers, --out; --rows is for --suite load, queries, dynamic, console)."),
+    ("pipeline", ["--runs", "2"], "--runs means nothing to --suite pipeline. Try: drop it (--suite pipeline takes --workers, --out; --runs is for --suite queries, dynamic, console)."),
     ("pipeline", ["--months", "2"], "--months means nothing to --suite pipeline. Try: drop it (--suite pipeline takes --workers, --out; --months is for --suite dynamic)."),
     ("pipeline", ["--file-cache"], "--file-cache means nothing to --suite pipeline. Try: drop it (--suite pipeline takes --workers, --out; --file-cache is for --suite dynamic)."),
     ("pipeline", ["--modes", "file"], "--modes means nothing to --suite pipeline. Try: drop it (--suite pipeline takes --workers, --out; --modes is for --suite concurrency)."),
-    ("steps", ["--runs", "2"], "--runs means nothing to --suite steps. Try: drop it (--suite steps takes --workers, --ops, --out; --runs is for --suite queries, dynamic)."),
+    ("steps", ["--runs", "2"], "--runs means nothing to --suite steps. Try: drop it (--suite steps takes --workers, --ops, --out; --runs is for --suite queries, dynamic, console)."),
     ("steps", ["--months", "2"], "--months means nothing to --suite steps. Try: drop it (--suite steps takes --workers, --ops, --out; --months is for --suite dynamic)."),
     ("steps", ["--file-cache"], "--file-cache means nothing to --suite steps. Try: drop it (--suite steps takes --workers, --ops, --out; --file-cache is for --suite dynamic)."),
     ("steps", ["--png", "x.png"], "--png means nothing to --suite steps. Try: drop it (--suite steps takes --workers, --ops, --out; --png is for --suite queries, concurrency)."),
     ("dynamic", ["--writers", "2"], "--writers means nothing to --suite dynamic. Try: drop it (--suite dynamic takes --rows, --runs, --months, --file-cache, --out; --writers is for --suite concurrency)."),
+    ("console", ["--months", "3"], "--months means nothing to --suite console. Try: drop it (--suite console takes --rows, --runs, --out; --months is for --suite dynamic)."),
+    ("console", ["--file-cache"], "--file-cache means nothing to --suite console. Try: drop it (--suite console takes --rows, --runs, --out; --file-cache is for --suite dynamic)."),
+    ("console", ["--workers", "2"], "--workers means nothing to --suite console. Try: drop it (--suite console takes --rows, --runs, --out; --workers is for --suite pipeline, steps)."),
+    ("console", ["--writers", "2"], "--writers means nothing to --suite console. Try: drop it (--suite console takes --rows, --runs, --out; --writers is for --suite concurrency)."),
+    ("console", ["--ops", "5"], "--ops means nothing to --suite console. Try: drop it (--suite console takes --rows, --runs, --out; --ops is for --suite concurrency, steps)."),
+    ("console", ["--modes", "file"], "--modes means nothing to --suite console. Try: drop it (--suite console takes --rows, --runs, --out; --modes is for --suite concurrency)."),
+    ("console", ["--png", "x.png"], "--png means nothing to --suite console. Try: drop it (--suite console takes --rows, --runs, --out; --png is for --suite queries, concurrency)."),
 ]  # fmt: skip
 
 
@@ -77,7 +84,7 @@ def test_a_suite_of_one_size_refuses_a_list(cli, tmp_path, suite):
 def test_the_refusals_above_are_every_option_a_suite_does_not_take():
     expected = {(name, suites.flag(o)) for name, s in suites.SUITES.items() for o in set(suites.OPTIONS) - set(s.takes)}
     assert {(suite, option[0]) for suite, option, _ in REFUSALS} == expected
-    assert len(REFUSALS) == len(expected) == 6 * 10 - 21  # 6 suites, 10 options, 21 taken
+    assert len(REFUSALS) == len(expected) == 7 * 10 - 24  # 7 suites, 10 options, 24 taken
 
 
 def test_json_refusal_is_the_error_envelope(cli, tmp_path):

@@ -422,3 +422,13 @@ def dynamic_report(r: DynamicBench) -> Report:
     )
     columns = ["base months", "base rows", "rows appended", "incremental s", "full s", "incremental / full"]
     return Report(r, Table(title, columns, cells), notes, r.as_dict(), passed=passed)
+
+
+def console(kit: Kit, *, rows: tuple[int, ...] | None = None, runs: int = 3, out: Path | None = None) -> Report:
+    from ducklake_kit.bench.console import DEFAULT_ROWS, bench_console, report
+
+    if rows and len(rows) != 1:
+        raise KitError("--suite console takes one size", "e.g. --rows 10000000", exit_code=EXIT_USAGE)
+    made = report(bench_console(kit, rows=rows[0] if rows else DEFAULT_ROWS, runs=runs, json_path=out))
+    made.written = _files(out)
+    return made

@@ -175,5 +175,13 @@ SUITES: dict[str, Suite] = {
             "default off)",
             out=OUT,
         ),
+        _suite(
+            "console",
+            reports.console,
+            "the lake console in a browser: first page, a query drawn vs sql, 20 sessions at once",
+            rows="the table's rows, one size (default 10,000,000)",
+            runs="timed runs of each measure, after one warm-up (default 3)",
+            out=OUT,
+        ),
     )
 }

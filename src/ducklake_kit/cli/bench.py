@@ -38,7 +38,7 @@ def bench(
     png_file: Annotated[Path | None, _opt("png")] = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Measure, in one run, and print the figures (commands, not timed tests): --suite load, queries, concurrency, pipeline, steps or dynamic. An option the suite does not take is refused."""
+    """Measure, in one run, and print the figures (commands, not timed tests): --suite load, queries, concurrency, pipeline, steps, dynamic or console. An option the suite does not take is refused."""
     given = {"rows": rows, "runs": runs, "months": months, "file_cache": file_cache, "workers": workers}
     given |= {"writers": writers, "ops": ops, "modes": modes, "out": out_file, "png": png_file}
     prepared = suites.prepare(suite, given)  # refuses before anything starts
