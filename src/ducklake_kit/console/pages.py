@@ -7,7 +7,6 @@ carry a `data-testid`."""
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from nicegui import run, ui
 
@@ -16,6 +15,7 @@ from ducklake_kit.console.at_snapshot import at_snapshot
 from ducklake_kit.console.backend import Backend
 from ducklake_kit.console.widgets import error as _error
 from ducklake_kit.console.widgets import frame as _frame
+from ducklake_kit.console.widgets import on_pick
 from ducklake_kit.console.widgets import table as _table
 from ducklake_kit.console.widgets import tid as _tid
 from ducklake_kit.errors import KitError
@@ -164,23 +164,12 @@ def lake_page(backend: Backend) -> None:
             # lake of many tables the list is long (and its menu draws only the first options until scrolled)
             picked = _tid(ui.select(catalog, label="ducklake_* table", with_input=True), "catalog-select")
             picked.classes("w-72")
-            shown = ui.column().classes("w-full")
 
-            async def show(_: Any = None) -> None:
-                shown.clear()
-                if not picked.value:
-                    return
-                try:
-                    got = await run.io_bound(backend.catalog_rows, picked.value)
-                except KitError as exc:
-                    with shown:
-                        _error(exc.line(), "catalog-error")
-                    return
-                with shown:
-                    _tid(ui.label(f"{got.table}: {got.total_rows} rows, {len(got.rows)} shown"), "catalog-summary")
-                    _table(got.columns, got.rows, "catalog-table")
+            def draw(got) -> None:
+                _tid(ui.label(f"{got.table}: {got.total_rows} rows, {len(got.rows)} shown"), "catalog-summary")
+                _table(got.columns, got.rows, "catalog-table")
 
-            picked.on_value_change(show)
+            on_pick(picked, backend.catalog_rows, draw, "catalog-error")
 
 
 def _at_snapshot_section(backend: Backend, tables: list[str], newest: int):
@@ -229,37 +218,26 @@ def _strata_section(backend: Backend, tables: list[str]) -> None:
     """A table's data files (the catalog's ducklake_data_file) drawn as strata by snapshot, and listed."""
     ui.label("A table's data files, by snapshot").classes("text-h6")
     table = _tid(ui.select(tables, label="table", with_input=True), "strata-table").classes("w-72")
-    shown = ui.column().classes("w-full")
 
-    async def show(_: Any = None) -> None:
-        shown.clear()
-        if not table.value:
-            return
-        try:
-            got = await run.io_bound(backend.strata, table.value)
-        except KitError as exc:
-            with shown:
-                _error(exc.line(), "strata-error")
-            return
-        with shown:
-            alive = [f for f in got.files if f.end_snapshot is None]
-            _tid(
-                ui.label(
-                    f"{got.table}: {len(got.files)} data files in the catalog, {len(alive)} in the table now "
-                    f"({sum(f.rows for f in alive)} rows; rows still inlined in the catalog are in no file)"
-                ),
-                "strata-summary",
-            )
-            if got.files:
-                chart = ui.echart(strata.chart_options(got), renderer="svg").classes("w-full h-80")
-                _tid(chart, "strata-chart")
-            _table(
-                ["file", "path", "rows", "bytes", "added at", "removed at"],
-                [(f.file_id, f.path, f.rows, f.size_bytes, f.begin_snapshot, f.end_snapshot) for f in got.files],
-                "strata-files",
-            )
+    def draw(got) -> None:
+        alive = [f for f in got.files if f.end_snapshot is None]
+        _tid(
+            ui.label(
+                f"{got.table}: {len(got.files)} data files in the catalog, {len(alive)} in the table now "
+                f"({sum(f.rows for f in alive)} rows; rows still inlined in the catalog are in no file)"
+            ),
+            "strata-summary",
+        )
+        if got.files:
+            chart = ui.echart(strata.chart_options(got), renderer="svg").classes("w-full h-80")
+            _tid(chart, "strata-chart")
+        _table(
+            ["file", "path", "rows", "bytes", "added at", "removed at"],
+            [(f.file_id, f.path, f.rows, f.size_bytes, f.begin_snapshot, f.end_snapshot) for f in got.files],
+            "strata-files",
+        )
 
-    table.on_value_change(show)
+    on_pick(table, backend.strata, draw, "strata-error")
 
 
 def _diff_section(backend: Backend, tables: list[str], snapshot_ids: list[int]) -> None:

@@ -1,11 +1,15 @@
-"""What every page of the console shares: the header with the pages' links, an error line, a table, and the
-`data-testid` the browser tests read."""
+"""What every page of the console shares: the header with the pages' links, an error line, a table, a section drawn
+from what a select picks, and the `data-testid` the browser tests read."""
 
 from __future__ import annotations
 
-from nicegui import ui
+from collections.abc import Callable
+from typing import Any
+
+from nicegui import run, ui
 
 from ducklake_kit.console import shapes
+from ducklake_kit.errors import KitError
 
 PAGES = [
     ("Query", "/"),
@@ -39,3 +43,24 @@ def table(columns: list[str], rows: list[tuple], testid: str):
         ),
         testid,
     ).classes("w-full")
+
+
+def on_pick(picked, fetch: Callable[[Any], Any], draw: Callable[[Any], None], error_testid: str):
+    """Below `picked` (a select), what `fetch(value)` answers, drawn by `draw` each time the choice changes: fetched
+    on a thread (a slow catalog never holds the page's event loop), a KitError shown as its one line."""
+    shown = ui.column().classes("w-full")
+
+    async def show(_: Any = None) -> None:
+        shown.clear()
+        if not picked.value:
+            return
+        try:
+            got = await run.io_bound(fetch, picked.value)
+        except KitError as exc:
+            with shown:
+                error(exc.line(), error_testid)
+            return
+        with shown:
+            draw(got)
+
+    picked.on_value_change(show)
