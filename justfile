@@ -10,6 +10,9 @@ kit := "scripts/uv.sh run --frozen python ducklake_test.py"
 # what `just test-containers` runs by default, and CI: `all` through --platform external (every stage's checks), the
 # lake layer and the worker plane, on containers (docs/development.md says why these and not the whole suite)
 containers_tests := "tests/cli/test_cli.py tests/lake tests/workers/test_workers.py"
+# `just test` runs in two pytest processes, each on stacks of its own; a module runs whole in one of them and the
+# modules that share something run in one group (tests/conftest.py: SHARED_GROUPS), the longest groups first
+xdist := "-n 2 --dist loadfile --no-loadscope-reorder"
 
 # list the recipes
 default:
@@ -20,10 +23,10 @@ default:
 ducklake-test platform="local": setup
     {{kit}} --platform {{platform}} all
 
-# run the test suite (real PostgreSQL and S3, started by the tests); extra args go to pytest
+# run the test suite (real PostgreSQL and S3, started by the tests) in two processes; extra args go to pytest (`-n 0`: one process)
 [group('main')]
 test *args: setup
-    {{uv}} run --frozen pytest {{args}}
+    {{uv}} run --frozen pytest {{xdist}} {{args}}
 
 # the tests that start no service (no PostgreSQL, S3, Dask or Spark): the quick loop while editing; extra args go to pytest
 [group('main')]

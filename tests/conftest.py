@@ -9,7 +9,9 @@ socket (ducklake_kit.platforms.podman_service) and the kit's own images; without
 from __future__ import annotations
 
 import os
+import random
 import shutil
+import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -21,7 +23,6 @@ from typer.testing import CliRunner
 from ducklake_kit.cli import app
 from ducklake_kit.platforms.external import ExternalPlatform
 from ducklake_kit.platforms.local import LocalPlatform
-from ducklake_kit.platforms.procs import free_port
 from ducklake_kit.platforms.spark_cluster import PORT_OPTIONS, SparkCluster
 from ducklake_kit.platforms.state import State, write_private
 from ducklake_kit.workers import plane
@@ -67,6 +68,60 @@ SERVICE_FIXTURES = {
 SERVICE_MARKS = {"service", "integration", "spark"}
 
 
+# -- two processes (`just test`: pytest-xdist, `-n 2 --dist loadfile`) -----------------------------------------
+# Each worker process has its own session: its own `stack`, module stacks, SparkSession and state folders, on ports
+# of its own (stack_port). A test file runs whole in one process, in its order (its module fixtures set up once);
+# the files that share something beyond their own state folders form one group, which runs in one process. Groups go
+# out longest first, so that the last one to finish is short (docs/development.md).
+SHARED_GROUPS = {
+    # the labs build on one another in order on one lab_stack; lab 17 plays pods, as the podman tests do, and the
+    # three build the kit's images when they are missing (podman_images.build takes no lock): one process at a time
+    "tests/test_learning_path.py": "labs+podman",
+    "tests/platforms/test_podman_platform.py": "labs+podman",
+    "tests/platforms/test_podman_service.py": "labs+podman",
+}
+# the groups that take longest, first; the others follow in collection order
+LONGEST_FIRST = [  # seconds per file in one run of the suite in two processes at load 22 (2026-11-27)
+    "labs+podman",  # 1458 (the labs) + 53 + 7
+    "tests/platforms/test_spark_cluster.py",  # 681
+    "tests/test_notebooks.py",  # 489
+    "tests/cli/test_cli.py",  # 489
+    "tests/taxi/test_load.py",  # 440
+    "tests/lessons/test_maintain.py",  # 269
+    "tests/steps/test_step_faults.py",  # 265
+    "tests/cli/test_progress.py",  # 261
+    "tests/pipelines/test_pipeline_faults.py",  # 228
+    "tests/pipelines/test_pipeline_changes.py",  # 207
+    "tests/dynamic_tables/test_refresh_union.py",  # 191
+    "tests/bench/test_bench.py",  # 178
+    "tests/lessons/test_queries.py",  # 156
+    "tests/console/test_console.py",  # 139
+]
+
+
+def group_of(nodeid: str) -> str:
+    """The group a test runs in: its file's, or the shared group its file belongs to."""
+    path = nodeid.split("::", 1)[0]
+    return SHARED_GROUPS.get(path, path)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist (absent under `-p no:xdist`)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`--dist loadfile`, with the files of SHARED_GROUPS sent to one worker together. (xdist's own `loadgroup` and
+    its xdist_group mark do not group under pytest 9: xdist 3.8 renames `item._nodeid`, which pytest 9 no longer
+    reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LoadGroupedFiles(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid)
+
+    return LoadGroupedFiles(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the order is the same whatever is selected
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ())) & SERVICE_FIXTURES.keys()
@@ -74,6 +129,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(mark)
         if used or any(item.get_closest_marker(name) for name in SERVICE_MARKS):
             item.add_marker("service")
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller hands out groups in the order they first
+        # appear (--no-loadscope-reorder), so the longest go first; a stable sort keeps each file's own order
+        rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(group_of(item.nodeid), len(rank)))
+
+
+def _port_order() -> list[int]:
+    """This process's ports: a slice, by xdist worker, of 20000-32767 (below Linux's ephemeral range, 32768-60999),
+    from a start of its own. A stack saves its ports when it is made and binds some of them much later (the worker
+    plane's on `up`, the Spark cluster's on `spark up`); a port the OS called free (bind to 0) can meanwhile be
+    handed to another process that asks, or be a client connection's local port. Here neither happens: no worker
+    scans another's slice, and the OS picks no port below 32768."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    index = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")) % count
+    size = (32768 - 20000) // count
+    start = random.Random(os.getpid()).randrange(size)  # two pytest sessions on one machine rarely overlap
+    return [20000 + index * size + (start + i) % size for i in range(size)]
+
+
+_ports = iter(_port_order())
+
+
+def stack_port() -> int:
+    """The next port of this process's slice that nothing listens on or holds."""
+    for port in _ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port left in this test process's range")
 
 
 _running: list[pytest.Item] = []  # the test being run, for the stacks to ask whether it may start services
@@ -116,14 +203,14 @@ class LocalStack:
     def __init__(self) -> None:
         refuse_unless_service("PostgreSQL and rclone S3 (a LocalStack)")
         self.home = make_home()
-        self.pg_port, self.s3_port = free_port(), free_port()
+        self.pg_port, self.s3_port = stack_port(), stack_port()
         self.state = State(self.home)
         self.platform = LocalPlatform(self.state, pg_port=self.pg_port, s3_port=self.s3_port)
         # the worker plane's ports, saved so that library calls and CLI runs find the same ones
-        self.scheduler_port, self.dashboard_port = free_port(), free_port()
+        self.scheduler_port, self.dashboard_port = stack_port(), stack_port()
         self.state.save_settings(scheduler_port=self.scheduler_port, dashboard_port=self.dashboard_port)
         # the Spark cluster's (`spark up`): never a user's default ports
-        self.spark_ports = {"master": free_port(), "ui": free_port(), "connect": free_port()}
+        self.spark_ports = {"master": stack_port(), "ui": stack_port(), "connect": stack_port()}
         self.state.save_settings(**{f"spark_{k}_port": v for k, v in self.spark_ports.items()})
         self.env = {
             "DUCKLAKE_PLATFORM": "local",
@@ -213,8 +300,8 @@ class ContainerStack:
                 's3_key_id = "testkey"\ns3_secret = "test-only-secret"\n',
             )
             # the worker plane and `spark up` run here, on free loopback ports saved in the state folder
-            self.scheduler_port, self.dashboard_port = free_port(), free_port()
-            self.spark_ports = {"master": free_port(), "ui": free_port(), "connect": free_port()}
+            self.scheduler_port, self.dashboard_port = stack_port(), stack_port()
+            self.spark_ports = {"master": stack_port(), "ui": stack_port(), "connect": stack_port()}
             self.state.save_settings(
                 scheduler_port=self.scheduler_port,
                 dashboard_port=self.dashboard_port,
