@@ -378,7 +378,7 @@ def test_no_source_change_makes_no_snapshot(clean):
 
 
 def test_a_table_rewritten_whole_with_the_same_rows_changes_nothing(clean):
-    """A load rewrites `zones` whole each time: deleted and inserted again unchanged, those rows net out, so a
+    """A table deleted and inserted again unchanged (as a load once rewrote `zones`): those rows net out, so a
     join over it recomputes no group (without netting, every group would be affected and AUTO would go FULL)."""
     t = small(clean)
     clean.sql(f"CREATE OR REPLACE TABLE lake.{S}.names (k INTEGER, label VARCHAR)")

@@ -7,7 +7,8 @@ shown.
 The month is loaded with mode `replace`: the first run's refresh merges its inserts into the tables' groups; a later
 run loads the same trips again (new row ids, new load id), which the refresher nets out to no change, and NO_DATA is
 then what the stage expects. Which of the two applies is decided independently of the refreshes: the month's trips
-before and after the load, compared both ways. Each load also rewrites `zones` with the same rows: no change either."""
+before and after the load, compared both ways. A load leaves `zones` as it is when the lookup file is unchanged
+(taxi.load.write_zones)."""
 
 from __future__ import annotations
 
