@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ducklake_kit.bench.dynamic_joins import Chain, StarJoin, bench_joins
+from ducklake_kit.bench.dynamic_joins import Chain, StarJoin, bench_joins, checked
 from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average, write_outputs
 from ducklake_kit.dynamic_tables import ddl, manage
 from ducklake_kit.dynamic_tables.metadata import SUCCEEDED, Metadata
@@ -287,18 +287,6 @@ def _timed(refresher: Refresher, meta: Metadata, name: str, mode: str | None = N
     return r, took
 
 
-def _checked(lake: Lake, meta: Metadata, names: tuple[str, ...]) -> None:
-    for name in names:
-        wrong = manage.check(lake, meta, name)
-        if wrong != (0, 0):
-            raise KitError(
-                f"{name} differs from its query run in full ({wrong[0]} rows only in the table, "
-                f"{wrong[1]} only in the query)",
-                "this is a defect of the refresher: report it",
-                exit_code=EXIT_CHECK_FAILED,
-            )
-
-
 def fixed_cost(lake: Lake, meta: Metadata, refresher: Refresher, say: Callable[[str], None]) -> FixedCost:
     """One row inserted into a table of SMALL_ROWS rows, its ADAPTIVE aggregate refreshed, FIXED_RUNS times."""
     lake.con.execute(
@@ -313,7 +301,7 @@ def fixed_cost(lake: Lake, meta: Metadata, refresher: Refresher, say: Callable[[
         out.wall_ms.append(round(took * 1000, 1))
         out.phases_ms.append(r.phases or {})
         out.how = r.reason or ""
-    _checked(lake, meta, (SMALL_SUM,))
+    checked(lake, meta, (SMALL_SUM,))
     say(f"fixed cost: one row into {SMALL_ROWS:,} rows refreshed in {out.median_ms} ms (median of {FIXED_RUNS})")
     return out
 
@@ -345,7 +333,7 @@ def _stream(lake: Lake, meta: Metadata, refresher: Refresher, files: dict[int, P
         r, ada_s = _timed(refresher, meta, ADAPT)
         out.steps.append(StreamStep(kind, change, round(change / before, 4), inc_s, full_s, ada_s, r.mode, r.reason))
         say(f"  {kind} of {change:,} rows: incremental {inc_s} s, full {full_s} s, adaptive {ada_s} s ({r.mode})")
-    _checked(lake, meta, (INC, FULL_TABLE, ADAPT))
+    checked(lake, meta, (INC, FULL_TABLE, ADAPT))
     return out
 
 
@@ -403,7 +391,7 @@ def bench_dynamic(
                         if name == INC:
                             fig.incremental_how = r.reason or ""
                         say(f"  +{changes[-1]:,} trips: {name} {r.mode.lower()} in {times[-1]} s ({r.reason})")
-                _checked(lake, meta, (INC, FULL_TABLE))
+                checked(lake, meta, (INC, FULL_TABLE))
                 fig.change_rows = int(statistics.median(changes))
                 bases.append(fig)
             _drop(lake, meta)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -112,7 +112,8 @@ def _refreshed(refresher: Refresher, meta: Metadata, name: str) -> tuple[float, 
     return took, refresher.terms, r.reason or ""
 
 
-def _checked(lake: Lake, meta: Metadata, names: list[str]) -> None:
+def checked(lake: Lake, meta: Metadata, names: Sequence[str]) -> None:
+    """Stop the bench (exit code EXIT_CHECK_FAILED) when a dynamic table differs from its query run in full."""
     for name in names:
         wrong = manage.check(lake, meta, name)
         if wrong != (0, 0):
@@ -168,7 +169,7 @@ def bench_joins(lake: Lake, meta: Metadata, base_rows: int, say: Callable[[str],
             say(
                 f"  +{per:,} facts: joined {star.joined_s[-1]} s ({star.joined_terms[-1]} term), plain {star.plain_s[-1]} s"
             )
-        _checked(lake, meta, [JOINED, PLAIN])
+        checked(lake, meta, [JOINED, PLAIN])
         for name, query in zip(CHAIN, CHAIN_QUERIES):
             _create(lake, meta, name, query, "DOWNSTREAM")
         chain = Chain()
@@ -187,7 +188,7 @@ def bench_joins(lake: Lake, meta: Metadata, base_rows: int, say: Callable[[str],
             chain.end_to_end_s.append(took)
             chain.refreshes.append(modes)
             say(f"  one row, three tables: {took} s")
-        _checked(lake, meta, [*CHAIN, JOINED, PLAIN])
+        checked(lake, meta, [*CHAIN, JOINED, PLAIN])
         return star, chain
     finally:
         refresher.close()
