@@ -43,6 +43,14 @@ ForceOpt = Annotated[
         "read) is unchanged since their last successful run.",
     ),
 ]
+EnvOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--env",
+        help="Build in this environment (e.g. dev): each table goes to <env>__<schema>, tables the environment does "
+        "not hold are read from prod, and prod is never written.",
+    ),
+]
 
 
 def _warn(lines: list[str], as_json: bool) -> None:
@@ -69,6 +77,7 @@ def plan_cmd(
     strict: StrictOpt = False,
     png: Annotated[Path | None, typer.Option("--png", help="Also draw the DAG to this PNG file.")] = None,
     force: ForceOpt = False,
+    env: EnvOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """The DAG: its waves, every edge (declared or inferred), where each node runs, its audits, and which nodes a run would run and why (new, SQL changed and whether breaking, input changed) or leave unchanged. Runs nothing."""
@@ -80,7 +89,7 @@ def plan_cmd(
         pipeline,
         PlaneConfig.of(c.state, c.scheduler).address,
         c.platform.endpoints(),
-        flow.Options(select=select, force=force),
+        flow.Options(select=select, force=force, env=env),
     )
     if png is not None:
         _draw_plan(plan, png)
@@ -175,6 +184,7 @@ def run_cmd(
         float | None, typer.Option("--timeout", help="Seconds a node may run; its worker interrupts it after that.")
     ] = None,
     force: ForceOpt = False,
+    env: EnvOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Run the pipeline on the worker plane: each node as soon as its dependencies are done; a failed node's descendants are skipped. Change-aware: a node whose SQL and input tables are unchanged since its last successful run is left `unchanged` (say --force to run it). A node's `-- audit:` checks run in its transaction: a failed audit fails the node and rolls its write back. An incremental node (`-- kind: incremental_by_time(col)` or `incremental_by_key(col)`) reads only its source's rows changed since its last run. Exit 1 if a node failed."""
@@ -208,7 +218,7 @@ def run_cmd(
             pipeline,
             PlaneConfig.of(c.state, c.scheduler).address,
             c.platform.endpoints(),
-            flow.Options(select=select, from_failed=from_failed, timeout_s=timeout, force=force),
+            flow.Options(select=select, from_failed=from_failed, timeout_s=timeout, force=force, env=env),
             platform_name=c.platform_name,
             on_event=on_event,
         )

@@ -7,5 +7,6 @@ worker plane, with table and column lineage kept in the lake.
 - `runner`: the run on the workers (every ready node submitted at once; failures skip descendants)
 - `lineage`: table and column lineage of a statement (sqlglot.lineage)
 - `history`: runs, nodes and lineage in the lake (`pipeline_runs`, `pipeline_nodes`, `lineage_tables`, `lineage_columns`)
+- `environments`: `--env dev` (tables in `dev__<schema>`, prod read where dev has none, prod never written)
 - `flow`: `plan`, `run` and `lineage` end to end; `draw`: a DAG to a PNG
 """

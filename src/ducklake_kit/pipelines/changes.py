@@ -59,7 +59,8 @@ def sql_hash(node_or_sql: Node | str) -> str:
 def versions(lake: Lake) -> dict[str, str]:
     """Every lake table (and schema) -> the last snapshot that changed it: its creation (a CREATE OR REPLACE makes a
     new table), or a later snapshot whose changes name its id (rows inserted or deleted, inlined or in files, its
-    columns altered, its files compacted). Keys are `str(TableRef)`."""
+    columns altered, its files compacted); a view's, the snapshot that made it (a promote re-points prod's views).
+    Keys are `str(TableRef)`."""
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
     rows = lake.con.execute(
         f"""
@@ -73,6 +74,10 @@ def versions(lake: Lake) -> dict[str, str]:
         SELECT cur.schema_name, cur.table_name, greatest(cur.begin_snapshot, max(ids.snapshot_id))
         FROM cur LEFT JOIN ids ON ids.id = CAST(cur.table_id AS VARCHAR)
         GROUP BY cur.schema_name, cur.table_name, cur.begin_snapshot
+        UNION ALL
+        SELECT s.schema_name, v.view_name, v.begin_snapshot
+        FROM {meta}.ducklake_view v JOIN {meta}.ducklake_schema s ON s.schema_id = v.schema_id
+        WHERE v.end_snapshot IS NULL AND s.end_snapshot IS NULL
         UNION ALL
         SELECT schema_name, '', begin_snapshot FROM {meta}.ducklake_schema WHERE end_snapshot IS NULL""",
         [lake.alias],

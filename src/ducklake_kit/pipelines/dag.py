@@ -92,6 +92,7 @@ class Pipeline:
     nodes: dict[str, Node]  # in file order
     edges: list[Edge]
     warnings: list[str] = field(default_factory=list)
+    env: str | None = None  # the environment it runs in (its tables in `<env>__<schema>`); None: prod
 
     def parents(self, node: str) -> set[str]:
         return {e.parent for e in self.edges if e.child == node}

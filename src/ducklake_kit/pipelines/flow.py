@@ -13,9 +13,10 @@ from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.locks import held_exclusively, named_key
 from ducklake_kit.lake.transactions import snapshot_of_token
-from ducklake_kit.pipelines import changes, dag, history, incremental, runner
+from ducklake_kit.pipelines import changes, dag, environments, history, incremental, runner
 from ducklake_kit.pipelines.dag import Node, Pipeline
 from ducklake_kit.pipelines.runner import FAILED, OK, SKIPPED, UNCHANGED, NodeRun, PipelineRun
+from ducklake_kit.pipelines.sqlfile import PipelineError
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.workers.client import SchedulerUnreachable, WorkerPlane, name_order
 
@@ -70,13 +71,14 @@ class Options:
     """How `plan` and `run` choose and run the nodes (the CLI's options): `select`, dbt's forms (see
     Pipeline.select); `from_failed`, only the nodes the last run failed or skipped (run only); `strict`, an inferred
     edge the headers do not declare is an error; `timeout_s` per node, enforced on its worker (run only); `force`,
-    run every chosen node, unchanged or not."""
+    run every chosen node, unchanged or not; `env`, the environment to build in (see environments.py; None: prod)."""
 
     select: str | None = None
     from_failed: bool = False
     strict: bool = False
     timeout_s: float | None = None
     force: bool = False
+    env: str | None = None
 
 
 DEFAULTS = Options()
@@ -86,8 +88,13 @@ def _running_workers(plane: WorkerPlane) -> list[str]:
     return sorted(plane.names(), key=name_order)
 
 
-def _pipeline(source: Path | Pipeline, strict: bool) -> Pipeline:
-    return source if isinstance(source, Pipeline) else dag.load(source, strict=strict)
+def _pipeline(source: Path | Pipeline, options: Options) -> Pipeline:
+    """The pipeline, named for its environment when `options.env` gives one (its tables renamed later, with the
+    lake in hand: see environments.rewrite)."""
+    pipeline = source if isinstance(source, Pipeline) else dag.load(source, strict=options.strict)
+    if options.env is not None:
+        pipeline = environments.named(pipeline, environments.check_env(options.env))
+    return pipeline
 
 
 def plan(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, options: Options = DEFAULTS) -> Plan:
@@ -95,7 +102,7 @@ def plan(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, options:
     nothing. The pins are checked when the worker plane answers. `source`: the file, or the pipeline already read
     from it (`dag.load`); of `options`, plan reads select, strict and force."""
     select, force = options.select, options.force
-    pipeline = _pipeline(source, options.strict)
+    pipeline = _pipeline(source, options)
     selected = pipeline.select(select) if select else set(pipeline.nodes)
     warnings = list(pipeline.warnings)
     try:
@@ -110,6 +117,8 @@ def plan(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, options:
     decisions = None
     try:
         with Lake(endpoints) as lake:
+            if pipeline.env is not None:
+                pipeline = environments.rewrite(pipeline, environments.built(lake, pipeline.env), selected)
             decider = _decider(lake, pipeline)
             decisions = decider.plan([n for wave in waves for n in wave], force=force)
             fresh = _decider(lake, pipeline)  # the tables as they are, not as the plan's runs would leave them
@@ -122,6 +131,8 @@ def plan(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, options:
                         if source.isdigit()
                         else f"incremental or full: decided when it runs ({node.kind.source} is rebuilt {source})"
                     )
+    except PipelineError:
+        raise  # a node that cannot be named in the environment: bad input, not a lake that does not answer
     except Exception as exc:  # noqa: BLE001 - the plan of the graph stands without the lake
         warnings.append(f"the lake does not answer, so what a run would skip is not known ({first_line(exc)})")
     return Plan(pipeline, waves, selected, workers, warnings, decisions)
@@ -178,7 +189,7 @@ def run(
     its parents ran); `options.force` runs every chosen node. `platform_name` labels the catalog info;
     `on_event("start", Node)` / `on_event("end", NodeRun)` as the nodes go."""
     select, from_failed, force = options.select, options.from_failed, options.force
-    pipeline = _pipeline(source, options.strict)
+    pipeline = _pipeline(source, options)
     run_id = runner.new_run_id()
     with (
         _one_run_at_a_time(endpoints, pipeline.name, run_id),
@@ -195,6 +206,9 @@ def run(
             selector = f"from-failed {last_id}"
         else:
             only = pipeline.select(select) if select else set(pipeline.nodes)
+        if pipeline.env is not None:  # its tables in the environment, reading prod's where dev has none
+            pipeline = environments.rewrite(pipeline, environments.built(lake, pipeline.env), only)
+            environments.make_schemas(lake, pipeline, run_id)
         # the nodes that share a worker-local table run together or not at all: decided up front from the plan
         planned = _decider(lake, pipeline)
         planned.plan([n for wave in pipeline.waves(only) for n in wave], force=force)

@@ -225,7 +225,10 @@ def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -
 
     # tried again when it did not land (a concurrent writer won the commit race), never written twice
     return commit_once(
-        lake, write, f"pipeline {run.pipeline}: history of run {run.run_id}", extra={"pipeline_history": run.run_id}
+        lake,
+        write,
+        f"pipeline {run.pipeline}: history of run {run.run_id}",
+        extra={"pipeline_history": run.run_id} | ({"env": pipeline.env} if pipeline.env else {}),
     ).snapshot_id
 
 

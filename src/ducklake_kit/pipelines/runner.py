@@ -276,6 +276,8 @@ def run(
                 message = commit_message(pipeline.name, node_id, run_id) if node.commits else None
                 tokens[node_id] = uuid.uuid4().hex if node.commits else None
                 extra = {"pipeline": pipeline.name, "run": run_id, "node": node_id}
+                if pipeline.env is not None:
+                    extra["env"] = pipeline.env
                 checks = [a.check(node.audited) for a in node.audits if node.audited is not None]
                 texts = (choice.texts(node_id) if choice.texts is not None else None) or [node.sql]
                 future = plane.submit(

@@ -1,0 +1,148 @@
+"""Environments on the real lake and worker plane: `pipeline run --env dev` builds into `dev__<schema>`, reads prod
+where dev has no table, and never touches prod.
+
+The oracles: prod's tables hold the same rows and no snapshot of the dev run names a prod table (DuckLake's own
+record of each snapshot's changes); the dev tables equal what the query computes, with different SQL, over the
+tables it should have read."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ducklake_kit.lake import Lake
+from ducklake_kit.pipelines import flow
+from ducklake_kit.pipelines.runner import PipelineRun
+from ducklake_kit.workers import plane
+from ducklake_kit.workers.config import PlaneConfig
+
+PIPELINE = """
+-- id: base
+CREATE OR REPLACE TABLE {s}.base AS SELECT i AS k, i * {m} AS v FROM range(6) t(i);
+
+-- id: top
+-- audit: not_null(k)
+CREATE OR REPLACE TABLE {s}.top AS
+SELECT b.k, b.v + {add} AS v1 FROM {s}.base AS b JOIN {s}.src ON {s}.src.k = b.k;
+
+-- id: plain
+CREATE OR REPLACE TABLE {s}_plain AS SELECT count(*) AS n, sum(v) AS v FROM {s}.base;
+"""
+PROD_TABLES = ("base", "top")
+
+
+class Env:
+    """One schema with a source table, the pipeline over it, and the ways to run it and read the lake."""
+
+    def __init__(self, stack, folder: Path, schema: str):
+        self.ep = stack.platform.endpoints()
+        self.address = PlaneConfig.of(stack.state, None).address
+        self.s = schema
+        self.path = folder / f"{schema}.sql"
+        self.write()
+        with Lake(self.ep) as lake:
+            lake.run(
+                f"DROP SCHEMA IF EXISTS {schema} CASCADE; DROP SCHEMA IF EXISTS dev__{schema} CASCADE; "
+                f"DROP TABLE IF EXISTS {schema}_plain; CREATE SCHEMA {schema}; "
+                f"CREATE TABLE {schema}.src AS SELECT i AS k FROM range(0, 6, 2) t(i)"
+            )
+
+    def write(self, m: int = 2, add: int = 1) -> None:
+        self.path.write_text(PIPELINE.format(s=self.s, m=m, add=add))
+
+    def run(self, **kw) -> PipelineRun:
+        return flow.run(self.path, self.address, self.ep, flow.Options(**kw)).run
+
+    def rows(self, sql: str) -> list[tuple]:
+        with Lake(self.ep) as lake:
+            return lake.con.execute(sql).fetchall()
+
+    def prod(self) -> dict[str, list[tuple]]:
+        out = {t: self.rows(f"SELECT * FROM {self.s}.{t} ORDER BY ALL") for t in PROD_TABLES}
+        return out | {"plain": self.rows(f"SELECT * FROM {self.s}_plain")}
+
+    def snapshot(self) -> int:
+        return self.rows("SELECT max(snapshot_id) FROM ducklake_snapshots('lake')")[0][0]
+
+    def prod_ids(self) -> set[str]:
+        return {
+            str(r[0])
+            for r in self.rows(
+                "SELECT t.table_id FROM __ducklake_metadata_lake.ducklake_table t "
+                "JOIN __ducklake_metadata_lake.ducklake_schema s USING (schema_id) "
+                f"WHERE (s.schema_name = '{self.s}' OR t.table_name = '{self.s}_plain') AND t.end_snapshot IS NULL"
+            )
+        }
+
+    def snapshots_since(self, first: int) -> list[tuple[dict, dict]]:
+        """(changes, commit_extra_info) of every snapshot after `first`."""
+        rows = self.rows(
+            f"SELECT changes, commit_extra_info FROM ducklake_snapshots('lake') WHERE snapshot_id > {first}"
+        )
+        return [(changes, json.loads(extra) if extra else {}) for changes, extra in rows]
+
+
+def statuses(run: PipelineRun) -> dict[str, str]:
+    return {n.id: n.status for n in run.nodes}
+
+
+@pytest.fixture(scope="module")
+def workers(stack):
+    status = plane.up(stack.state, stack.platform.endpoints(), 2)
+    assert [w.name for w in status.workers] == ["w1", "w2"], status
+    return status
+
+
+@pytest.fixture
+def env(stack, workers, tmp_path, request):
+    return Env(stack, tmp_path, f"pe_{request.node.name.removeprefix('test_')[:20]}")
+
+
+def prod_untouched(env: Env, before: dict, first: int, ids: set[str]) -> None:
+    """Prod's rows are as they were, and no snapshot since `first` changed a prod table; each names the env."""
+    assert env.prod() == before
+    for changes, extra in env.snapshots_since(first):
+        named = {str(v) for values in changes.values() for v in values}
+        assert not named & ids, changes
+        assert not {n for n in named if n.startswith(f"{env.s}.") or n == f"{env.s}_plain"}, changes
+        assert extra.get("env") == "dev" and extra.get("commit"), extra
+
+
+def test_a_dev_run_reads_prod_where_dev_has_no_table_and_never_writes_prod(env):
+    assert statuses(env.run()) == dict.fromkeys(("base", "top", "plain"), "ok")
+    before, first, ids = env.prod(), env.snapshot(), env.prod_ids()
+
+    # dev has no base yet: `top`, edited and run alone in dev, reads prod's base (v = 2k)
+    env.write(add=100)
+    only_top = env.run(env="dev", select="top")
+    assert statuses(only_top) == {"top": "ok"}
+    assert env.rows(f"SELECT * FROM dev__{env.s}.top ORDER BY k") == [(k, 2 * k + 100) for k in (0, 2, 4)]
+    assert env.rows(f"SELECT count(*) FROM duckdb_tables() WHERE schema_name = 'dev__{env.s}'") == [(1,)]
+    prod_untouched(env, before, first, ids)
+
+    # base edited too and the whole pipeline run in dev: top now reads dev's base (v = 3k), plain goes to dev__main
+    env.write(m=3, add=100)
+    whole = env.run(env="dev")
+    assert statuses(whole) == dict.fromkeys(("base", "top", "plain"), "ok"), whole.nodes
+    assert env.rows(f"SELECT * FROM dev__{env.s}.top ORDER BY k") == [(k, 3 * k + 100) for k in (0, 2, 4)]
+    assert env.rows(f"SELECT * FROM dev__main.{env.s}_plain") == [(6, 3 * 15)]
+    prod_untouched(env, before, first, ids)
+
+    # change-aware per environment: dev again runs nothing; prod, whose file now differs, runs its changed nodes
+    assert statuses(env.run(env="dev")) == dict.fromkeys(("base", "top", "plain"), "unchanged")
+    lineage = env.rows(f"SELECT DISTINCT parent FROM lineage_tables WHERE child = 'dev__{env.s}.top' ORDER BY 1")
+    assert lineage == [(f"dev__{env.s}.base",), (f"{env.s}.src",)]
+    prod_again = env.run()
+    assert statuses(prod_again) == dict.fromkeys(("base", "top", "plain"), "ok")
+    assert env.rows(f"SELECT * FROM {env.s}.top ORDER BY k") == [(k, 3 * k + 100) for k in (0, 2, 4)]
+
+
+def test_an_environment_name_that_cannot_name_a_schema_is_refused(env):
+    from ducklake_kit.errors import KitError
+
+    for bad in ("prod", "Dev", "a__b", "dev-1"):
+        with pytest.raises(KitError, match="cannot name an environment"):
+            env.run(env=bad)
+    assert env.rows(f"SELECT count(*) FROM duckdb_tables() WHERE schema_name = '{env.s}'") == [(1,)]
