@@ -124,7 +124,7 @@ class _Links(HTMLParser):
 
 def test_the_served_page_names_no_other_host(web, stack):
     token = console_mod.read_token(stack.state)
-    for path in ("", "lake", "dynamic", "lineage", "workers"):
+    for path in ("", "lake", "load", "dynamic", "lineage", "workers"):
         status, _, body = _get(f"{web['url']}{path}", {"Authorization": f"token {token}"})
         assert status == 200
         links = _Links()

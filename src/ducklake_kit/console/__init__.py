@@ -4,5 +4,6 @@
 - `backend`: the server's one connection to the worker plane and one to the lake, used from the pages' threads
 - `shapes`: how an answer is drawn (a table's cells, a chart chosen by the columns' types)
 - `pages`: the Query and Lake pages (NiceGUI: Vue 3, Quasar and ECharts served from its own wheel)
+- `load_page`, `loading`: the Load page and its job (the kit's own `load`, a background process, one at a time)
 - `server`: the process `platforms.console` starts (`python -m ducklake_kit.console FOLDER`)
 """

@@ -32,8 +32,12 @@ def endpoints_of(settings: dict[str, Any]) -> Endpoints:
 
 
 class Backend:
-    def __init__(self, settings: dict[str, Any]):
+    def __init__(self, settings: dict[str, Any], folder: Path | None = None):
+        """`folder`: the server's private folder (the Load page's loads keep their state folder in it)."""
+        from ducklake_kit.console.loading import Loads
+
         self.endpoints = endpoints_of(settings)
+        self.loads = Loads(folder / "load", self.endpoints) if folder is not None else None
         plane = settings.get("plane") or {}
         self.address: str = plane.get("address", "")
         self.dashboard: str | None = plane.get("dashboard")

@@ -309,10 +309,11 @@ def _changes(changes: dict[str, list[str]]) -> str:
 
 
 def register(backend: Backend) -> None:
-    from ducklake_kit.console import dynamic_page, lineage_page
+    from ducklake_kit.console import dynamic_page, lineage_page, load_page
 
     query_page(backend)
     lake_page(backend)
+    load_page.register(backend)
     dynamic_page.register(backend)
     lineage_page.register(backend)
     workers_page(backend)

@@ -26,7 +26,7 @@ def main(folder: str) -> None:
     from ducklake_kit.console.gate import TokenGate
     from ducklake_kit.errors import KitError
 
-    backend = Backend(settings)
+    backend = Backend(settings, here)
     pages.register(backend)
     api.register(app, backend)
 

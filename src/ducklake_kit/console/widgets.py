@@ -14,6 +14,7 @@ from ducklake_kit.errors import KitError
 PAGES = [
     ("Query", "/"),
     ("Lake", "/lake"),
+    ("Load", "/load"),
     ("Dynamic tables", "/dynamic"),
     ("Lineage", "/lineage"),
     ("Workers", "/workers"),
