@@ -20,7 +20,8 @@ from ducklake_kit.workers.config import PlaneConfig
 
 PIPELINE = """
 -- id: base
-CREATE OR REPLACE TABLE {s}.base AS SELECT i AS k, i * {m} AS v FROM range(6) t(i);
+-- key: k
+CREATE OR REPLACE TABLE {s}.base AS SELECT i AS k, {base};
 
 -- id: top
 -- audit: not_null(k)
@@ -39,6 +40,7 @@ class Env:
     def __init__(self, stack, folder: Path, schema: str):
         self.ep = stack.platform.endpoints()
         self.address = PlaneConfig.of(stack.state, None).address
+        self.cli_env = stack.env
         self.s = schema
         self.path = folder / f"{schema}.sql"
         self.write()
@@ -49,8 +51,9 @@ class Env:
                 f"CREATE TABLE {schema}.src AS SELECT i AS k FROM range(0, 6, 2) t(i)"
             )
 
-    def write(self, m: int = 2, add: int = 1) -> None:
-        self.path.write_text(PIPELINE.format(s=self.s, m=m, add=add))
+    def write(self, m: int = 2, add: int = 1, base: str = "") -> None:
+        base = base or f"i * {m} AS v FROM range(6) t(i)"
+        self.path.write_text(PIPELINE.format(s=self.s, base=base, add=add))
 
     def run(self, **kw) -> PipelineRun:
         return flow.run(self.path, self.address, self.ep, flow.Options(**kw)).run
@@ -146,3 +149,46 @@ def test_an_environment_name_that_cannot_name_a_schema_is_refused(env):
         with pytest.raises(KitError, match="cannot name an environment"):
             env.run(env=bad)
     assert env.rows(f"SELECT count(*) FROM duckdb_tables() WHERE schema_name = '{env.s}'") == [(1,)]
+
+
+def test_diff_says_per_table_what_except_all_says(env, cli):
+    from collections import Counter
+
+    from ducklake_kit.pipelines import environments
+
+    env.run()
+    # dev: keys 0 and 1 gone, 6..8 new, key 3 changed, keys 2, 4, 5 the same
+    env.write(base="CASE WHEN i = 3 THEN 99 ELSE i * 2 END AS v FROM range(2, 9) t(i)")
+    assert statuses(env.run(env="dev")) == dict.fromkeys(("base", "top", "plain"), "ok")
+    with Lake(env.ep) as lake:
+        got = {t.table: t for t in environments.diff(lake, "dev").tables}
+    mine = {f"{env.s}.base", f"{env.s}.top", f"{env.s}_plain"}
+    assert mine <= set(got)
+    for name in mine:
+        t = got[name]
+        dev_rows = env.rows(f"SELECT * FROM {t.env_table}")
+        prod_rows = env.rows(f"SELECT * FROM {t.table}")
+        only_dev, only_prod = Counter(dev_rows) - Counter(prod_rows), Counter(prod_rows) - Counter(dev_rows)
+        assert (t.env_rows, t.prod_rows) == (len(dev_rows), len(prod_rows))
+        assert (t.only_in_env, t.only_in_prod) == (sum(only_dev.values()), sum(only_prod.values())), name
+        assert t.same == (not only_dev and not only_prod)
+    base = got[f"{env.s}.base"]
+    assert base.key == ["k"]
+    # the keys of the rows EXCEPT ALL finds on each side, independently of the diff's join
+    plus = {r[0] for r in env.rows(f"SELECT k FROM (FROM {base.env_table} EXCEPT ALL FROM {base.table})")}
+    minus = {r[0] for r in env.rows(f"SELECT k FROM (FROM {base.table} EXCEPT ALL FROM {base.env_table})")}
+    assert (base.added, base.removed, base.changed) == (len(plus - minus), len(minus - plus), len(plus & minus))
+    assert (base.added, base.removed, base.changed) == (3, 2, 1)
+    assert base.examples == {"added": ["6", "7", "8"], "removed": ["0", "1"], "changed": ["3"]}
+    assert got[f"{env.s}.top"].key == [] and got[f"{env.s}.top"].changed is None
+
+    result = cli(env.cli_env, "pipeline", "diff", "dev", "--json")
+    assert result.exit_code == 0, result.output
+    envelope = json.loads(result.stdout)
+    assert envelope["status"] == "ok" and envelope["catalog_info"]
+    by_name = {t["table"]: t for t in envelope["result"]["tables"]}
+    assert by_name[f"{env.s}.base"]["changed"] == 1 and by_name[f"{env.s}.base"]["same"] is False
+    empty = cli(env.cli_env, "pipeline", "diff", "nothing_here")
+    assert empty.exit_code == 3 and empty.stderr.strip().splitlines() == [
+        "Error: environment nothing_here holds no table. Try: build one: `pipeline run FILE --env nothing_here`."
+    ]

@@ -378,3 +378,65 @@ def _draw_lineage(view: LineageView, png: Path) -> None:
     labels = {n: f"{n}\n(on {local[n]})" if n in local else n for n in names}
     colors = dict.fromkeys(local, "#fde2c8") | {view.table: "#c8f0d0"}
     draw(names, arrows, png, title=f"upstream of {view.table} (orange: worker-local)", labels=labels, colors=colors)
+
+
+EnvArg = Annotated[
+    str, typer.Argument(metavar="ENV", help="The environment, e.g. dev (its tables are in dev__<schema>).")
+]
+
+
+@pipeline_app.command("diff")
+@command
+def diff_cmd(ctx: typer.Context, env: EnvArg, as_json: JsonOpt = False) -> None:
+    """Compare each table the environment holds with prod's table of the same name: row counts, columns only one has, rows only one has (EXCEPT ALL both ways) and, when the node that built it has a `-- key:` header, the keys added, removed and changed. Changes nothing."""
+    from ducklake_kit.pipelines import flow
+
+    c: Kit = ctx.obj
+    result, info = flow.env_diff(c.platform.endpoints(), env, platform_name=c.platform_name)
+    if as_json:
+        print_json("ok", result.as_dict(), info)
+        return
+    shown = lambda v: "-" if v is None else str(v)  # noqa: E731
+    rows = [
+        [
+            t.table,
+            shown(t.prod_rows) if t.prod_rows is not None else "absent",
+            t.env_rows,
+            "same" if t.same else "differs",
+            ", ".join(t.key) or "-",
+            shown(t.added),
+            shown(t.removed),
+            shown(t.changed),
+            shown(t.only_in_env),
+            shown(t.only_in_prod),
+            "; ".join(
+                ([f"+{', '.join(t.columns_added)}"] if t.columns_added else [])
+                + ([f"-{', '.join(t.columns_removed)}"] if t.columns_removed else [])
+            )
+            or "-",
+        ]
+        for t in result.tables
+    ]
+    console().print(
+        table(
+            f"Environment {env} against prod: {result.as_dict()['differ']} of {len(rows)} table(s) differ",
+            [
+                "table",
+                "prod rows",
+                f"{env} rows",
+                "",
+                "key",
+                "keys added",
+                "removed",
+                "changed",
+                f"rows only in {env}",
+                "only in prod",
+                "columns",
+            ],
+            rows,
+        )
+    )
+    for t in result.tables:
+        for kind, keys in t.examples.items():
+            if keys:
+                console().print(f"{t.table}: keys {kind}, e.g. {', '.join(keys)}", markup=False)

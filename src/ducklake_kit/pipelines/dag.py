@@ -17,7 +17,9 @@ from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import duckdb
+import sqlglot
 from sqlglot import exp
+from sqlglot.errors import ParseError
 
 from ducklake_kit.errors import first_line
 from ducklake_kit.pipelines.audits import Audit, AuditError
@@ -25,7 +27,7 @@ from ducklake_kit.pipelines.audits import parse as parse_audits
 from ducklake_kit.pipelines.incremental import Kind, KindError
 from ducklake_kit.pipelines.incremental import parse as parse_kind
 from ducklake_kit.pipelines.sqlfile import PipelineError, Statement, read_file, split_statements
-from ducklake_kit.pipelines.tables import CHANGE, DROP, MAKE, TableRef, TableUse, table_use
+from ducklake_kit.pipelines.tables import CHANGE, DIALECT, DROP, MAKE, TableRef, TableUse, table_use
 
 
 def generations(graph: dict[str, set[str]], order: list[str]) -> list[list[str]]:
@@ -56,6 +58,7 @@ class Node:
     audits: list[Audit] = field(default_factory=list)  # its `-- audit:` checks, of `audited`
     audited: TableRef | None = None  # the table its audits check: the one table it makes or changes
     kind: Kind | None = None  # `-- kind:` incremental_by_time / incremental_by_key; None: a full node
+    key: tuple[str, ...] = ()  # `-- key:` the columns that name a row of the table it writes (`pipeline diff`)
 
     @property
     def writes_lake(self) -> bool:
@@ -211,8 +214,41 @@ def _nodes(statements: list[Statement], file: str) -> dict[str, Node]:
             audits,
             audited,
             _kind(stmt, node_id, use, file),
+            _key(stmt, node_id, use, file),
         )
     return nodes
+
+
+def _key(stmt: Statement, node_id: str, use: TableUse, file: str) -> tuple[str, ...]:
+    """The columns of its `-- key:` header (a list of column names, parsed by sqlglot) of the one table it writes."""
+    header = stmt.headers.get("key")
+    if header is None:
+        return ()
+    try:
+        tree = sqlglot.parse_one(f"SELECT {header.value}", read=DIALECT)
+    except ParseError:
+        tree = None
+    columns = tree.expressions if isinstance(tree, exp.Select) else []
+    if not columns or not all(isinstance(c, exp.Column) and not c.table for c in columns):
+        raise PipelineError(
+            file, header.line, f"-- key: '{header.value}' is no list of column names", "write -- key: a, b"
+        )
+    if len(_targets(use)) != 1:
+        raise PipelineError(
+            file,
+            header.line,
+            f"node {node_id} has a key but writes {len(_targets(use))} tables; a key names the rows of the one table "
+            "its node makes or changes",
+            "put -- key: above the statement that builds the table",
+        )
+    return tuple(c.name for c in columns)
+
+
+def _targets(use: TableUse) -> list[TableRef]:
+    """The tables a statement makes or changes (not a schema, not one it drops)."""
+    return sorted(
+        t for t, roles in use.uses.items() if not t.is_schema and roles & {MAKE, CHANGE} and DROP not in roles
+    )
 
 
 def _kind(stmt: Statement, node_id: str, use: TableUse, file: str) -> Kind | None:
@@ -236,9 +272,7 @@ def _audits(stmt: Statement, node_id: str, use: TableUse, file: str) -> tuple[li
             out += parse_audits(header.value, Path(file).parent)
         except AuditError as exc:
             raise PipelineError(file, header.line, f"node {node_id}: {exc.what}", exc.fix) from None
-    targets = sorted(
-        t for t, roles in use.uses.items() if not t.is_schema and roles & {MAKE, CHANGE} and DROP not in roles
-    )
+    targets = _targets(use)
     if len(targets) != 1:
         raise PipelineError(
             file,

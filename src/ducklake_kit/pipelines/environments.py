@@ -13,19 +13,24 @@ lock), and every commit it makes names the environment in its commit_extra_info.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from sqlglot import exp
 
 from ducklake_kit.errors import KitError
 from ducklake_kit.lake import LAKE, Lake
+from ducklake_kit.lake.sql import table_exists
 from ducklake_kit.lake.transactions import commit_once
-from ducklake_kit.pipelines.audits import Audit
+from ducklake_kit.pipelines.audits import Audit, table_sql
 from ducklake_kit.pipelines.dag import Node, Pipeline, duckdb_refuses
 from ducklake_kit.pipelines.incremental import parse as parse_kind
 from ducklake_kit.pipelines.sqlfile import PipelineError
 from ducklake_kit.pipelines.tables import DIALECT, MAKE, TableRef, cte_references, resolve, table_use
 
+PROMOTIONS = "pipeline_promotions"  # what `pipeline promote` made prod serve (see promote.py)
 SEP = "__"  # dev__marts: the environment, then the prod schema
 PROD = "prod"
 
@@ -201,3 +206,193 @@ def make_schemas(lake: Lake, pipeline: Pipeline, run_id: str) -> int | None:
         f"pipeline {pipeline.name}: schemas {', '.join(missing)} (run {run_id})",
         extra={"pipeline": pipeline.name, "env": pipeline.env, "run": run_id},
     ).snapshot_id
+
+
+@dataclass
+class TableDiff:
+    """One table of an environment against prod's table of the same name."""
+
+    table: str  # prod's name (marts.daily)
+    env_table: str  # the environment's (dev__marts.daily)
+    prod_rows: int | None  # None: prod has no such table
+    env_rows: int
+    key: list[str] = field(default_factory=list)  # from the `-- key:` header of the node that built it
+    columns_added: list[str] = field(default_factory=list)  # in the environment, not in prod
+    columns_removed: list[str] = field(default_factory=list)
+    only_in_env: int | None = None  # rows (as a multiset, EXCEPT ALL) when both have the same columns
+    only_in_prod: int | None = None
+    added: int | None = None  # keys only in the environment (with a key)
+    removed: int | None = None  # keys only in prod
+    changed: int | None = None  # keys in both whose rows differ (in the columns both have)
+    examples: dict[str, list[str]] = field(default_factory=dict)  # up to 5 keys of each kind
+
+    @property
+    def same(self) -> bool:
+        return (
+            self.prod_rows is not None
+            and not self.columns_added
+            and not self.columns_removed
+            and self.only_in_env == 0
+            and self.only_in_prod == 0
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "env_table": self.env_table,
+            "prod_rows": self.prod_rows,
+            "env_rows": self.env_rows,
+            "same": self.same,
+            "key": self.key,
+            "columns_added": self.columns_added,
+            "columns_removed": self.columns_removed,
+            "only_in_env": self.only_in_env,
+            "only_in_prod": self.only_in_prod,
+            "added": self.added,
+            "removed": self.removed,
+            "changed": self.changed,
+            "examples": self.examples,
+        }
+
+
+@dataclass
+class EnvDiff:
+    env: str
+    tables: list[TableDiff]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "env": self.env,
+            "tables": [t.as_dict() for t in self.tables],
+            "differ": sum(1 for t in self.tables if not t.same),
+        }
+
+
+EXAMPLES = 5
+
+
+def diff(lake: Lake, env: str) -> EnvDiff:
+    """Every table the environment holds against prod's of the same name: row counts, the columns only one has, the
+    rows only one has (EXCEPT ALL both ways, when the columns are the same) and, for a table whose node has a `-- key:`,
+    the keys added, removed and changed. Raises KitError when the environment holds no table."""
+    check_env(env)
+    keys = _keys(lake, env)
+    physical = promoted_tables(lake, env)
+    out = []
+    for ref in sorted(t for t in built(lake, env) if not t.is_schema):
+        dev = to_env(env, ref)
+        if str(dev) in physical:
+            continue
+        out.append(_table_diff(lake, ref, dev, keys.get(str(dev), [])))
+    if not out:
+        raise KitError(f"environment {env} holds no table", f"build one: `pipeline run FILE --env {env}`")
+    return EnvDiff(env, out)
+
+
+def _columns(lake: Lake, ref: TableRef) -> list[str]:
+    return [
+        r[0]
+        for r in lake.con.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_catalog = ? AND lower(table_schema) = ? "
+            "AND lower(table_name) = ? ORDER BY ordinal_position",
+            [lake.alias, ref.schema, ref.name],
+        ).fetchall()
+    ]
+
+
+def _q(name: str) -> str:
+    return exp.to_identifier(name, quoted=True).sql(DIALECT)
+
+
+def _table_diff(lake: Lake, prod: TableRef, dev: TableRef, key: list[str]) -> TableDiff:
+    p, d = table_sql(prod), table_sql(dev)
+    env_rows = lake.con.execute(f"SELECT count(*) FROM {d}").fetchone()[0]
+    prod_cols, dev_cols = _columns(lake, prod), _columns(lake, dev)
+    out = TableDiff(str(prod), str(dev), None, env_rows, key)
+    if not prod_cols:
+        return out
+    out.prod_rows = lake.con.execute(f"SELECT count(*) FROM {p}").fetchone()[0]
+    lower_prod, lower_dev = {c.lower() for c in prod_cols}, {c.lower() for c in dev_cols}
+    out.columns_added = [c for c in dev_cols if c.lower() not in lower_prod]
+    out.columns_removed = [c for c in prod_cols if c.lower() not in lower_dev]
+    common = [c for c in dev_cols if c.lower() in lower_prod]
+    if not out.columns_added and not out.columns_removed:
+        cols = ", ".join(map(_q, common))
+        for attr, a, b in (("only_in_env", d, p), ("only_in_prod", p, d)):
+            n = lake.con.execute(f"SELECT count(*) FROM (SELECT {cols} FROM {a} EXCEPT ALL SELECT {cols} FROM {b})")
+            setattr(out, attr, n.fetchone()[0])
+    if key and all(k.lower() in lower_prod and k.lower() in lower_dev for k in key):
+        _keyed(lake, out, (d, p), key, [c for c in common if c.lower() not in {k.lower() for k in key}])
+    return out
+
+
+def _keyed(lake: Lake, out: TableDiff, tables: tuple[str, str], key: list[str], values: list[str]) -> None:
+    """Keys added, removed and changed: a full outer join on the key (NULL matches NULL), the other columns compared
+    as one row value."""
+    d, p = tables
+    ks = ", ".join(map(_q, key))
+    row = "struct_pack(" + ", ".join(f"{_q(c)} := {_q(c)}" for c in values) + ")" if values else "0"
+    on = " AND ".join(f"d.{_q(k)} IS NOT DISTINCT FROM p.{_q(k)}" for k in key)
+    shown = (
+        f"CAST(coalesce(d.{_q(key[0])}, p.{_q(key[0])}) AS VARCHAR)"
+        if len(key) == 1
+        else "CAST(struct_pack("
+        + ", ".join(f"{_q(k)} := coalesce(d.{_q(k)}, p.{_q(k)})" for k in key)
+        + ") AS VARCHAR)"
+    )
+    kinds = {
+        "added": "p.here IS NULL",
+        "removed": "d.here IS NULL",
+        "changed": "d.here AND p.here AND d.row IS DISTINCT FROM p.row",
+    }
+    picks = ", ".join(
+        f"count(*) FILTER (WHERE {c}), (list({shown} ORDER BY {shown}) FILTER (WHERE {c}))[1:{EXAMPLES}]"
+        for c in kinds.values()
+    )
+    got = lake.con.execute(
+        f"WITH d AS (SELECT {ks}, {row} AS row, true AS here FROM {d}), "
+        f"p AS (SELECT {ks}, {row} AS row, true AS here FROM {p}) "
+        f"SELECT {picks} FROM d FULL OUTER JOIN p ON {on}"
+    ).fetchone()
+    for i, name in enumerate(kinds):
+        setattr(out, name, got[2 * i])
+        out.examples[name] = list(got[2 * i + 1] or [])
+
+
+def _keys(lake: Lake, env: str) -> dict[str, list[str]]:
+    """env table -> the key its node's `-- key:` header named, at that node's latest run in the environment."""
+    if "pipeline_nodes.key" not in _history_columns(lake):
+        return {}
+    rows = lake.con.execute(
+        f"""SELECT n.key, n.outputs FROM {lake.alias}.main.pipeline_nodes n
+        JOIN {lake.alias}.main.pipeline_runs r USING (run_id)
+        WHERE ends_with(n.pipeline, ?) AND n.status IN ('ok', 'unchanged')
+        QUALIFY row_number() OVER (PARTITION BY n.pipeline, n.node_id ORDER BY r.started_at DESC, n.run_id DESC) = 1""",
+        [f"@{env}"],
+    ).fetchall()
+    out: dict[str, list[str]] = {}
+    for key, outputs in rows:
+        if key and outputs:
+            for table in json.loads(outputs):
+                out[table] = json.loads(key)
+    return out
+
+
+def _history_columns(lake: Lake) -> set[str]:
+    return {
+        f"{t}.{c}"
+        for t, c in lake.con.execute(
+            "SELECT table_name, column_name FROM information_schema.columns WHERE table_catalog = ? "
+            "AND table_schema = 'main'",
+            [lake.alias],
+        ).fetchall()
+    }
+
+
+def promoted_tables(lake: Lake, env: str) -> set[str]:
+    """The environment's tables that a promote made prod's physical tables (`dev__marts.daily__v12`: they hold
+    prod's data now; see promote.py)."""
+    if not table_exists(lake.con, lake.alias, "main", PROMOTIONS):
+        return set()
+    rows = lake.con.execute(f"SELECT physical FROM {lake.alias}.main.{PROMOTIONS} WHERE env = ?", [env]).fetchall()
+    return {r[0] for r in rows}

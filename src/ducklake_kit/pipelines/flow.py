@@ -53,6 +53,7 @@ class Plan:
                     "audits": [a.as_dict() for a in n.audits],
                     "audited": str(n.audited) if n.audited else None,
                     "kind": n.kind.as_dict() if n.kind else None,
+                    "key": list(n.key),
                     "selected": n.id in self.selected,
                     "would_run": self.decisions[n.id].run if self.decisions and n.id in self.decisions else None,
                     "decision": self.decisions[n.id].as_dict() if self.decisions and n.id in self.decisions else None,
@@ -363,3 +364,10 @@ def lineage(endpoints: Endpoints, table: str, *, columns: bool = False) -> Linea
             'child FROM lineage_tables"`',
         )
     return LineageView(name, edges, cols)
+
+
+def env_diff(endpoints: Endpoints, env: str, *, platform_name: str = "local") -> tuple[environments.EnvDiff, dict]:
+    """`pipeline diff ENV`: every table of the environment against prod's (see environments.diff), with the catalog
+    info."""
+    with Lake(endpoints) as lake:
+        return environments.diff(lake, env), lake.catalog_info(platform_name)

@@ -29,7 +29,7 @@ TABLES = {
     "pipeline_nodes": "run_id VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, node_id VARCHAR NOT NULL, status VARCHAR, "
     "worker VARCHAR, started_at TIMESTAMPTZ, finished_at TIMESTAMPTZ, duration_ms DOUBLE, "
     "error VARCHAR, reason VARCHAR, snapshot_id BIGINT, sql VARCHAR, why VARCHAR, fingerprint VARCHAR, "
-    "sql_hash VARCHAR, inputs VARCHAR, outputs VARCHAR, audits VARCHAR, incremental VARCHAR",
+    "sql_hash VARCHAR, inputs VARCHAR, outputs VARCHAR, audits VARCHAR, incremental VARCHAR, key VARCHAR",
     "lineage_tables": "child VARCHAR NOT NULL, parent VARCHAR NOT NULL, pipeline VARCHAR NOT NULL, "
     "node_id VARCHAR NOT NULL, run_id VARCHAR, snapshot_id BIGINT, location VARCHAR, "
     "parent_location VARCHAR",
@@ -174,6 +174,7 @@ def record(lake: Lake, pipeline: Pipeline, run: PipelineRun, lineage: Lineage) -
             json.dumps(n.outputs) if n.outputs is not None else None,
             json.dumps(n.audits) if n.audits else None,
             json.dumps(n.incremental) if n.incremental else None,
+            json.dumps(list(pipeline.nodes[n.id].key)) if n.id in pipeline.nodes and pipeline.nodes[n.id].key else None,
         ]
         for n in run.nodes
     ]

@@ -10,8 +10,9 @@ are read from the comment lines there, in any order:
     -- description: one line      shown by `pipeline plan`
     -- audit: not_null(k)         a check of the table it writes (see audits.py); this one may be given again
     -- kind: incremental_by_time(day)   how a run rebuilds its table (see incremental.py; default: full)
+    -- key: k                     the columns that name a row of its table (`pipeline diff` compares rows by it)
 
-Only these six words make a header; any other comment is a comment (`-- NOTE: ...`, `-- TODO: ...`), except a word
+Only these seven words make a header; any other comment is a comment (`-- NOTE: ...`, `-- TODO: ...`), except a word
 so close to a header that it is most likely a misspelt one (`-- depend_on: a`): that is an error, lest a dependency
 be dropped without a word. Every error names the file and line: `PipelineError`.
 """
@@ -29,7 +30,7 @@ from sqlglot.tokens import TokenType
 
 from ducklake_kit.errors import KitError
 
-HEADERS = ("id", "depends_on", "node", "description", "audit", "kind")
+HEADERS = ("id", "depends_on", "node", "description", "audit", "kind", "key")
 REPEATABLE = ("audit",)  # headers a statement may carry more than once
 DIALECT = "duckdb"
 
