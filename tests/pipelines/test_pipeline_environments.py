@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.pipelines import flow
 from ducklake_kit.pipelines.runner import PipelineRun
@@ -143,8 +144,6 @@ def test_a_dev_run_reads_prod_where_dev_has_no_table_and_never_writes_prod(env):
 
 
 def test_an_environment_name_that_cannot_name_a_schema_is_refused(env):
-    from ducklake_kit.errors import KitError
-
     for bad in ("prod", "Dev", "a__b", "dev-1"):
         with pytest.raises(KitError, match="cannot name an environment"):
             env.run(env=bad)
@@ -192,3 +191,97 @@ def test_diff_says_per_table_what_except_all_says(env, cli):
     assert empty.exit_code == 3 and empty.stderr.strip().splitlines() == [
         "Error: environment nothing_here holds no table. Try: build one: `pipeline run FILE --env nothing_here`."
     ]
+
+
+def table_ids(env: Env, names: list[str]) -> dict[str, int]:
+    """schema.table -> its id in the catalog now."""
+    rows = env.rows(
+        "SELECT s.schema_name || '.' || t.table_name, t.table_id FROM __ducklake_metadata_lake.ducklake_table t "
+        "JOIN __ducklake_metadata_lake.ducklake_schema s USING (schema_id) "
+        "WHERE t.end_snapshot IS NULL AND s.end_snapshot IS NULL"
+    )
+    return {n: i for n, i in rows if n in names}
+
+
+def test_promote_is_one_snapshot_copying_no_data_and_prod_then_answers_devs_rows(env, cli):
+    e = f"p{env.s[-6:]}"
+    env.run()
+    old_prod = env.prod()
+    env.write(m=5, add=7)
+    assert statuses(env.run(env=e)) == dict.fromkeys(("base", "top", "plain"), "ok")
+    dev_names = [f"{e}__{env.s}.base", f"{e}__{env.s}.top", f"{e}__main.{env.s}_plain"]
+    dev_rows = [env.rows(f"SELECT * FROM {n} ORDER BY ALL") for n in dev_names]
+    ids = table_ids(env, dev_names)
+    first = env.snapshot()
+
+    # prod holds real tables: refused with one line, nothing changed
+    refused = cli(env.cli_env, "pipeline", "promote", e)
+    assert refused.exit_code == 3, refused.output
+    assert refused.stderr.strip().splitlines() == [
+        f"Error: prod's {env.s}_plain is a table holding data, which a promote would replace with a view. Try: run "
+        f"`pipeline promote {e} --migrate` once: it renames prod's tables aside (<name>__prod_v<N>, their data "
+        "kept) in the same snapshot, and prod's names are views from then on."
+    ]
+    assert env.snapshot() == first and env.prod() == old_prod
+
+    done = cli(env.cli_env, "pipeline", "promote", e, "--migrate", "--json")
+    assert done.exit_code == 0, done.output
+    result = json.loads(done.stdout)["result"]
+    assert result["snapshot_id"] == first + 1 == env.snapshot()  # ONE snapshot
+    promoted = {t["table"]: t for t in result["tables"]}
+    assert set(promoted) == {f"{env.s}.base", f"{env.s}.top", f"{env.s}_plain"}
+    # prod answers dev's rows, through views over the very tables dev built (same ids in the catalog: no copy)
+    now = env.prod()
+    assert [now["base"], now["top"], sorted(now["plain"])] == dev_rows
+    physical = {p["physical"]: t for t, p in promoted.items()}
+    moved = table_ids(env, list(physical))
+    assert sorted(moved.values()) == sorted(ids.values()), (moved, ids)
+    kinds = dict(
+        env.rows(
+            "SELECT table_schema || '.' || table_name, table_type FROM information_schema.tables "
+            f"WHERE table_name IN ('base', 'top', '{env.s}_plain') AND table_schema IN ('{env.s}', 'main')"
+        )
+    )
+    assert set(kinds.values()) == {"VIEW"}, kinds
+    # the snapshot wrote no row but its own record (pipeline_promotions): DuckLake's record of its changes
+    ((changes, extra),) = env.snapshots_since(first)
+    record = table_ids(env, ["main.pipeline_promotions"])["main.pipeline_promotions"]
+    written = {str(v) for k, vs in changes.items() if "insert" in k or "delete" in k for v in vs}
+    assert written <= {str(record)}, changes
+    assert extra["env"] == e and extra["commit"]
+    # prod's old tables were renamed aside, not dropped
+    for t in ("base", "top"):
+        aside = env.rows(
+            f"SELECT table_name FROM information_schema.tables WHERE table_schema = '{env.s}' "
+            f"AND table_name LIKE '{t}__prod_v%'"
+        )
+        assert len(aside) == 1 and env.rows(f"SELECT * FROM {env.s}.{aside[0][0]} ORDER BY ALL") == old_prod[t]
+    # dev holds none of them now: its next run reads prod's views and builds again, prod untouched
+    again_first, served = env.snapshot(), env.prod()
+    assert statuses(env.run(env=e)) == dict.fromkeys(("base", "top", "plain"), "ok")
+    assert env.prod() == served
+    for changes, _extra in env.snapshots_since(again_first):
+        assert not {str(v) for vs in changes.values() for v in vs} & {str(i) for i in ids.values()}, changes
+    # prod's names are views now: a prod run of the file is refused in one line before it writes anything
+    last = env.snapshot()
+    with pytest.raises(KitError, match=f"prod's {env.s}.base is served by `pipeline promote`"):
+        env.run()
+    assert env.snapshot() == last
+
+
+def test_a_promote_of_an_environment_with_a_failed_node_is_refused(env, cli):
+    e = f"f{env.s[-6:]}"
+    env.run()
+    assert statuses(env.run(env=e)) == dict.fromkeys(("base", "top", "plain"), "ok")
+    env.write(base="CAST('x' || i AS INTEGER) AS v FROM range(6) t(i)")
+    failed = env.run(env=e)
+    assert statuses(failed) == {"base": "failed", "top": "skipped", "plain": "skipped"}
+    first, before = env.snapshot(), env.prod()
+    refused = cli(env.cli_env, "pipeline", "promote", e, "--migrate")
+    assert refused.exit_code == 3, refused.output
+    assert refused.stderr.strip().splitlines() == [
+        f"Error: environment {e} has a failed node: base of pipeline {env.s}@{e} (run {failed.run_id}), so its "
+        f"tables are not a whole pipeline's. Try: fix it and run again (`pipeline run FILE --env {e} "
+        "--from-failed`), then promote."
+    ]
+    assert env.snapshot() == first and env.prod() == before

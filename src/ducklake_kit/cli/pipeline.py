@@ -440,3 +440,35 @@ def diff_cmd(ctx: typer.Context, env: EnvArg, as_json: JsonOpt = False) -> None:
         for kind, keys in t.examples.items():
             if keys:
                 console().print(f"{t.table}: keys {kind}, e.g. {', '.join(keys)}", markup=False)
+
+
+@pipeline_app.command("promote")
+@command
+def promote_cmd(
+    ctx: typer.Context,
+    env: EnvArg,
+    migrate: Annotated[
+        bool,
+        typer.Option(
+            "--migrate",
+            help="Once, when prod's names are real tables: rename them aside (<name>__prod_v<N>, data kept) in the "
+            "same snapshot, so that they can become views.",
+        ),
+    ] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Make prod serve the environment's tables in ONE snapshot, copying no data: each table is renamed to its physical name (dev__<schema>.<name>__v<N>) and prod's name becomes a view over it. Refused (nothing changed) when the environment's last run failed or skipped a node, or when a prod name is a real table (see --migrate)."""
+    from ducklake_kit.pipelines import flow
+
+    c: Kit = ctx.obj
+    result, info = flow.promote(c.platform.endpoints(), env, migrate=migrate, platform_name=c.platform_name)
+    if as_json:
+        print_json("ok", result.as_dict(), info)
+        return
+    console().print(
+        table(
+            f"prod serves {len(result.tables)} table(s) of {env} since snapshot {result.snapshot_id}",
+            ["table", "reads", "was"],
+            [[t.table, t.physical, t.was] for t in result.tables],
+        )
+    )

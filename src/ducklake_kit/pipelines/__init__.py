@@ -7,6 +7,7 @@ worker plane, with table and column lineage kept in the lake.
 - `runner`: the run on the workers (every ready node submitted at once; failures skip descendants)
 - `lineage`: table and column lineage of a statement (sqlglot.lineage)
 - `history`: runs, nodes and lineage in the lake (`pipeline_runs`, `pipeline_nodes`, `lineage_tables`, `lineage_columns`)
-- `environments`: `--env dev` (tables in `dev__<schema>`, prod read where dev has none, prod never written)
+- `environments`: `--env dev` (tables in `dev__<schema>`, prod read where dev has none, prod never written), `diff`
+- `promote`: prod serves an environment's tables (views over its renamed tables, one snapshot, no data copied)
 - `flow`: `plan`, `run` and `lineage` end to end; `draw`: a DAG to a PNG
 """

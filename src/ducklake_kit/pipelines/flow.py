@@ -14,6 +14,7 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.lake.locks import held_exclusively, named_key
 from ducklake_kit.lake.transactions import snapshot_of_token
 from ducklake_kit.pipelines import changes, dag, environments, history, incremental, runner
+from ducklake_kit.pipelines import promote as promotion
 from ducklake_kit.pipelines.dag import Node, Pipeline
 from ducklake_kit.pipelines.runner import FAILED, OK, SKIPPED, UNCHANGED, NodeRun, PipelineRun
 from ducklake_kit.pipelines.sqlfile import PipelineError
@@ -210,6 +211,8 @@ def run(
         if pipeline.env is not None:  # its tables in the environment, reading prod's where dev has none
             pipeline = environments.rewrite(pipeline, environments.built(lake, pipeline.env), only)
             environments.make_schemas(lake, pipeline, run_id)
+        else:
+            _not_promoted(lake, pipeline, only)
         # the nodes that share a worker-local table run together or not at all: decided up front from the plan
         planned = _decider(lake, pipeline)
         planned.plan([n for wave in pipeline.waves(only) for n in wave], force=force)
@@ -262,6 +265,22 @@ def run(
         snapshot = history.record(lake, pipeline, done, lineage)
         info = lake.catalog_info(platform_name)
     return RunOutcome(done, lineage, warnings + lineage.warnings, snapshot, info)
+
+
+def _not_promoted(lake: Lake, pipeline: Pipeline, only: set[str]) -> None:
+    """A prod run must not write a name `pipeline promote` made a view (its node would fail on DuckDB's "is of type
+    View"): refused in one line before anything runs."""
+    views = {t for t, kind in promotion.table_kinds(lake).items() if kind == "VIEW"}
+    served = {t: v for t, v in promotion.promoted(lake).items() if t in views}
+    hits = sorted((str(t), n) for n in only for t in pipeline.nodes[n].use.writes if str(t) in served)
+    if hits:
+        table, node = hits[0]
+        env, physical = served[table]
+        raise KitError(
+            f"prod's {table} is served by `pipeline promote` (a view over {physical}), so node {node} cannot write it",
+            f"build in an environment and promote it: `pipeline run {pipeline.file} --env {env}`, then "
+            f"`pipeline promote {env}`",
+        )
 
 
 def _incremental(
@@ -371,3 +390,11 @@ def env_diff(endpoints: Endpoints, env: str, *, platform_name: str = "local") ->
     info."""
     with Lake(endpoints) as lake:
         return environments.diff(lake, env), lake.catalog_info(platform_name)
+
+
+def promote(
+    endpoints: Endpoints, env: str, *, migrate: bool = False, platform_name: str = "local"
+) -> tuple[promotion.Promotion, dict]:
+    """`pipeline promote ENV`: prod serves the environment's tables in one snapshot (see promote.py)."""
+    with Lake(endpoints) as lake:
+        return promotion.promote(lake, env, migrate=migrate), lake.catalog_info(platform_name)
