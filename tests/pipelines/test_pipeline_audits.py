@@ -144,3 +144,39 @@ def test_an_audit_needs_one_table_written(tmp_path):
         dag.build("-- id: q\n-- audit: row_count > 0\nSELECT 1 AS k;")
     n = dag.build('-- audit: not_null("T (degC)")\nCREATE TABLE t AS SELECT 1 AS "T (degC)";').nodes["1"]
     assert [a.text for a in n.audits] == ['not_null("T (degC)")'] and str(n.audited) == "t"
+
+
+def test_a_sql_file_audit_orders_its_node_after_the_tables_it_reads_and_their_change_runs_it_again(audited, tmp_path):
+    (tmp_path / "audits").mkdir()
+    (tmp_path / "audits" / "known.sql").write_text(
+        f"SELECT * FROM {S}.fa_built WHERE k NOT IN (SELECT k FROM {S}.fa_known) AND k NOT IN (SELECT k FROM {S}.fa_made)"
+    )
+    path = tmp_path / "fa.sql"
+    # `made` comes after `build` in the file and only build's audit reads its table: the edge is inferred from it
+    path.write_text(
+        f"-- id: build\n-- audit: sql_file('audits/known.sql')\n"
+        f"CREATE OR REPLACE TABLE {S}.fa_built AS SELECT * FROM {S}.fa_src;\n\n"
+        f"-- id: made\nCREATE OR REPLACE TABLE {S}.fa_made AS SELECT 9 AS k;\n"
+    )
+    pipeline = dag.load(path)
+    assert [(e.parent, e.child, e.kind) for e in pipeline.edges] == [("made", "build", "inferred")]
+    assert pipeline.waves() == [["made"], ["build"]]
+    assert pipeline.nodes["build"].audit_reads == {
+        dag.TableRef("lake", S, "fa_known"),
+        dag.TableRef("lake", S, "fa_made"),
+    }
+    audited.sql(
+        f"CREATE OR REPLACE TABLE {S}.fa_src AS SELECT * FROM (VALUES (1), (3), (9)) v(k); "
+        f"CREATE OR REPLACE TABLE {S}.fa_known AS SELECT * FROM (VALUES (1), (3)) v(k)"
+    )
+    first = flow.run(path, audited.address, audited.ep).run
+    assert {n.id: n.status for n in first.nodes} == {"build": "ok", "made": "ok"}, first.nodes
+    again = flow.run(path, audited.address, audited.ep).run
+    assert {n.id: n.status for n in again.nodes} == {"build": "unchanged", "made": "unchanged"}, again.nodes
+
+    # the audit's table changes (3 is no longer known), nothing the node's statement reads does: it runs, and fails
+    audited.sql(f"DELETE FROM {S}.fa_known WHERE k = 3")
+    third = flow.run(path, audited.address, audited.ep).run
+    build = third.node("build")
+    assert build.status == "failed" and build.why.startswith(f"its input {S}.fa_known changed"), build
+    assert "audit sql_file('audits/known.sql') failed" in build.error and "1 offending row(s)" in build.error

@@ -26,7 +26,7 @@ import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError
 
-from ducklake_kit.pipelines.tables import DIALECT, TableRef
+from ducklake_kit.pipelines.tables import DIALECT, TableRef, table_use
 
 KINDS = ("not_null", "unique", "accepted_values", "row_count", "sql_file")
 EXAMPLE = "not_null(col), unique(col), accepted_values(col, 'a', 'b'), row_count > 0, sql_file('audits/x.sql')"
@@ -49,6 +49,7 @@ class Audit:
     condition: exp.Expression | None = None  # row_count's
     query: str | None = None  # sql_file's: the query as read
     path: str | None = None
+    reads: frozenset[TableRef] = frozenset()  # sql_file's: the tables its query reads (the node waits for them)
 
     def offending(self, table: TableRef) -> str:
         """The query of the table's offending rows."""
@@ -151,4 +152,4 @@ def _file(text: str, name: str, folder: Path) -> Audit:
         raise AuditError(f"{text}: {path} does not parse ({str(exc).splitlines()[0]})", "write one query") from None
     if len(trees) != 1 or not isinstance(trees[0], exp.Query):
         raise AuditError(f"{text}: {path} must hold one query (its rows are the offending ones)", "write one SELECT")
-    return Audit(text, "sql_file", query=query, path=str(path))
+    return Audit(text, "sql_file", query=query, path=str(path), reads=frozenset(table_use(query).reads))

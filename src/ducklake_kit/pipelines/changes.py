@@ -310,7 +310,8 @@ class Decider:
     def _decide(self, node_id: str, force: bool) -> Decision:
         node = self.pipeline.nodes[node_id]
         h = sql_hash(node)
-        inputs = {str(t): self.version(t) for t in sorted(node.use.reads) if t not in node.use.writes}
+        reads = node.use.reads | node.audit_reads  # an sql_file audit's tables: a change to them may fail it
+        inputs = {str(t): self.version(t) for t in sorted(reads) if t not in node.use.writes}
         if node.audits:
             texts = [f"{a.text} {a.query or ''}" for a in node.audits]
             inputs[AUDITS] = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
@@ -379,7 +380,9 @@ class Decider:
         reads = columns_read(node.use, self.schema())
         if reads is None:
             return False
-        ref = next(t for t in node.use.reads if str(t) == table)
+        ref = next((t for t in node.use.reads if str(t) == table), None)
+        if ref is None:  # read by one of its audits only: the audit's answer may differ
+            return False
         read = reads.get(ref, set())
         return EVERY not in read and not (read & parent.change.columns)
 

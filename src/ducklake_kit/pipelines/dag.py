@@ -27,7 +27,7 @@ from ducklake_kit.pipelines.audits import parse as parse_audits
 from ducklake_kit.pipelines.incremental import Kind, KindError
 from ducklake_kit.pipelines.incremental import parse as parse_kind
 from ducklake_kit.pipelines.sqlfile import PipelineError, Statement, read_file, split_statements
-from ducklake_kit.pipelines.tables import CHANGE, DIALECT, DROP, MAKE, TableRef, TableUse, table_use
+from ducklake_kit.pipelines.tables import CHANGE, DIALECT, DROP, MAKE, READ, TableRef, TableUse, table_use
 
 
 def generations(graph: dict[str, set[str]], order: list[str]) -> list[list[str]]:
@@ -59,6 +59,19 @@ class Node:
     audited: TableRef | None = None  # the table its audits check: the one table it makes or changes
     kind: Kind | None = None  # `-- kind:` incremental_by_time / incremental_by_key; None: a full node
     key: tuple[str, ...] = ()  # `-- key:` the columns that name a row of the table it writes (`pipeline diff`)
+
+    @property
+    def audit_reads(self) -> set[TableRef]:
+        """The tables its `sql_file` audits read besides the ones it writes: the node waits for them (an inferred
+        edge) and they are inputs of its fingerprint, but not of its lineage (its table is not built from them)."""
+        return {t for a in self.audits for t in a.reads} - self.use.writes
+
+    def uses(self) -> dict[TableRef, set[str]]:
+        """What it does to each table, its audits' reads included (what inference reads)."""
+        out = {t: set(roles) for t, roles in self.use.uses.items()}
+        for t in self.audit_reads:
+            out.setdefault(t, set()).add(READ)
+        return out
 
     @property
     def writes_lake(self) -> bool:
@@ -350,7 +363,7 @@ def _inferred(nodes: dict[str, Node]) -> dict[tuple[str, str], set[str]]:
     order = list(nodes.values())
     users: dict[TableRef, list[tuple[int, str, set[str]]]] = {}
     for i, node in enumerate(order):
-        for t, roles in node.use.uses.items():
+        for t, roles in node.uses().items():
             users.setdefault(t, []).append((i, node.id, roles))
     edges: dict[tuple[str, str], set[str]] = {}
 

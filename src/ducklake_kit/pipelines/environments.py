@@ -145,7 +145,8 @@ def _audit_in(audit: Audit, rename: Callable[[TableRef], TableRef | None]) -> Au
         return audit
     import sqlglot
 
-    return dataclasses.replace(audit, query=rename_sql(sqlglot.parse_one(audit.query, read=DIALECT), rename))
+    query = rename_sql(sqlglot.parse_one(audit.query, read=DIALECT), rename)
+    return dataclasses.replace(audit, query=query, reads=frozenset(table_use(query).reads))
 
 
 def rename_sql(tree: exp.Expression, rename: Callable[[TableRef], TableRef | None]) -> str:

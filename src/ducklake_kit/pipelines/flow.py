@@ -50,6 +50,7 @@ class Plan:
                     "parents": sorted(p.parents(n.id), key=list(p.nodes).index),
                     "writes": sorted(map(str, n.use.writes)),
                     "reads": sorted(map(str, n.use.reads)),
+                    "audit_reads": sorted(map(str, n.audit_reads)),
                     "commits_snapshot": n.commits,
                     "audits": [a.as_dict() for a in n.audits],
                     "audited": str(n.audited) if n.audited else None,
