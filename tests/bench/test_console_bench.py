@@ -24,6 +24,8 @@ def _bench(**changes) -> ConsoleBench:
         "answers_right": 20,
         "wrong": [],
         "machine": Machine(2, [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]),
+        "alone_worker_s": [0.08, 0.1, 0.1],
+        "sessions_worker_s": [0.1] * 19 + [0.2],
     }
     return ConsoleBench(**(figures | changes))
 
@@ -41,3 +43,13 @@ def test_the_goals_are_computed_from_the_medians():
 def test_a_wrong_answer_is_a_defect():
     made = report(_bench(answers_right=19, wrong=["session 3: [['3', '1']] (the lake: [(3, 2)])"]))
     assert made.defect == "session 3: [['3', '1']] (the lake: [(3, 2)])"
+
+
+def test_where_the_sessions_waited_is_computed_from_the_workers_time():
+    r = _bench()
+    # 2.1 s of worker time on 2 workers while the slowest session took 1.2 s: busy 2.1 / 2.4
+    assert r.plane_busy == 0.88
+    note = next(n for n in report(r).notes if n.startswith("where the 20 sessions waited"))
+    assert "ran their queries for 2.10 s in all while the slowest session took 1.2 s: busy 88%" in note
+    assert "0.1 s alone, 0.1 s among the others" in note and "add 0.1 s to an answer alone" in note
+    assert _bench(sessions_worker_s=[0.06] * 20).plane_busy == 0.5  # the workers idled half the time

@@ -28,6 +28,7 @@ from ducklake_kit.platforms.kit import Kit
 
 DEFAULT_ROWS = 10_000_000
 SESSIONS = 20
+WORKERS = 2  # the plane the bench starts: two workers of one thread, as `up` starts it
 DRAWN = 1000
 GOAL_FIRST_PAGE_S = 1.0
 GOAL_VS_SQL = 1.5
@@ -61,6 +62,16 @@ class ConsoleBench:
     wrong: list[str]
     machine: Machine
     notes: list[str] = field(default_factory=list)
+    alone_worker_s: list[float] = field(default_factory=list)  # the worker's own time (the page's summary) alone
+    sessions_worker_s: list[float] = field(default_factory=list)  # and in each of the sessions at once
+    workers: int = WORKERS
+
+    @property
+    def plane_busy(self) -> float:
+        """How busy the plane's workers were while the slowest session waited: the sessions' worker seconds over
+        (workers x the slowest session's time). Near 1: the queue is the plane's (its workers never idled); well under
+        1: the answers waited somewhere else (the console, the browser)."""
+        return round(sum(self.sessions_worker_s) / (self.workers * max(self.sessions_s)), 2)
 
     @property
     def first_page_median_s(self) -> float:
@@ -81,7 +92,12 @@ class ConsoleBench:
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["machine"] = self.machine.as_dict()
-        out.update(first_page_median_s=self.first_page_median_s, vs_sql=self.vs_sql, worst_vs_alone=self.worst_vs_alone)
+        out.update(
+            first_page_median_s=self.first_page_median_s,
+            vs_sql=self.vs_sql,
+            worst_vs_alone=self.worst_vs_alone,
+            plane_busy=self.plane_busy,
+        )
         return out
 
 
@@ -170,12 +186,14 @@ def bench_console(kit: Kit, *, rows: int = DEFAULT_ROWS, runs: int = 3, json_pat
         raise KitError(f"--rows must be at least {SESSIONS} and --runs at least 1", "e.g. --rows 10000000 --runs 3")
     load_before = load_average()
     ep = kit.platform.endpoints()
-    plane_mod.up(kit.state, ep, 2, kit.scheduler)
+    plane_mod.up(kit.state, ep, WORKERS, kit.scheduler)
     _table(kit, rows)
     with Lake(ep) as lake:
         expected = {i: lake.run(session_sql(i))[-1].rows for i in range(SESSIONS)}
         first_rows = lake.run(QUERY)[-1].rows[:DRAWN]
     firsts, drawn, starts, console_s, sql_s, attached_s, alone = [], [], [], [], [], [], []
+    alone_worker: list[float] = []
+    sessions_worker: list[float] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:
@@ -230,6 +248,7 @@ def bench_console(kit: Kit, *, rows: int = DEFAULT_ROWS, runs: int = 3, json_pat
                 took = page.evaluate(timed_run(1)) / 1000
                 if i:
                     alone.append(round(took, 3))
+                    alone_worker.append(_worker_seconds(page))
             context.close()
             kit.say(f"{SESSIONS} sessions at once")
             contexts = [browser.new_context() for _ in range(SESSIONS)]
@@ -246,7 +265,12 @@ def bench_console(kit: Kit, *, rows: int = DEFAULT_ROWS, runs: int = 3, json_pat
             sessions, right = [], 0
             for n, p in enumerate(pages):
                 p.wait_for_function("() => window.__took !== null")
-                sessions.append(round(p.evaluate("() => window.__took") / 1000, 3))
+                took = p.evaluate("() => window.__took")
+                if took is None:  # undefined: the page was loaded again (its socket dropped and came back too late)
+                    wrong.append(f"session {n}: its page reloaded before the answer came")
+                    continue
+                sessions.append(round(took / 1000, 3))
+                sessions_worker.append(_worker_seconds(p))
                 got = [r.split("\t") for r in p.locator("[data-testid=result-table] tbody tr").all_inner_texts()]
                 if got == [[_text(v) for v in r] for r in expected[n]]:
                     right += 1
@@ -272,9 +296,16 @@ def bench_console(kit: Kit, *, rows: int = DEFAULT_ROWS, runs: int = 3, json_pat
         right,
         wrong,
         Machine.since(load_before),
+        alone_worker_s=alone_worker,
+        sessions_worker_s=sessions_worker,
     )
     write_outputs(result, json_path, None)
     return result
+
+
+def _worker_seconds(page) -> float:
+    """The worker's own time for the answer on the page: the summary's last figure (`... · worker w1 · 0.250 s`)."""
+    return float(page.locator("[data-testid=summary]").inner_text().rsplit("·", 1)[1].split()[0])
 
 
 def _text(value: Any) -> str:
@@ -321,6 +352,11 @@ def report(r: ConsoleBench):
         f"console start (process up and answering, before its URL is known): median {med(r.start_s)} s",
         f"{SESSIONS} sessions: median {med(r.sessions_s)} s, each asking its own slice; answers right: "
         f"{r.answers_right} of {SESSIONS} (compared with the lake's)",
+        f"where the {SESSIONS} sessions waited: the plane's {r.workers} one-thread workers ran their queries for "
+        f"{sum(r.sessions_worker_s):.2f} s in all while the slowest session took {max(r.sessions_s)} s: busy "
+        f"{r.plane_busy:.0%} of it (near 100%: the queue is the plane's, {SESSIONS} queries {r.workers} at a time; a "
+        f"query's worker time: {med(r.alone_worker_s)} s alone, {med(r.sessions_worker_s)} s among the others); the "
+        f"console and the browser add {round(med(r.alone_s) - med(r.alone_worker_s), 3)} s to an answer alone",
         "`sql` here is the query as the command runs it, in process (attach, run, read every row): the CLI's start-up "
         "(about 2 s of Python imports) is left out",
         "medians of --runs runs after a warm-up; the console was restarted by the bench: run `console` for its URL",

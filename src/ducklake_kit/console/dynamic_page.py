@@ -9,7 +9,7 @@ from typing import Any
 from nicegui import run, ui
 
 from ducklake_kit.console.backend import Backend
-from ducklake_kit.console.widgets import error, frame, table, tid
+from ducklake_kit.console.widgets import connected, error, frame, table, tid
 from ducklake_kit.errors import KitError
 
 HISTORY = 50  # the most refreshes charted
@@ -56,7 +56,8 @@ def register(backend: Backend) -> None:
     async def page() -> None:
         frame("dynamic tables, kept fresh from the change feed")
         loading = tid(ui.spinner(size="lg"), "loading").classes("m-4")
-        await ui.context.client.connected()
+        if not await connected():
+            return
         with ui.column().classes("w-full p-4 gap-4"):
             try:
                 every = await run.io_bound(backend.dynamic_tables)

@@ -12,7 +12,7 @@ from typing import Any
 from nicegui import run, ui
 
 from ducklake_kit.console.backend import Backend
-from ducklake_kit.console.widgets import error, frame, table, tid
+from ducklake_kit.console.widgets import connected, error, frame, table, tid
 from ducklake_kit.errors import KitError
 from ducklake_kit.pipelines.draw import Arrow, layers
 
@@ -78,7 +78,8 @@ def register(backend: Backend) -> None:
     @ui.page("/lineage", title="Lineage · ducklake-kit console")
     async def page() -> None:
         frame("pipeline runs as their DAG, and lineage")
-        await ui.context.client.connected()
+        if not await connected():
+            return
         with ui.column().classes("w-full p-4 gap-4"):
             _run_section(backend)
             _lineage_section(backend)

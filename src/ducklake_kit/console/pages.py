@@ -13,9 +13,9 @@ from nicegui import run, ui
 from ducklake_kit.console import shapes, strata
 from ducklake_kit.console.at_snapshot import at_snapshot
 from ducklake_kit.console.backend import Backend
+from ducklake_kit.console.widgets import connected, on_pick
 from ducklake_kit.console.widgets import error as _error
 from ducklake_kit.console.widgets import frame as _frame
-from ducklake_kit.console.widgets import on_pick
 from ducklake_kit.console.widgets import table as _table
 from ducklake_kit.console.widgets import tid as _tid
 from ducklake_kit.errors import KitError
@@ -78,7 +78,8 @@ def query_page(backend: Backend) -> None:
             out = ui.column().classes("w-full")
         # the page is served at once; the workers' names come over its websocket (a first connection to the plane
         # takes seconds)
-        await ui.context.client.connected()
+        if not await connected():
+            return
         try:
             names = await run.io_bound(backend.workers)
         except KitError as exc:
@@ -127,7 +128,8 @@ def lake_page(backend: Backend) -> None:
     async def page() -> None:
         _frame("tables, snapshots and the raw catalog")
         loading = _tid(ui.spinner(size="lg"), "loading").classes("m-4")
-        await ui.context.client.connected()  # as on the Query page: the lake's first connection takes seconds
+        if not await connected():  # as on the Query page: the lake's first connection takes seconds
+            return
         with ui.column().classes("w-full p-4 gap-4"):
             try:
                 tables = await run.io_bound(backend.tables)
@@ -274,7 +276,8 @@ def workers_page(backend: Backend) -> None:
     @ui.page("/workers", title="Workers · ducklake-kit console")
     async def page() -> None:
         _frame("the worker plane's DuckDB workers")
-        await ui.context.client.connected()
+        if not await connected():
+            return
         with ui.column().classes("w-full p-4 gap-4"):
             try:
                 workers = await run.io_bound(backend.worker_list)

@@ -21,6 +21,14 @@ PAGES = [
 ]
 
 
+async def connected() -> bool:
+    """Wait for the page's websocket; False when the page went away first (a closed tab, or `console`'s own warm-up
+    request, which never connects): the page's function then stops instead of drawing into a deleted client."""
+    client = ui.context.client
+    await client.connected()
+    return not client.is_deleted
+
+
 def tid(element, name: str):
     return element.props(f'data-testid="{name}"')
 

@@ -20,6 +20,7 @@ import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,37 @@ def _ping(port: int, token: str) -> bool | None:
     req = urllib.request.Request(f"http://127.0.0.1:{port}{HEALTH_PATH}", headers={"Authorization": f"token {token}"})
     with urllib.request.urlopen(req, timeout=2) as resp:
         return resp.status == 200 or None
+
+
+class _Assets(HTMLParser):
+    """The page's own scripts, styles and fonts (NiceGUI's static files: /_nicegui/...)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.paths += [v for k, v in attrs if k in ("src", "href") and v and v.startswith("/_nicegui/")]
+
+
+def _warm(port: int, token: str) -> None:
+    """The Query page and the files it loads, asked for once before the URL is printed: a server's first page costs
+    it its first page build (NiceGUI's templates and elements, this server's imports: 0.5-1.5 s here under load),
+    which the user's first visit would otherwise wait for. Best effort: the health check proved the server answers."""
+    headers = {"Authorization": f"token {token}"}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(f"http://127.0.0.1:{port}/", headers=headers), timeout=30
+        ) as r:
+            assets = _Assets()
+            assets.feed(r.read().decode("utf-8", "replace"))
+        for path in dict.fromkeys(assets.paths):
+            with urllib.request.urlopen(
+                urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers), timeout=30
+            ) as r:
+                r.read()
+    except (OSError, urllib.error.URLError):
+        pass  # the page says what is wrong when the user opens it
 
 
 def _private_folder(path: Path, run_as: str | None) -> Path:
@@ -179,6 +211,7 @@ def start(state: State, settings: dict[str, Any]) -> tuple[ConsoleStatus, str]:
         except KitError:
             procs.stop(pid_file)
             raise
+        _warm(port, token)
         detail = "restarted: the kit's code changed since it started" if stale else "started"
         return ConsoleStatus(True, detail, rec.pid, port, run_as or _me()), token
 
