@@ -180,6 +180,14 @@ def test_three_workers_insert_concurrently_and_every_row_lands_once(workers, lak
     # every insert committed its own snapshot, none shared
     snaps = [s.snapshot_id for r in results for s in r.statements]
     assert len(set(snaps)) == 90
+    # and each commit says, from the lake, which worker's task made it and which of the task's texts it was
+    infos = lake.con.execute(
+        "SELECT commit_extra_info FROM ducklake_snapshots('lake') WHERE snapshot_id IN (SELECT unnest(?))", [snaps]
+    ).fetchall()
+    tagged = [json.loads(i[0]) for i in infos]
+    assert sorted((x["run"], x["worker"], x["text"], x["statement"]) for x in tagged) == sorted(
+        ("task", w, n, 1) for w in ("w1", "w2", "w3") for n in range(1, 31)
+    )
 
 
 def test_workers_lists_every_worker_with_its_pid_and_tasks(workers):

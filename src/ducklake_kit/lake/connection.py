@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import json
 import random
 import time
+import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -252,6 +255,8 @@ def bound_params(
     return {name: params[name] for name in names}  # type: ignore[index]
 
 
+AUTHOR = "ducklake-kit"  # every commit the kit makes names it as its author
+
 # The writes, by DuckDB's statement type: each autocommits as one transaction, so it takes the commit gate, and a
 # token of its own can decide its fate (steps/once.py). Not COPY (an export would hold the gate while it writes its
 # file; a COPY into a lake table commits optimistically, still correctly), nor CALLs and SELECTs of DuckLake's
@@ -286,6 +291,9 @@ class Lake:
         self.alias = alias
         self.gate: CommitGate | None = CommitGate.of(endpoints.pg) if gate_mode(commit_gate) == ADVISORY else None
         self._txn = _Transaction()
+        # set (e.g. {"run": "sql", "id": ...}): each autocommit write commits as its own transaction whose commit
+        # carries a token and this in its commit_extra_info (`write`), so its fate can be asked of the lake
+        self.autocommit_tag: dict[str, Any] | None = None
         # no automatic downloads: extensions come from the pinned wheels
         self.con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
         for stmt in setup_statements(endpoints, alias, settings, catalog_settings):
@@ -361,7 +369,7 @@ class Lake:
             return False
         return True
 
-    def write(self, sql: Any, params: list | dict | None = None) -> duckdb.DuckDBPyConnection:
+    def write(self, sql: Any, params: list | dict | None = None, index: int | None = None) -> duckdb.DuckDBPyConnection:
         """Run one autocommit write statement holding the commit gate (inside an open transaction, just run it: its
         COMMIT takes the gate). The gate covers the statement's work too, not only its commit: DuckLake's first
         commit attempt writes the snapshot after the one the transaction started from, so a transaction that began
@@ -369,13 +377,86 @@ class Lake:
         conflict check inside the gate (16 writers x 100 one-row inserts, measured on this machine: 15 inserts/s
         with one rollback per insert when BEGIN ... gated COMMIT, 33-41/s and no rollback when the gate covers the
         statement). A large autocommit INSERT ... SELECT therefore holds the gate while it runs: run large writes in
-        a transaction (`transactions.commit_with`), whose gate covers only its COMMIT."""
-        if self.gate is None or self._txn.open:
+        a transaction (`transactions.commit_with`), whose gate covers only its COMMIT.
+
+        With `autocommit_tag` set, the statement runs as its own transaction whose commit carries a token (`tagged`;
+        `index`: its place in the text `run` was given, kept beside the token)."""
+        if self._txn.open:
+            return self.con.execute(sql, params)
+        if self.autocommit_tag is not None:
+            return self._tagged(sql, params, index)
+        if self.gate is None:
             return self.con.execute(sql, params)
         with self.gate.held():
             rel = self.con.execute(sql, params)
             rows = rel.fetchall() if rel.description else []
         return _Fetched(rel.description, rows)
+
+    def _tagged(self, sql: Any, params: list | dict | None, index: int | None) -> Any:
+        """One autocommit write as BEGIN, the statement, its commit message with a token, COMMIT (through the gate,
+        which covers the statement too, as `write` says). A COMMIT that raised may still have reached the catalog:
+        the token in the lake says whether it did (landed: a success; not there: the error says nothing
+        committed); it is never run again here."""
+        token = uuid.uuid4().hex
+        info = {"commit": token, **(self.autocommit_tag or {})}
+        if index is not None:
+            info["statement"] = index + 1
+        committing = False
+        with self.gate.held() if self.gate is not None else nullcontext():
+            self.begin()
+            try:
+                rel = self.con.execute(sql, params)
+                description, rows = rel.description, (rel.fetchall() if rel.description else [])
+                self.con.execute(
+                    "CALL ducklake_set_commit_message(?, ?, NULL, extra_info => ?)",
+                    [self.alias, AUTHOR, json.dumps(info)],
+                )
+                committing = True
+                self._commit_now()
+            except duckdb.Error as exc:
+                self.rollback()  # after a failed COMMIT there is nothing left: that error is ignored
+                if not committing:
+                    raise  # the statement's own error: nothing of it committed
+                self._commit_fate(sql, token, exc)
+            except BaseException:
+                self.rollback()
+                raise
+        return _Fetched(description, rows)
+
+    def _commit_fate(self, sql: Any, token: str, exc: duckdb.Error) -> None:
+        """After a tagged write's COMMIT raised: return when its token is in the lake (it landed), else raise what
+        is known, in one line (it did not land; or the lake cannot say, with the token to look for)."""
+        from ducklake_kit.lake.statements import token_decides  # sqlglot: only after a failed commit
+
+        why = first_line(exc)
+        try:
+            landed = self.snapshot_of_token(token)
+        except duckdb.Error as lookup:
+            raise duckdb.TransactionException(
+                f"its commit failed ({why}) and the lake could not say whether it landed ({first_line(lookup)}): "
+                f"look for its token {token} in ducklake_snapshot_changes.commit_extra_info before running it again"
+            ) from None
+        if landed is not None:
+            return
+        if not token_decides(self, getattr(sql, "query", sql)):
+            raise duckdb.TransactionException(
+                f"its commit failed ({why}) and it writes outside catalog {self.alias}, where its token is not, so the "
+                "lake cannot say whether it landed: check before running it again"
+            ) from None
+        raise duckdb.TransactionException(
+            f"its commit failed and did not land (its token is not in the lake): nothing of it committed ({why})"
+        ) from None
+
+    def snapshot_of_token(self, token: str) -> int | None:
+        """The snapshot whose commit carried `token` (as `commit` in its commit_extra_info, whatever else it holds),
+        or None: the way to find out whether a commit whose fate is unknown landed."""
+        meta = quote_ident(f"__ducklake_metadata_{self.alias}")
+        row = self.con.execute(
+            f"SELECT max(snapshot_id) FROM {meta}.ducklake_snapshot_changes "
+            "WHERE json_extract_string(commit_extra_info, '$.commit') = ?",
+            [token],
+        ).fetchone()
+        return int(row[0]) if row and row[0] is not None else None
 
     def cursor(self) -> duckdb.DuckDBPyConnection:
         """A cursor on the same database instance, for use from another thread."""
@@ -410,7 +491,7 @@ class Lake:
         last = self.last_committed_snapshot() if track_snapshots else None
         for index, stmt in enumerate(statements):
             try:
-                result = self.execute(stmt, bound_params(stmt, params, index, len(statements), results))
+                result = self.execute(stmt, bound_params(stmt, params, index, len(statements), results), index)
             except duckdb.Error as exc:
                 raise StatementFailed(index, len(statements), stmt.query, first_line(exc), results) from None
             if track_snapshots:
@@ -427,15 +508,15 @@ class Lake:
         except duckdb.Error as exc:
             raise KitError(f"SQL does not parse: {first_line(exc)}", "check the statement's syntax") from None
 
-    def execute(self, stmt, params: dict[str, Any] | None = None) -> StatementResult:
-        """One parsed statement (from `statements`): its rows, or its real affected count for DML; duckdb.Error
-        when it fails."""
+    def execute(self, stmt, params: dict[str, Any] | None = None, index: int | None = None) -> StatementResult:
+        """One parsed statement (from `statements`; `index`: its place among them): its rows, or its real affected
+        count for DML; duckdb.Error when it fails."""
         kind = stmt.type.name
         start = time.perf_counter()
         if kind == "TRANSACTION":
             rel = self._transaction_statement(stmt, params)
-        elif kind in WRITE_KINDS and self.gate is not None and not self._txn.open:
-            rel = self.write(stmt, params)
+        elif kind in WRITE_KINDS and not self._txn.open and (self.gate is not None or self.autocommit_tag is not None):
+            rel = self.write(stmt, params, index)
         else:
             rel = self.con.execute(stmt, params)
         columns = [d[0] for d in rel.description] if rel.description else []

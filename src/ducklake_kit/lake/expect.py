@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -52,8 +53,12 @@ class SqlRun:
 
 
 def run_sql(endpoints: Endpoints, platform_name: str, text: str, expect: str | None = None) -> SqlRun:
-    """Run one or more statements against the lake; with `expect`, compare the last statement's answer with it."""
+    """Run one or more statements against the lake; with `expect`, compare the last statement's answer with it.
+    Each autocommit write commits with a token of its own and this run's id in its commit_extra_info
+    (`{"commit": ..., "run": "sql", "id": ..., "statement": n}`); an explicit BEGIN ... COMMIT keeps the user's own
+    commit message, if it sets one."""
     with Lake(endpoints) as lake:
+        lake.autocommit_tag = {"run": "sql", "id": uuid.uuid4().hex}
         results = lake.run(text)
         info = lake.catalog_info(platform_name)
     return SqlRun(results, info, expect_value(results[-1], expect) if expect is not None else None)

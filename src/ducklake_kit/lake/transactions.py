@@ -20,10 +20,8 @@ from typing import Any
 
 import duckdb
 
-from ducklake_kit.lake.connection import Lake, StatementFailed, StatementResult
+from ducklake_kit.lake.connection import AUTHOR, Lake, StatementFailed, StatementResult
 from ducklake_kit.lake.sql import quote_ident
-
-AUTHOR = "ducklake-kit"  # every commit the kit makes names it as its author
 
 
 @dataclass(frozen=True)
@@ -68,15 +66,8 @@ def snapshot_with_token(lake: Lake, token: str, hint: int | None = None, extra: 
 
 
 def snapshot_of_token(lake: Lake, token: str) -> int | None:
-    """The snapshot whose commit carried `token` (as `commit` in its commit_extra_info, whatever else it holds), or
-    None: the way to find out whether a commit whose fate is unknown landed."""
-    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
-    row = lake.con.execute(
-        f"SELECT max(snapshot_id) FROM {meta}.ducklake_snapshot_changes "
-        "WHERE json_extract_string(commit_extra_info, '$.commit') = ?",
-        [token],
-    ).fetchone()
-    return int(row[0]) if row and row[0] is not None else None
+    """The snapshot whose commit carried `token`, or None (`Lake.snapshot_of_token`)."""
+    return lake.snapshot_of_token(token)
 
 
 def rollback_quietly(con: duckdb.DuckDBPyConnection) -> None:

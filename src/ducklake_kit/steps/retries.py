@@ -41,6 +41,7 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.lake.changes import split_changes
 from ducklake_kit.lake.connection import StatementResult
 from ducklake_kit.lake.sql import quote_ident
+from ducklake_kit.lake.statements import token_decides
 from ducklake_kit.lake.transactions import AUTHOR, snapshot_of_token
 
 ATTEMPTS = 5  # tries of an ATTACH, or of a write whose commit did not land, before its failure is final
@@ -192,31 +193,6 @@ def fault_at_commit(view: Lake) -> Iterator[Callable[[], None]]:
         con.execute(f"SET ducklake_max_retry_count = {int(old)}")
         other.execute(f"DROP SCHEMA IF EXISTS {schema}")
         other.close()
-
-
-def token_decides(view: Lake, sql: str) -> bool:
-    """Whether the token (in the view's catalog) can decide the fate of `sql`'s commit: every table it names is in
-    that catalog (qualified with it, or unqualified while it is the default database). A commit to another catalog
-    carries no token there, so a failure of it is never tried again. Text sqlglot cannot parse: False."""
-    try:
-        trees = [t for t in sqlglot.parse(sql, read="duckdb") if t is not None]
-        databases = {r[0].lower() for r in view.con.execute("SELECT database_name FROM duckdb_databases()").fetchall()}
-        default = str(view.con.execute("SELECT current_database()").fetchone()[0]).lower()
-    except (ParseError, TokenError, duckdb.Error):
-        return False
-    for tree in trees:
-        for table in tree.find_all(exp.Table):
-            if not table.name:
-                continue  # a table function (read_parquet(...)): no table of a catalog
-            if table.catalog:
-                where = table.catalog
-            elif table.db and table.db.lower() in databases:
-                where = table.db
-            else:
-                where = default
-            if where.lower() != view.alias.lower():
-                return False
-    return True
 
 
 def _after(error: str, retries: list[str]) -> str:

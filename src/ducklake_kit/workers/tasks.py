@@ -159,7 +159,12 @@ def run_statements(
                 if message is not None:
                     _run_transaction(lake, texts, message, result, deadline, tag.token, tag.extra)
                 else:
-                    _run_autocommit(lake, texts, result, deadline)
+                    # each autocommit write's commit says which task and worker made it (its own token beside)
+                    lake.autocommit_tag = {"run": "task", "task": token or uuid.uuid4().hex, "worker": result.worker}
+                    try:
+                        _run_autocommit(lake, texts, result, deadline)
+                    finally:
+                        lake.autocommit_tag = None
             finally:
                 deadline.stop()  # before the lock goes: no interrupt can reach the next task
     except LakeLost as exc:
@@ -209,8 +214,10 @@ class Deadline:
 
 
 def _run_autocommit(lake: Lake, texts: list[str], result: TaskResult, deadline: Deadline) -> None:
-    for text in texts:
+    task = lake.autocommit_tag or {}
+    for number, text in enumerate(texts, 1):
         offset = len(result.statements)
+        lake.autocommit_tag = {**task, "text": number}  # beside each statement's own number in its text
         try:
             deadline.arm()
             try:
