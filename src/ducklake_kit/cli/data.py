@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
@@ -120,6 +121,7 @@ def _dynamic_sql(c: Kit, ep: Endpoints, query: str, expect: str | None) -> SqlRu
     if not ddl.has_dynamic(query):
         return None
     with Lake(ep) as lake, Metadata(ep) as meta:
+        lake.autocommit_tag = {"run": "sql", "id": uuid.uuid4().hex}  # its plain writes, as run_sql tags them
         results = manage.run_text(lake, meta, query)
         info = lake.catalog_info(c.platform_name)
     return SqlRun(results, info, expect_value(results[-1], expect) if expect is not None and results else None)

@@ -10,15 +10,12 @@ are named here too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import duckdb
 import sqlglot
 from sqlglot import exp
 from sqlglot.errors import ParseError, TokenError
-
-if TYPE_CHECKING:
-    from ducklake_kit.lake.connection import Lake
 
 SESSION = {
     exp.Transaction: "BEGIN",
@@ -42,8 +39,9 @@ def session_statement(stmt: exp.Expression | None) -> str | None:
     return None
 
 
-def token_decides(view: Lake, sql: str) -> bool:
-    """Whether the token (in the view's catalog) can decide the fate of `sql`'s commit: every table it names is in
+def token_decides(view: Any, sql: str) -> bool:
+    """Whether the token (in the catalog of `view`, a Lake or a view of one: typed loosely, since the Lake imports
+    this module) can decide the fate of `sql`'s commit: every table it names is in
     that catalog (qualified with it, or unqualified while it is the default database). A commit to another catalog
     carries no token there, so a failure of it is never tried again. Text sqlglot cannot parse: False."""
     try:
