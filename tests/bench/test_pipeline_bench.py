@@ -23,7 +23,17 @@ def test_pipeline_bench_figures_hold_together(stack, tmp_path):
     r = bench_pipeline(
         Kit.on(stack.platform, stack.state),
         workers=2,
-        shape=DagShape(independent=3, chain=2, node_s=0.1, scheduling_nodes=6, lake_nodes=3, months=3, month_rows=1000),
+        shape=DagShape(
+            independent=3,
+            chain=2,
+            node_s=0.1,
+            scheduling_nodes=6,
+            lake_nodes=3,
+            months=3,
+            month_rows=1000,
+            keys=200,
+            changed_keys=10,
+        ),
         json_path=out,
     )
     p, s = r.parallel, r.serial
@@ -51,8 +61,20 @@ def test_pipeline_bench_figures_hold_together(stack, tmp_path):
     assert report.defect is None and json.loads(json.dumps(report.as_dict(), default=str)) == doc
     assert doc["changes"]["unchanged_nodes"] == 3
     assert (
-        report.notes[-2].startswith("change-aware: 3 lake tables, a --force run")
-        and "3 of 3 nodes unchanged" in (report.notes[-2])
+        report.notes[-3].startswith("change-aware: 3 lake tables, a --force run")
+        and "3 of 3 nodes unchanged" in (report.notes[-3])
     )
-    assert report.notes[-1].startswith("incremental_by_time after one more month (3 before, 1,000 rows each): read ")
-    assert "(ratio 0.25, 1/4 = 0.2500)" in report.notes[-1] and report.notes[-1].endswith("full rebuild: yes")
+    assert report.notes[-2].startswith("incremental_by_time after one more month (3 before, 1,000 rows each): read ")
+    assert "(ratio 0.25, 1/4 = 0.2500)" in report.notes[-2] and report.notes[-2].endswith("full rebuild: yes")
+    # incremental_by_key: 5 existing accounts got a row and 5 new ones appeared, so its MERGE wrote those 10 rows
+    # (5 updated, 5 inserted) of the 205 a full rebuild writes
+    k = r.by_key
+    assert (k.mode, k.equals_full, k.changed_keys, k.rows_merged, k.rows_full_rebuild) == (
+        "incremental",
+        True,
+        10,
+        10,
+        205,
+    )
+    assert report.notes[-1].startswith("incremental_by_key after 10 of 200 accounts changed (2,000 ledger rows): ")
+    assert "merged 10 of the 205 rows a full rebuild writes (ratio 0.04878)" in report.notes[-1]

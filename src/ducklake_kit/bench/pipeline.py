@@ -16,7 +16,10 @@ Incremental nodes: a table of M months of events (`bench_pipeline.events`) and a
 incremental_by_time(day)` that sums them per day, built in full; then one more month is appended and the node run
 again. The figure is the ratio of the source rows its incremental run read (those from the earliest new day on,
 counted in the lake) to the rows a full rebuild reads (all of them now): about 1 / (M + 1). The node's table is then
-compared with its query run in full (EXCEPT ALL both ways): a difference is a defect.
+compared with its query run in full (EXCEPT ALL both ways): a difference is a defect. The same for a node `-- kind:
+incremental_by_key(account)` over a ledger of K accounts: after rows for a few accounts are appended (half of them
+existing, half new), the rows its incremental run wrote (its MERGE, read from DuckLake's change feed of the node's
+snapshot) against the rows a full rebuild writes (every account).
 """
 
 from __future__ import annotations
@@ -222,6 +225,88 @@ def _incremental(kit: Kit, address: str, months: int, month_rows: int) -> Increm
     )
 
 
+BY_KEY_QUERY = (
+    f"SELECT account, count(*) AS entries, sum(amount) AS total FROM {CHANGES_SCHEMA}.ledger GROUP BY account"
+)
+
+
+@dataclass
+class ByKeyFigures:
+    keys: int  # accounts in the ledger when the node was built in full
+    source_rows: int  # ledger rows then
+    changed_keys: int  # accounts the change touched: half of them existing, half new
+    full_run_s: float
+    incremental_run_s: float
+    mode: str  # what the second run did: incremental (or full: a defect here)
+    rows_merged: int  # rows the incremental run wrote to the table (DuckLake's change feed of its snapshot)
+    rows_full_rebuild: int  # rows a full rebuild writes: the table's rows now
+    ratio: float  # rows_merged / rows_full_rebuild
+    equals_full: bool  # the table equals its query run in full, EXCEPT ALL both ways
+
+
+def _by_key(kit: Kit, address: str, keys: int, changed: int) -> ByKeyFigures:
+    """A node `-- kind: incremental_by_key(account)` summing a ledger per account, built in full; then rows are
+    appended for `changed` accounts (half existing, half new) and the node run again: the rows its MERGE wrote
+    against the rows a full rebuild writes."""
+    import time
+
+    from ducklake_kit.lake import Lake
+    from ducklake_kit.pipelines import flow
+
+    ep = kit.platform.endpoints()
+    rows = keys * 10
+    half = max(changed // 2, 1)
+    with Lake(ep) as lake:
+        lake.run(f"CREATE SCHEMA IF NOT EXISTS {CHANGES_SCHEMA}")
+        lake.run(
+            f"CREATE OR REPLACE TABLE {CHANGES_SCHEMA}.ledger AS SELECT i % {keys} AS account, "
+            f"(i % 89)::DECIMAL(18, 2) AS amount FROM range({rows}) t(i)"
+        )
+    source = (
+        f"-- id: balances\n-- kind: incremental_by_key(account)\n"
+        f"CREATE OR REPLACE TABLE {CHANGES_SCHEMA}.balances AS {BY_KEY_QUERY};"
+    )
+    pipeline = build(source, "<bench by key>", name="bench_by_key")
+    t0 = time.perf_counter()
+    full = flow.run(pipeline, address, ep, flow.Options(force=True), platform_name=kit.platform.name).run
+    full_s = time.perf_counter() - t0
+    with Lake(ep) as lake:  # `half` existing accounts get a row, `half` new accounts appear
+        lake.run(
+            f"INSERT INTO {CHANGES_SCHEMA}.ledger SELECT CASE WHEN i < {half} THEN i ELSE {keys} + i END, 1 "
+            f"FROM range({2 * half}) t(i)"
+        )
+    t0 = time.perf_counter()
+    again = flow.run(pipeline, address, ep, platform_name=kit.platform.name).run
+    incremental_s = time.perf_counter() - t0
+    node = again.node("balances")
+    if not (full.ok and again.ok) or node.snapshot_id is None:
+        raise KitError(
+            f"the incremental_by_key node failed ({node.error or node.reason})",
+            "run `workers` to see the workers' state",
+        )
+    with Lake(ep) as lake:
+        snap = int(node.snapshot_id)
+        merged, total, only_table, only_full = lake.con.execute(
+            f"SELECT (SELECT count(*) FROM ducklake_table_changes('{lake.alias}', '{CHANGES_SCHEMA}', 'balances', "
+            f"{snap}, {snap}) WHERE change_type IN ('insert', 'update_postimage')), "
+            f"(SELECT count(*) FROM {CHANGES_SCHEMA}.balances), "
+            f"(SELECT count(*) FROM (FROM {CHANGES_SCHEMA}.balances EXCEPT ALL {BY_KEY_QUERY})), "
+            f"(SELECT count(*) FROM ({BY_KEY_QUERY} EXCEPT ALL FROM {CHANGES_SCHEMA}.balances))"
+        ).fetchone()
+    return ByKeyFigures(
+        keys,
+        rows,
+        2 * half,
+        round(full_s, 3),
+        round(incremental_s, 3),
+        str((node.incremental or {}).get("mode")),
+        merged,
+        total,
+        round(merged / total, 5) if total else 0.0,
+        only_table == 0 and only_full == 0,
+    )
+
+
 @dataclass
 class PipelineBench:
     machine: Machine
@@ -237,6 +322,7 @@ class PipelineBench:
     order_held: bool  # the parallel run's order held: every node started after its dependencies finished
     changes: ChangeFigures | None = None  # a forced run and an unchanged one of a small lake DAG, end to end
     incremental: IncrementalFigures | None = None  # an incremental_by_time node after one more month
+    by_key: ByKeyFigures | None = None  # an incremental_by_key node after a few accounts changed
 
     @property
     def goals(self) -> dict[str, bool]:
@@ -277,6 +363,8 @@ class DagShape:
     lake_nodes: int = 8  # the change-aware pair's DAG
     months: int = 6  # the incremental node's source, in months, before one more is appended
     month_rows: int = 100_000
+    keys: int = 50_000  # the incremental_by_key node's accounts (10 ledger rows each)
+    changed_keys: int = 500  # accounts changed before its second run (half existing, half new)
 
 
 def bench_pipeline(
@@ -325,6 +413,8 @@ def bench_pipeline(
         changes = _changes(kit, status.address, shape.lake_nodes)
         say(f"incremental: {shape.months} months of events built in full, then one more month")
         incremental = _incremental(kit, status.address, shape.months, shape.month_rows)
+        say(f"incremental_by_key: {shape.keys:,} accounts built in full, then {shape.changed_keys} changed")
+        by_key = _by_key(kit, status.address, shape.keys, shape.changed_keys)
     par, ser = figures(dag, parallel, workers), figures(serial_dag, serial, 1)
     own = sum(_seconds(n) for n in chained.nodes)
     per_node_ms = (makespan(chained) - own) / max(scheduling_nodes - 1, 1) * 1000
@@ -342,6 +432,7 @@ def bench_pipeline(
         _order_held(dag, parallel) and _order_held(trivial, chained),
         changes,
         incremental,
+        by_key,
     )
     write_outputs(out, json_path, None)
     return out

@@ -276,7 +276,16 @@ def pipeline_report(r: PipelineBench) -> Report:
             f"{i.incremental_run_s} s vs the full build {i.full_run_s} s; equals a full rebuild: "
             f"{'yes' if i.equals_full else 'NO'}"
         )
+    k = r.by_key
+    if k is not None:
+        notes.append(
+            f"incremental_by_key after {k.changed_keys:,} of {k.keys:,} accounts changed ({k.source_rows:,} ledger "
+            f"rows): merged {k.rows_merged:,} of the {k.rows_full_rebuild:,} rows a full rebuild writes (ratio "
+            f"{k.ratio}); {k.mode} run {k.incremental_run_s} s vs the full build {k.full_run_s} s; equals a full "
+            f"rebuild: {'yes' if k.equals_full else 'NO'}"
+        )
     incremental_ok = i is None or (i.equals_full and i.mode == "incremental")
+    incremental_ok = incremental_ok and (k is None or (k.equals_full and k.mode == "incremental"))
     title = (
         f"bench --suite pipeline: {r.independent} independent nodes + a chain of {r.chain} "
         f"({r.rows_per_node:,} rows of md5 each) on {r.workers} workers ({r.machine.cores} cores; load "
