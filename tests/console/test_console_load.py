@@ -7,6 +7,7 @@ one Spark start."""
 from __future__ import annotations
 
 import json
+import os
 import pwd
 import shutil
 import tempfile
@@ -48,6 +49,10 @@ def trips_file():
         synthetic.generate_month(path, 2024, 2, ROWS, seed=26)
         path.chmod(0o644)
         (folder / "notes.txt").write_text("not trips\n")
+        (folder / "empty").mkdir(mode=0o755)
+        (folder / "private").mkdir(mode=0o755)
+        shutil.copy(path, folder / "private" / path.name)
+        (folder / "private" / path.name).chmod(0o600)
         yield path
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -68,18 +73,24 @@ def _open(page, web) -> None:
 
 
 def test_a_bad_path_is_one_line_and_no_snapshot(page, web, module_stack, trips_file):
+    from playwright.sync_api import expect
+
     with Lake(module_stack.platform.endpoints()) as lake:
         before = _snapshots(lake)
     _open(page, web)
-    for bad, says in [
+    cases = [
         ("/no/such/folder", "no file or folder at /no/such/folder"),
         ("relative/trips.parquet", "is not an absolute path"),
         (str(trips_file.parent / "notes.txt"), "notes.txt is neither a .csv nor a .parquet file"),
-    ]:
+        (str(trips_file.parent / "empty"), "holds no .csv or .parquet file"),
+    ]
+    if web["user"] != pwd.getpwuid(os.geteuid()).pw_name:  # the console runs as the service user: a 0600 file of ours
+        cases.append((str(trips_file.parent / "private" / trips_file.name), "cannot read"))
+    for bad, says in cases:
         page.locator("[data-testid=load-path]").fill(bad)
         page.locator("[data-testid=load-run]").click()
         refused = page.locator("[data-testid=load-refused]")
-        refused.wait_for()
+        expect(refused).to_contain_text(says)  # this case's line, not the one before it
         line = refused.inner_text()
         assert line.startswith("Error: ") and says in line and ". Try: " in line and "\n" not in line, line
         page.wait_for_selector("[data-testid=load-run]:not([disabled])")
@@ -94,7 +105,8 @@ def test_a_file_loads_with_progress_and_the_catalog_agrees(page, web, module_sta
     with Lake(module_stack.platform.endpoints()) as lake:
         before = _snapshots(lake)
     _open(page, web)
-    page.locator("[data-testid=load-path]").fill(str(trips_file))
+    # the folder: its one trips file is loaded, its notes.txt and its subfolders are not
+    page.locator("[data-testid=load-path]").fill(str(trips_file.parent))
     page.locator("[data-testid=load-run]").click()
     page.wait_for_selector("[data-testid=load-running]")
     # one at a time: a second load while this one runs is refused in one line

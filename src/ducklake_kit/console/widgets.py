@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nicegui import run, ui
+from nicegui import __version__, run, ui
 
 from ducklake_kit.console import shapes
 from ducklake_kit.errors import KitError
@@ -34,6 +34,8 @@ def tid(element, name: str):
 
 
 def frame(title: str) -> None:
+    # the table's component comes with the page, not at the first answer (one more round trip then, per page)
+    ui.add_head_html(f'<link rel="modulepreload" href="/_nicegui/{__version__}/components/{ui.table.component.key}">')
     with ui.header().classes("items-center gap-6 bg-blue-grey-9"):
         ui.label("ducklake-kit console").classes("text-lg font-bold")
         for name, path in PAGES:
