@@ -64,6 +64,7 @@ def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp
     sj = r.star
     assert sj.base_rows == 2000 and sj.append_rows == 20 and len(sj.joined_s) == len(sj.plain_s) == STAR_RUNS
     assert sj.joined_terms == [1] * STAR_RUNS and sj.joined_how.startswith("inserts merged into")
+    assert sj.joined_copied == [3] * STAR_RUNS  # the unchanged dimensions were read from copies in memory
     assert goals["star"]["ratio"] == sj.ratio and goals["star"]["goal"] == 1.2
     assert len(r.chain.end_to_end_s) == CHAIN_RUNS
     assert r.chain.refreshes[0] == [f"{n.split('.')[1]} SUCCEEDED INCREMENTAL" for n in CHAIN]

@@ -22,8 +22,10 @@ INSERT_KINDS = frozenset({"inserted_into_table", "inlined_insert"})
 # the range has a new table id, which the refresh sees and answers with a full refresh)
 NO_ROWS = frozenset({"created_schema", "created_table", "created_view", "dropped_schema", "dropped_view"})
 NONE, INSERTS, ANY = "none", "inserts", "any"
+# kinds that only add or remove rows: every table keeps its id and its columns
+ROWS_ONLY = INSERT_KINDS | {"deleted_from_table", "inlined_delete"}
 # kinds after which every table still has the columns it had: rows came and went, or another table was created
-SAME_SCHEMA = INSERT_KINDS | {"deleted_from_table", "inlined_delete", "created_table", "created_schema"}
+SAME_SCHEMA = ROWS_ONLY | {"created_table", "created_schema"}
 
 
 @dataclass(frozen=True)
@@ -41,8 +43,18 @@ class Changed:
         """Whether every table has the columns it had: the range only added and removed rows (or created tables)."""
         return not self.unknown and self.every <= SAME_SCHEMA
 
+    @property
+    def rows_only(self) -> bool:
+        """Whether the range only added and removed rows: no table was created, dropped, renamed or altered, so every
+        table has the id and columns it had (and the lake's schema version is the same at both ends)."""
+        return not self.unknown and self.every <= ROWS_ONLY
+
     def inlined_changes(self, table_ids: list[int | None]) -> int:
         return sum(self.inlined.get(i, 0) for i in table_ids if i is not None)
+
+    def inlined_only(self, table_ids: list[int]) -> bool:
+        """Whether every change naming these tables is an inlined one (no data file written or deleted)."""
+        return not self.unknown and all(k.startswith("inlined_") for i in table_ids for k in self.kinds.get(i, ()))
 
     def of(self, table_id: int | None) -> str:
         """NONE (no change at all), INSERTS (rows added, nothing else) or ANY."""
@@ -60,11 +72,16 @@ def changed(lake: Lake, start: int, end: int) -> Changed:
     rows = lake.con.execute(
         f"SELECT changes_made FROM {meta}.ducklake_snapshot_changes WHERE snapshot_id BETWEEN ? AND ?", [start, end]
     ).fetchall()
+    return from_rows([r[0] for r in rows], start, end)
+
+
+def from_rows(made_list: list[str | None], start: int, end: int) -> Changed:
+    """`changed` from the `changes_made` of each snapshot of start..end, already read (one per snapshot)."""
     kinds: dict[int, set[str]] = {}
     every: set[str] = set()
     inlined: dict[int, int] = {}
-    unknown = len(rows) != end - start + 1  # snapshot ids are consecutive: one missing is a range not understood
-    for (made,) in rows:
+    unknown = len(made_list) != end - start + 1  # snapshot ids are consecutive: one missing is a range not understood
+    for made in made_list:
         if made is None:
             unknown = True
             continue

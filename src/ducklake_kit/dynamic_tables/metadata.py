@@ -203,52 +203,52 @@ class Metadata:
         ]
 
     def record(self, r: Refresh) -> Refresh:
-        """Write a refresh's outcome; a successful one also moves the table's data snapshot and its sources'."""
-        with self.conn.transaction():
-            row = self.conn.execute(
-                f"INSERT INTO {SCHEMA}.refresh_history (name, definition_id, trigger, status, mode, reason, "
-                "rows_inserted, rows_deleted, snapshots_read, read_snapshot, commit_snapshot, data_timestamp, "
-                "started_at, finished_at, duration_ms, error, phases) VALUES "
-                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id",
-                [
-                    r.name,
-                    r.definition_id,
-                    r.trigger,
-                    r.status,
-                    r.mode,
-                    r.reason,
-                    r.rows_inserted,
-                    r.rows_deleted,
-                    json.dumps(r.snapshots_read) if r.snapshots_read is not None else None,
-                    r.read_snapshot,
-                    r.commit_snapshot,
-                    r.data_timestamp,
-                    r.started_at,
-                    r.finished_at,
-                    r.duration_ms,
-                    r.error,
-                    json.dumps(r.phases) if r.phases is not None else None,
-                ],
-            ).fetchone()
-            r.id = row["id"]
-            current = "name = %s AND definition_id = %s"
-            if r.status in (SUCCEEDED, NO_DATA):
-                self.conn.execute(
-                    f"UPDATE {SCHEMA}.definitions SET data_snapshot = %s, data_timestamp = %s, "
-                    f"consecutive_failures = 0, updated_at = now() WHERE {current}",
-                    [r.read_snapshot, r.data_timestamp, r.name, r.definition_id],
-                )
-                for source, snap in (r.snapshots_read or {}).items():
-                    self.conn.execute(
-                        f"UPDATE {SCHEMA}.sources SET read_snapshot = %s WHERE name = %s AND source = %s",
-                        [snap, r.name, source],
-                    )
-            elif r.status == FAILED:
-                self.conn.execute(
-                    f"UPDATE {SCHEMA}.definitions SET consecutive_failures = consecutive_failures + 1, "
-                    f"updated_at = now() WHERE {current}",
-                    [r.name, r.definition_id],
-                )
+        """Write a refresh's outcome; a successful one also moves the table's data snapshot and its sources'. One
+        statement (one round trip, atomic as any statement is): the history row, and the definition's and sources'
+        updates as data-modifying CTEs."""
+        current = "name = %(name)s AND definition_id = %(definition_id)s"
+        if r.status in (SUCCEEDED, NO_DATA):
+            updates = (
+                f", d AS (UPDATE {SCHEMA}.definitions SET data_snapshot = %(read_snapshot)s, "
+                f"data_timestamp = %(data_timestamp)s, consecutive_failures = 0, updated_at = now() WHERE {current}), "
+                f"s AS (UPDATE {SCHEMA}.sources AS s SET read_snapshot = v.snap::bigint "
+                "FROM jsonb_each_text(%(snapshots_read)s::jsonb) AS v(source, snap) "
+                "WHERE s.name = %(name)s AND s.source = v.source)"
+            )
+        elif r.status == FAILED:
+            updates = (
+                f", d AS (UPDATE {SCHEMA}.definitions SET consecutive_failures = consecutive_failures + 1, "
+                f"updated_at = now() WHERE {current})"
+            )
+        else:
+            updates = ""
+        values = {
+            "name": r.name,
+            "definition_id": r.definition_id,
+            "trigger": r.trigger,
+            "status": r.status,
+            "mode": r.mode,
+            "reason": r.reason,
+            "rows_inserted": r.rows_inserted,
+            "rows_deleted": r.rows_deleted,
+            "snapshots_read": json.dumps(r.snapshots_read) if r.snapshots_read is not None else None,
+            "read_snapshot": r.read_snapshot,
+            "commit_snapshot": r.commit_snapshot,
+            "data_timestamp": r.data_timestamp,
+            "started_at": r.started_at,
+            "finished_at": r.finished_at,
+            "duration_ms": r.duration_ms,
+            "error": r.error,
+            "phases": json.dumps(r.phases) if r.phases is not None else None,
+        }
+        columns = [k for k in values if k != "name"]
+        row = self.conn.execute(
+            f"WITH h AS (INSERT INTO {SCHEMA}.refresh_history (name, {', '.join(columns)}) VALUES (%(name)s, "
+            + ", ".join(f"%({c})s" for c in columns)
+            + f") RETURNING id){updates} SELECT id FROM h",
+            values,
+        ).fetchone()
+        r.id = row["id"]
         return r
 
     def commit_snapshots(self, name: str, definition_id: str, since: int) -> set[int]:

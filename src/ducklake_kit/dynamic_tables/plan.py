@@ -762,14 +762,28 @@ def pinned(query: exp.Expression, lake_alias: str, snapshot: int) -> exp.Express
     return query.copy().transform(pin)
 
 
-def term(select: exp.Select, lake_alias: str, bound: dict[int, exp.Table], before: int, after: int) -> exp.Select:
+def term(
+    select: exp.Select,
+    lake_alias: str,
+    bound: dict[int, exp.Table],
+    before: int,
+    after: int,
+    same: dict[int, exp.Table] | None = None,
+) -> exp.Select:
     """The query with occurrence i read from `bound[i]` (a temporary table of changes), the occurrences before
-    the first bound one at snapshot `before` and the others at snapshot `after`."""
+    the first bound one at snapshot `before` and the others at snapshot `after`; `same[i]`: a temporary table
+    holding occurrence i's rows at both snapshots (a source unchanged between them), read instead."""
     out = select.copy()
     out.set("order", None)  # terms are joined with UNION ALL; the order of a table's rows means nothing anyway
     first = min(bound)
+    same = same or {}
     for i, t in enumerate(_from_tables(out)):
-        new = bound[i] if i in bound else _pinned_table(t, lake_alias, before if i < first else after)
+        if i in bound:
+            new = bound[i]
+        elif i in same:
+            new = same[i]
+        else:
+            new = _pinned_table(t, lake_alias, before if i < first else after)
         t.replace(new)
     _pin_subqueries(out, lake_alias, after)
     return out

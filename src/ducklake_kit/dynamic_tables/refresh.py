@@ -40,7 +40,7 @@ from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.changes import change_counts, changes_sql
 from ducklake_kit.lake.sql import quote_ident, quote_literal
-from ducklake_kit.lake.transactions import AUTHOR, commit_with, last_committed_snapshot, snapshot_with_token
+from ducklake_kit.lake.transactions import AUTHOR, commit_with, snapshot_of_token
 from ducklake_kit.platforms import postgres
 from ducklake_kit.platforms.report import Reporter
 
@@ -53,6 +53,8 @@ ADAPTIVE_CROSSOVER = 0.05
 # ... except that a change of at most this many rows is always incremental: at that size each kind of refresh costs
 # its fixed cost (tens of milliseconds), and the incremental one writes only what changed
 ADAPTIVE_SMALL_CHANGE = 1000
+# a source unchanged in a refresh's span and of at most this many rows is read from a copy in memory (`_copies_for`)
+COPY_ROWS = 100_000
 LOCK_NAMESPACE = int.from_bytes(b"D\x00", "big") << 48
 LOCK_WAIT_S = 600
 PRE, POST = ("delete", "update_preimage"), ("insert", "update_postimage")
@@ -99,8 +101,15 @@ def lake_commits(lake: Lake, d: Definition, after: int | None = None) -> list[tu
         "WHERE snapshot_id > ? AND commit_extra_info IS NOT NULL ORDER BY snapshot_id",
         [after if after is not None else -1],
     ).fetchall()
+    return refresh_commits(rows, d)
+
+
+def refresh_commits(rows: list[tuple[int, str | None]], d: Definition) -> list[tuple[int, dict]]:
+    """Of (snapshot, commit_extra_info) rows in snapshot order, those of a committed refresh of `d` (`lake_commits`)."""
     out = []
     for snapshot, info in rows:
+        if info is None:
+            continue
         try:
             extra = json.loads(info)
         except ValueError:  # another writer's own extra info
@@ -113,6 +122,34 @@ def lake_commits(lake: Lake, d: Definition, after: int | None = None) -> list[tu
         ):
             out.append((int(snapshot), extra))
     return out
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One snapshot as the catalog keeps it: its commit time, the lake's schema version then, what it changed
+    (`changes_made`) and its commit_extra_info."""
+
+    id: int
+    time: datetime
+    version: int
+    changes: str | None
+    extra: str | None
+
+
+def snapshots_since(lake: Lake, since: int | None, now: int) -> list[Snapshot]:
+    """The snapshots after `since` up to `now` (all up to `now` when `since` is None; `now` always), oldest first,
+    in one round trip to PostgreSQL: what a refresh reads of the catalog before it knows what to do (its snapshot's
+    time and schema version, the refresh commits to recover, the changes to read), which took three catalog scans."""
+    lo = 0 if since is None else min(int(since) + 1, int(now))
+    text = (
+        "SELECT s.snapshot_id, s.snapshot_time, s.schema_version, c.changes_made, c.commit_extra_info "
+        "FROM public.ducklake_snapshot s LEFT JOIN public.ducklake_snapshot_changes c USING (snapshot_id) "
+        f"WHERE s.snapshot_id BETWEEN {lo} AND {int(now)} ORDER BY s.snapshot_id"
+    )
+    rows = lake.con.execute(
+        f"SELECT * FROM postgres_query({quote_literal(f'__ducklake_metadata_{lake.alias}')}, {quote_literal(text)})"
+    ).fetchall()
+    return [Snapshot(int(r[0]), r[1], int(r[2]), r[3], r[4]) for r in rows]
 
 
 def columns_of(lake: Lake, name: str) -> list[tuple[str, str]]:
@@ -214,6 +251,15 @@ class Delta:
 
 
 @dataclass
+class Copy:
+    """A small source's rows in temporary table `name`, right for every snapshot from the one it was made at up
+    to `through`."""
+
+    name: str
+    through: int
+
+
+@dataclass
 class Work:
     """What one refresh decided and did."""
 
@@ -271,16 +317,25 @@ class Refresher:
         self.before_commit: Callable[[], None] | None = None
         self.clock = Clock()  # the current refresh's phases
         self.terms = 0  # the delta terms the current refresh's inserts were read with (one per changed occurrence)
+        self.copied = 0  # the unchanged sources its terms read from copies in memory (`_copies_for`)
         self._lock_conn: psycopg.Connection | None = None  # the session of the refreshes' advisory locks
         # columns_of and the parsed plans, by the lake's schema version: read again only after a schema change
         self._version = -1
         self._columns: dict[tuple[str, int], list[tuple[str, str]]] = {}
+        self._ids: dict[tuple[str, int], int | None] = {}
+        self._made: set[str] = set()  # the temporary tables made and not dropped yet
+        # copies of small sources, by table id: kept after the refresh that made them commits (`_copies_for`)
+        self._tag = uuid.uuid4().hex[:8]  # two Refreshers on one connection keep copies under different names
+        self._copies: dict[int, Copy] = {}
+        self._pending: dict[int, Copy] = {}  # made in the current refresh's transaction: gone if it rolls back
+        self._too_big: set[int] = set()
         self._plans: dict[tuple[str, int], tuple[exp.Expression, planner.Plan]] = {}
 
     # ---- the lake side ---------------------------------------------------------------------------------------
 
     def _temp(self, name: str, query: str) -> int:
         """Temporary table `name` made from `query`; its rows (CREATE TABLE AS says how many it wrote)."""
+        self._made.add(name)
         return int(self.con.execute(f"CREATE OR REPLACE TEMP TABLE {quote_ident(name)} AS {query}").fetchone()[0])
 
     def columns(self, name: str) -> list[tuple[str, str]]:
@@ -289,6 +344,14 @@ class Refresher:
         if key not in self._columns:
             self._columns[key] = columns_of(self.lake, name)
         return self._columns[key]
+
+    def _table_id(self, name: str, now: int) -> int | None:
+        """The catalog's id of lake table `name` at snapshot `now`, read once per schema version of the lake (a table
+        made or dropped changes the version)."""
+        key = (name, self._version)
+        if key not in self._ids:
+            self._ids[key] = table_ids_at(self.lake, name, (now, now))[1]
+        return self._ids[key]
 
     def _plan(self, d: Definition) -> tuple[exp.Expression, planner.Plan]:
         """The definition's query (its columns named as the table's) and plan, made once per schema version."""
@@ -301,9 +364,70 @@ class Refresher:
             self._plans[key] = (named(query, d.columns), plan)
         return self._plans[key]
 
+    # ---- small unchanged sources kept in memory ---------------------------------------------------------------
+
+    def _copies_seen(self, changed: feed.Changed, prev: int, now: int) -> None:
+        """What snapshots prev+1..now did to the kept copies: one whose table changed goes; one known right up to
+        `prev` or later is right up to `now` too (its table did not change in between); one whose validity ends
+        before `prev` goes too (what happened in between is not known here)."""
+        for table_id, copy in list(self._copies.items()):
+            if changed.of(table_id) != feed.NONE or copy.through < prev:
+                self._drop_copy(table_id)
+            else:
+                copy.through = max(copy.through, now)
+
+    def _drop_copy(self, table_id: int) -> None:
+        copy = self._copies.pop(table_id)
+        self._drop_temps([copy.name])
+
+    def _copies_for(
+        self, plan: planner.Plan, select: exp.Select, counts: dict[str, tuple[int, int]], ids: dict, now: int
+    ) -> dict[int, exp.Table]:
+        """The occurrences of sources that did not change in this refresh's span, each read from a copy of its table
+        in memory (made now, or kept from an earlier refresh and still right at `now`) instead of from the lake: a
+        small dimension joined in every delta term costs its catalog reads and its files otherwise. Only tables of
+        at most COPY_ROWS rows, and only when the query names none of its columns the copy would not have."""
+        out: dict[int, exp.Table] = {}
+        for o in plan.occurrences:
+            table_id = ids.get(o.source)
+            if any(counts[o.source]) or table_id is None or table_id in self._too_big:
+                continue
+            copy = self._copies.get(table_id) or self._pending.get(table_id)
+            if copy is None or copy.through < now:
+                if not self._copyable(o.source, select, plan):
+                    continue
+                copy = self._make_copy(o.source, table_id, now)
+                if copy is None:
+                    continue
+            out[o.index] = planner.temp_table(copy.name, o.ref)
+        self.copied = len(out)
+        return out
+
+    def _copyable(self, source: str, select: exp.Select, plan: planner.Plan) -> bool:
+        """Whether every column the query names through this source's names is one of its columns (a virtual
+        column such as rowid would mean something else in a copy)."""
+        refs = {o.ref for o in plan.occurrences if o.source == source}
+        every = {c.lower() for c, _ in self.columns(source)}
+        return all(c.name.lower() in every for c in select.find_all(exp.Column) if c.table.lower() in refs)
+
+    def _make_copy(self, source: str, table_id: int, now: int) -> Copy | None:
+        name = f"__dt_copy_{self._tag}_{table_id}"
+        schema, table = source.split(".")
+        pinned = f"{quote_ident(self.lake.alias)}.{quote_ident(schema)}.{quote_ident(table)} AT (VERSION => {now})"
+        rows = self._temp(name, f"SELECT * FROM {pinned} LIMIT {COPY_ROWS + 1}")
+        if rows > COPY_ROWS:
+            self._drop_temps([name])
+            self._too_big.add(table_id)
+            return None
+        copy = self._pending[table_id] = Copy(name, now)
+        return copy
+
     def _drop_temps(self, names: list[str]) -> None:
+        """Drop those of temporary tables `names` this Refresher made (a name never made costs no statement)."""
         for n in names:
-            self.con.execute(f"DROP TABLE IF EXISTS temp.main.{quote_ident(n)}")
+            if n in self._made:
+                self.con.execute(f"DROP TABLE IF EXISTS temp.main.{quote_ident(n)}")
+                self._made.discard(n)
 
     def _changes(
         self, source: str, start: int, end: int, pre: str, post: str, columns: list[str], how: str = feed.ANY
@@ -316,14 +440,11 @@ class Refresher:
         `how` (`feed.changed`): NONE reads nothing, INSERTS reads the insertions alone (a fraction of the feed's cost)."""
         if how == feed.NONE:
             return 0, 0
-        self._drop_temps([pre, post])  # names a refresh that died in this process may have left
         cols = ", ".join(quote_ident(c) for c in columns)
         if how == feed.INSERTS:
             schema, table = source.split(".")
             args = f"{quote_literal(self.lake.alias)}, {quote_literal(schema)}, {quote_literal(table)}, {start}, {end}"
-            gained = self._temp(post, f"SELECT {cols} FROM ducklake_table_insertions({args})")
-            self._temp(pre, f"SELECT * FROM temp.main.{quote_ident(post)} LIMIT 0")
-            return 0, gained
+            return 0, self._temp(post, f"SELECT {cols} FROM ducklake_table_insertions({args})")
         feed_table = f"{pre}_feed"
         self._temp(
             feed_table, f"SELECT {cols}, change_type AS __change FROM {changes_sql(self.lake, source, start, end)}"
@@ -337,9 +458,12 @@ class Refresher:
         lost, gained = int(kinds.get(True, 0)), int(kinds.get(False, 0))
         if not lost or not gained:  # one side only: nothing to net, and no copy (dropping a column is ~1 ms)
             self.con.execute(f"ALTER TABLE {qfeed} DROP COLUMN __change")
-            kept, empty = (post, pre) if gained else (pre, post)
+            kept = post if gained else pre  # the other side is empty: no table (every reader asks the counts)
+            self._made.add(kept)
+            self._drop_temps([kept])  # a name a refresh that died in this process may have left
             self.con.execute(f"ALTER TABLE {qfeed} RENAME TO {quote_ident(kept)}")
-            self._temp(empty, f"SELECT * FROM temp.main.{quote_ident(kept)} LIMIT 0")
+            self._made.discard(feed_table)
+            self._made.add(kept)
             return lost, gained
         try:
             lost_sql = f"SELECT {cols} FROM {qfeed} WHERE __change IN ({', '.join(map(quote_literal, PRE))})"
@@ -408,7 +532,13 @@ class Refresher:
                 self.close()  # the session ends: its locks go with it
 
     def close(self) -> None:
-        """Ends the session that holds the refreshes' locks (none is held between refreshes)."""
+        """Ends the session that holds the refreshes' locks (none is held between refreshes) and drops the copies."""
+        for table_id in list(self._copies):
+            try:
+                self._drop_copy(table_id)
+            except duckdb.Error:  # the lake's connection is closed already: the copies went with it
+                self._copies.clear()
+                break
         if self._lock_conn is not None:
             self._lock_conn.close()
             self._lock_conn = None
@@ -425,7 +555,14 @@ class Refresher:
         matter. Outside a transaction, nothing to do."""
         if self.lake.in_transaction:
             self.lake.rollback()
+            self._forget_pending()
             self.lake.begin()
+
+    def _forget_pending(self) -> None:
+        """The copies made in a transaction that rolled back went with it."""
+        for copy in self._pending.values():
+            self._made.discard(copy.name)
+        self._pending.clear()
 
     def _full(self, query: exp.Expression, snapshot: int, reason: str) -> tuple[Work, list]:
         new = sql(planner.pinned(query, self.lake.alias, snapshot))
@@ -445,9 +582,12 @@ class Refresher:
         prev, now = span
         if prev is None:
             return self._full(query, now, "INITIAL: the first refresh")
-        both = {s: table_ids_at(self.lake, s, (prev, now)) for s in plan.sources}
-        ids = {s: at_now for s, (_, at_now) in both.items()}
-        replaced = [s for s, (at_prev, at_now) in both.items() if at_prev != at_now]
+        if changed is not None and changed.rows_only:  # no table made, dropped or altered since: same ids at both
+            ids, replaced = {s: self._table_id(s, now) for s in plan.sources}, []
+        else:
+            both = {s: table_ids_at(self.lake, s, (prev, now)) for s in plan.sources}
+            ids = {s: at_now for s, (_, at_now) in both.items()}
+            replaced = [s for s, (at_prev, at_now) in both.items() if at_prev != at_now]
         if replaced:  # dropped and created again: its change feed knows nothing of the old table's rows
             return self._full(
                 query, now, f"SOURCE_REPLACED: {', '.join(replaced)} is not the table it was at snapshot {prev}"
@@ -463,16 +603,21 @@ class Refresher:
             return self._full(query, now, why)
         note = None
         if adaptive(d.refresh_mode):  # the choice, made from the catalog before any change feed is read
-            with self.clock.phase("change_feed"):
-                tables = [i for i in ids.values() if i is not None]
-                est = feed.size(self.lake, tables, prev + 1, now, changed.inlined_changes(tables))
-            how = f"the change (~{est.changed:,} rows) is {est.share:.2%} of the sources' {est.rows:,} rows" + (
-                " in data files" if est.rows < est.changed else ""
-            )
-            if est.share > self.crossover and est.changed > self.small_change:
-                return self._full(query, now, f"ADAPTIVE chose full: {how}, over {self.crossover:.0%}")
-            small = f" or at most {self.small_change:,} rows" if est.share > self.crossover else ""
-            note = f"ADAPTIVE chose incremental: {how}, at most {self.crossover:.0%}{small}"
+            tables = [i for i in ids.values() if i is not None]
+            inlined = changed.inlined_changes(tables) * feed.INLINED_ROWS
+            if changed.inlined_only(tables) and inlined <= self.small_change:  # no file changed: no need to count
+                note = f"ADAPTIVE chose incremental: the change (~{inlined:,} rows, inlined) is at most "
+                note += f"{self.small_change:,} rows"
+            else:
+                with self.clock.phase("change_feed"):
+                    est = feed.size(self.lake, tables, prev + 1, now, changed.inlined_changes(tables))
+                how = f"the change (~{est.changed:,} rows) is {est.share:.2%} of the sources' {est.rows:,} rows" + (
+                    " in data files" if est.rows < est.changed else ""
+                )
+                if est.share > self.crossover and est.changed > self.small_change:
+                    return self._full(query, now, f"ADAPTIVE chose full: {how}, over {self.crossover:.0%}")
+                small = f" or at most {self.small_change:,} rows" if est.share > self.crossover else ""
+                note = f"ADAPTIVE chose incremental: {how}, at most {self.crossover:.0%}{small}"
         decided = self._incremental(d, query, plan, (prev, now), changed, ids, temps)
         if decided is not None and note is not None:
             decided[0].reason = f"{decided[0].reason} ({note})"
@@ -525,12 +670,14 @@ class Refresher:
             return self._union(d, query, plan, Delta(pre, post, counts, prev, now), temps)
         insert_only = not any(a for a, _ in counts.values())
 
+        same = self._copies_for(plan, select, counts, ids, now)
+
         def terms(images: dict[str, str], before: int, after: int) -> list[exp.Select]:
             out = []
             for o in plan.occurrences:
                 if counts[o.source][0 if images is pre else 1]:
                     bound = {o.index: planner.temp_table(images[o.source], o.ref)}
-                    out.append(planner.term(select, self.lake.alias, bound, before, after))
+                    out.append(planner.term(select, self.lake.alias, bound, before, after, same))
             return out
 
         if plan.kind == planner.ROWS and insert_only and not plan.outer and not plan.derived:
@@ -588,11 +735,11 @@ class Refresher:
             columns = self._read_columns(occ.source, select, plan)
             projected = [exp.column(c, occ.ref, quoted=True) for c in columns]
             parts = []
-            if any(delta.counts[occ.source]):
-                parts += [
-                    f"SELECT {', '.join(quote_ident(c) for c in columns)} FROM temp.main.{quote_ident(t[occ.source])}"
-                    for t in (delta.pre, delta.post)
-                ]
+            parts += [
+                f"SELECT {', '.join(quote_ident(c) for c in columns)} FROM temp.main.{quote_ident(t[occ.source])}"
+                for t, n in zip((delta.pre, delta.post), delta.counts[occ.source])
+                if n
+            ]
             for o in plan.occurrences:
                 if o.index == side:
                     continue
@@ -696,8 +843,6 @@ class Refresher:
             keys + [f"{combine[m.function]}({quote_ident(m.column)}) AS {quote_ident(m.column)}" for m in plan.merge]
         )
         union = " UNION ALL ".join(sql(t) for t in terms)
-        groups = self._temp("__dt_delta", f"SELECT {cols} FROM ({union}) AS __d GROUP BY ALL")
-        temps.append("__dt_delta")
         on = " AND ".join(f"__d.{k} IS NOT DISTINCT FROM __o.{k}" for k in keys) or "TRUE"
         merged = {
             "sum": "CASE WHEN __o.{c} IS NULL THEN __d.{c} WHEN __d.{c} IS NULL THEN __o.{c} "
@@ -708,15 +853,20 @@ class Refresher:
         }
         how = {m.column: merged[m.function] for m in plan.merge}
         select = ", ".join(
-            how[c].format(c=quote_ident(c)) if c in how else f"__d.{quote_ident(c)}" for c in plan.columns
+            f"{how[c].format(c=quote_ident(c)) if c in how else f'__d.{quote_ident(c)}'} AS {quote_ident(c)}"
+            for c in plan.columns
         )
-        new = f"SELECT {select} FROM temp.main.__dt_delta AS __d LEFT JOIN {target(self.lake, d.name)} AS __o ON {on}"
-        self._temp("__dt_merged", new)
+        # the new rows' aggregates and each touched group's old row, in one statement (one temporary table)
+        new = (
+            f"SELECT {select} FROM (SELECT {cols} FROM ({union}) AS __n GROUP BY ALL) AS __d "
+            f"LEFT JOIN {target(self.lake, d.name)} AS __o ON {on}"
+        )
+        groups = self._temp("__dt_merged", new)
         temps.append("__dt_merged")
         return (
             Work(INCREMENTAL, f"inserts merged into {groups} groups"),
             [
-                ("delete_keys", ("__dt_delta", [(k.column, k.column) for k in plan.keys])),
+                ("delete_keys", ("__dt_merged", [(k.column, k.column) for k in plan.keys])),
                 ("insert", "SELECT * FROM temp.main.__dt_merged"),
             ],
         )
@@ -771,7 +921,14 @@ class Refresher:
             "CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)", [self.lake.alias, AUTHOR, message, info]
         )
         self.lake.commit()  # through the lake's commit gate
-        return snapshot_with_token(self.lake, token, last_committed_snapshot(self.lake), info)
+        # the snapshot that carries this commit's extra info: one catalog query (after the snapshot it read)
+        meta = quote_ident(f"__ducklake_metadata_{self.lake.alias}")
+        row = self.con.execute(
+            f"SELECT max(snapshot_id) FROM {meta}.ducklake_snapshot_changes WHERE snapshot_id > ? "
+            "AND commit_extra_info = ?",
+            [read, info],
+        ).fetchone()
+        return int(row[0]) if row and row[0] is not None else snapshot_of_token(self.lake, token)
 
     def recover(self, d: Definition, sources: list[str], commits: list[tuple[int, dict]]) -> list[Refresh]:
         """Record the refreshes that landed in the lake but not in the history (the process died, or PostgreSQL
@@ -835,7 +992,7 @@ class Refresher:
         out = Refresh(d.name, d.definition_id, trigger, FAILED, started, started)
         temps: list[str] = []
         clock = self.clock = Clock()
-        self.terms = 0
+        self.terms = self.copied = 0
         try:
             busy = KitError(
                 f"dynamic table {d.name} is being refreshed by another process for over {LOCK_WAIT_S} s",
@@ -852,6 +1009,7 @@ class Refresher:
                 finally:
                     if self.lake.in_transaction:  # nothing to commit (NO_DATA), or a failure: nothing is written
                         self.lake.rollback()
+                        self._forget_pending()
         except (KitError, duckdb.Error, psycopg.Error) as exc:  # the table fails, the batch goes on
             out.error = exc.line() if isinstance(exc, KitError) else first_line(exc)
             out.status = FAILED
@@ -873,17 +1031,21 @@ class Refresher:
             now = self.lake.current_snapshot()
         if self.after_read is not None:
             self.after_read(now)
-        with clock.phase("catalog"):
-            out.data_timestamp, self._version = snapshot_at(self.lake, now)
+        with clock.phase("catalog"):  # one round trip: now's time and schema version, commits and changes since
+            seen = snapshots_since(self.lake, d.data_snapshot, now)
+            out.data_timestamp, self._version = seen[-1].time, seen[-1].version
         with clock.phase("bind"):
             query, plan = self._plan(d)
         with clock.phase("catalog"):
-            commits = lake_commits(self.lake, d, d.data_snapshot)
+            commits = refresh_commits([(s.id, s.extra) for s in seen], d)
             self.recover(d, plan.sources, commits)
             prev = reflected(self.lake, d, commits)
             out.read_snapshot = now
             out.snapshots_read = dict.fromkeys(plan.sources, now)
-            changed = feed.changed(self.lake, prev + 1, now) if prev is not None and prev < now else None
+            changed = None
+            if prev is not None and prev < now:
+                changed = feed.from_rows([s.changes for s in seen if s.id > prev], prev + 1, now)
+                self._copies_seen(changed, prev, now)
         if changed is None or not changed.same_schema:  # a column renamed or dropped: the query may not bind
             with clock.phase("bind"):
                 self._bind(d, query, now)
@@ -898,6 +1060,8 @@ class Refresher:
         write = clock.ms.get("write", 0.0)
         with clock.phase("commit"):  # the statements (`write`, timed inside) and the COMMIT
             out.commit_snapshot = self.apply(d, work, statements, now, trigger)
+        self._copies.update(self._pending)  # committed: the copies made in its transaction are there to stay
+        self._pending.clear()
         clock.ms["commit"] -= clock.ms.get("write", 0.0) - write
         out.status, out.mode, out.reason = SUCCEEDED, work.mode, work.reason
         out.rows_inserted, out.rows_deleted = work.inserted, work.deleted
