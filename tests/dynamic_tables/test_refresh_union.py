@@ -9,10 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ducklake_kit.dynamic_tables import counts
 from ducklake_kit.dynamic_tables import plan as planner
-from ducklake_kit.dynamic_tables.metadata import SUCCEEDED
+from ducklake_kit.dynamic_tables.metadata import NO_DATA, SUCCEEDED
 from ducklake_kit.errors import KitError
-from tests.dynamic_tables.oracle import apply, created, ops, prove, schema_env, sources
+from tests.dynamic_tables.oracle import apply, created, ops, schema_env, sources
 from tests.dynamic_tables.test_refresh import INCREMENTAL, Env, S
 
 TABLES = {
@@ -45,10 +46,35 @@ TABLES = {
     "cte_distinct": f"WITH m AS (SELECT k, w FROM {S}.umore WHERE w IS DISTINCT FROM 'c') SELECT DISTINCT w FROM m",
 }
 NAMES = [f"{S}.{n}" for n in TABLES]
+# the tables kept through multiplicity counts, each with its branches as a UNION ALL written out by hand (DISTINCT
+# dropped): the side table must hold exactly these rows' counts, NULLs included, and no row whose count is 0
+COUNTED = {
+    "u_set": f"SELECT k, w FROM lake.{S}.ufacts UNION ALL SELECT k, w FROM lake.{S}.umore",
+    "distinct": f"SELECT k, w FROM lake.{S}.ufacts",
+    "distinct_join": f"SELECT d.region, f.w FROM lake.{S}.ufacts AS f JOIN lake.{S}.udims AS d ON f.d = d.id",
+    "cte_distinct": f"SELECT w FROM lake.{S}.umore WHERE w IS DISTINCT FROM 'c'",
+}
+
+
+def counts_equal(env: Env, name: str, every_copy: str) -> None:
+    """The side table of `name` against its branches' rows counted here (EXCEPT ALL both ways)."""
+    side = counts.side_table(env.lake.alias, env.meta.get(f"{S}.{name}"))
+    truth = f"SELECT *, count(*) AS {counts.COUNT} FROM ({every_copy}) AS __a GROUP BY ALL"
+    for a, b in ((f"SELECT * FROM {side}", truth), (truth, f"SELECT * FROM {side}")):
+        assert env.sql(f"SELECT count(*) FROM ({a} EXCEPT ALL {b})") == [(0,)], (name, a, b)
 
 
 def refresh_and_prove(env: Env) -> None:
-    prove(env, NAMES)
+    """`prove`, and each counted table's incremental refresh went through its counts, which are right."""
+    for r in env.refresh(*NAMES).refreshes:
+        assert r.status in (SUCCEEDED, NO_DATA), (r.name, r.error)
+        assert r.status == NO_DATA or r.mode == INCREMENTAL, (r.name, r.mode, r.reason)
+        table = r.name.split(".")[1]
+        if table in COUNTED and r.status == SUCCEEDED:
+            assert r.reason.startswith("multiplicity counts: "), (r.name, r.reason)
+            counts_equal(env, table, COUNTED[table])
+    for name in NAMES:
+        env.equal(name)
 
 
 @pytest.fixture(scope="module")
@@ -147,15 +173,37 @@ def test_distinct_keeps_a_row_until_its_last_copy_goes(two):
     assert rows(two, name) == [(1, "x"), (2, None), (None, "y")]
     two.sql(f"INSERT INTO lake.{S}.ua VALUES (1, 'x'), (3, 'z')")  # one new row, one already there
     [r] = two.refresh(name).refreshes
-    assert (r.reason, r.rows_inserted) == ("inserts added where new (1 of 2 branches changed)", 1)
+    side = counts.side_table(two.lake.alias, two.meta.get(name))
+    assert r.reason.startswith(
+        "multiplicity counts: 2 rows' counts changed, 1 rows added, 0 removed (1 of 2 branches changed; the counts "
+        "built at snapshot "
+    )
+    assert r.rows_inserted == 1
+    assert rows(two, side.removeprefix('"lake".')) == [(1, "x", 4), (2, None, 1), (3, "z", 1), (None, "y", 1)]
     two.sql(f"DELETE FROM lake.{S}.ua WHERE k = 1")  # all three copies in ua go; ub's copy keeps the row
-    two.refresh(name)
+    [r] = two.refresh(name).refreshes
+    assert (r.reason, r.rows_deleted, r.rows_inserted) == (
+        "multiplicity counts: 1 rows' counts changed, 0 rows added, 0 removed (1 of 2 branches changed)",
+        0,
+        0,
+    )
     assert rows(two, name) == [(1, "x"), (2, None), (3, "z"), (None, "y")]
     two.sql(f"DELETE FROM lake.{S}.ub WHERE k = 1")  # the last copy
     [r] = two.refresh(name).refreshes
     assert (r.mode, r.rows_deleted, r.rows_inserted) == (INCREMENTAL, 1, 0)
     assert rows(two, name) == [(2, None), (3, "z"), (None, "y")]
+    assert rows(two, side.removeprefix('"lake".')) == [(2, None, 1), (3, "z", 1), (None, "y", 1)]  # no 0 kept
     two.equal(name)
+    two.sql(f"DELETE FROM lake.{S}.ua WHERE k IS NULL")  # a NULL key's last copy
+    [r] = two.refresh(name).refreshes
+    assert (r.rows_deleted, rows(two, name)) == (1, [(2, None), (3, "z")])
+    two.create(
+        f"CREATE OR REPLACE DYNAMIC TABLE {name} TARGET_LAG = '1 hour' AS SELECT k FROM {S}.ua UNION SELECT k FROM {S}.ub"
+    )
+    gone = side.removeprefix('"lake".').replace('"', "").split(".")
+    assert not two.sql(
+        "SELECT 1 FROM duckdb_tables() WHERE schema_name = ? AND table_name = ?", gone
+    )  # the replaced definition's counts went with it
 
 
 @pytest.mark.parametrize(

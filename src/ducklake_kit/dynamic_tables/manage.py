@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import duckdb
 
+from ducklake_kit.dynamic_tables import counts as multiplicity
 from ducklake_kit.dynamic_tables import ddl
 from ducklake_kit.dynamic_tables import plan as planner
 from ducklake_kit.dynamic_tables.metadata import (
@@ -194,6 +195,8 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
         if not schema_exists(con, lake.alias, schema):
             con.execute(f"CREATE SCHEMA {quote_ident(lake.alias)}.{quote_ident(schema)}")
         con.execute(f"CREATE OR REPLACE TABLE {target(lake, name)} AS {query}")
+        if old is not None:  # the replaced definition's multiplicity counts (if it kept any)
+            con.execute(multiplicity.drop_sql(lake.alias, old))
         counts.append(int(con.execute(f"SELECT count(*) FROM {target(lake, name)}").fetchone()[0]))
 
     read = now if stmt.initialize == "ON_CREATE" else None
@@ -249,9 +252,12 @@ def drop(lake: Lake, meta: Metadata, name: str, *, if_exists: bool = False) -> b
         raise KitError(f"dynamic table {d.name} is read by {', '.join(readers)}", "drop those first")
     with _locked(lake, d.name):
         if _exists(lake, d.name):
-            commit_with(
-                lake, lambda con: con.execute(f"DROP TABLE {target(lake, d.name)}"), f"dynamic table {d.name}: dropped"
-            )
+
+            def dropped(con: duckdb.DuckDBPyConnection) -> None:
+                con.execute(f"DROP TABLE {target(lake, d.name)}")
+                con.execute(multiplicity.drop_sql(lake.alias, d))  # its multiplicity counts, if it kept any
+
+            commit_with(lake, dropped, f"dynamic table {d.name}: dropped")
         meta.drop(d.name)
     return True
 

@@ -156,11 +156,17 @@ class Plan:
         if self.kind == UNION:
             shape = "SELECT DISTINCT" if len(self.branches) == 1 else f"UNION{'' if self.distinct else ' ALL'}"
             kinds = ", ".join(b.kind for b in self.branches)
+            head = f"union: {shape} of {len(self.branches)} branch{'es' if len(self.branches) > 1 else ''} ({kinds})"
+            if self.distinct and all(b.kind == ROWS and not b.outer and not b.derived for b in self.branches):
+                return (
+                    f"{head}, kept through multiplicity counts (a side table in the schema dynamic_counts): the "
+                    "changed branches' delta terms add to or take from their rows' counts; a row is added when its "
+                    "count leaves 0 and deleted when it returns there"
+                )
             added = "added when new" if self.distinct else "appended"
             return (
-                f"union: {shape} of {len(self.branches)} branch{'es' if len(self.branches) > 1 else ''} ({kinds}), "
-                f"each from its own sources' changes; inserts into rows branches {added}, other changes replace "
-                "the affected rows"
+                f"{head}, each from its own sources' changes; inserts into rows branches {added}, other changes "
+                "replace the affected rows"
             )
         how = (
             "inserts merged into their groups (" + ", ".join(f"{m.column}: {m.function}" for m in self.merge) + ")"

@@ -32,6 +32,7 @@ import psycopg
 import sqlglot
 from sqlglot import exp
 
+from ducklake_kit.dynamic_tables import counts as multiplicity
 from ducklake_kit.dynamic_tables import feed
 from ducklake_kit.dynamic_tables import plan as planner
 from ducklake_kit.dynamic_tables.ddl import DIALECT
@@ -39,7 +40,7 @@ from ducklake_kit.dynamic_tables.metadata import FAILED, NO_DATA, SUCCEEDED, Def
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.changes import change_counts, changes_sql
-from ducklake_kit.lake.sql import quote_ident, quote_literal
+from ducklake_kit.lake.sql import quote_ident, quote_literal, table_exists
 from ducklake_kit.lake.transactions import AUTHOR, commit_with, snapshot_of_token
 from ducklake_kit.platforms import postgres
 from ducklake_kit.platforms.report import Reporter
@@ -666,6 +667,8 @@ class Refresher:
             return self._full(query, now, f"CHANGE_FEED_UNREADABLE: {first_line(exc)}")
         if not any(a or b for a, b in counts.values()):
             return None
+        if multiplicity.counted(plan, d):
+            return self._counted(d, query, plan, Delta(pre, post, counts, prev, now), temps)
         if plan.kind == planner.UNION:
             return self._union(d, query, plan, Delta(pre, post, counts, prev, now), temps)
         insert_only = not any(a for a, _ in counts.values())
@@ -834,6 +837,75 @@ class Refresher:
         statements = [("delete_keys", ("__dt_keys", [(c, planner.key_column(i)) for i, c in enumerate(names)]))]
         return Work(INCREMENTAL, f"{affected} affected distinct rows recomputed ({of})"), [*statements, ("insert", new)]
 
+    def _counted(
+        self, d: Definition, query: exp.Expression, plan: planner.Plan, delta: Delta, temps: list[str]
+    ) -> tuple[Work, list] | None:
+        """A UNION or SELECT DISTINCT through its multiplicity counts (see `counts`): the change of each row's count
+        from the changed branches' delta terms, added to the side table's counts; rows whose count left 0 are
+        added, rows whose count went back to 0 deleted. The side table is built first when missing, at the
+        snapshot the table reflects."""
+        alias, names = self.lake.alias, plan.columns
+        side = multiplicity.side_table(alias, d)
+        branches = multiplicity.branches_all(plan)
+        changed = [b for b in branches if any(any(delta.counts[o.source]) for o in b.occurrences)]
+        of = f"{len(changed)} of {len(branches)} branch{'es' if len(branches) > 1 else ''} changed"
+        cols = ", ".join(quote_ident(c) for c in names)
+        built = ""
+        if not table_exists(self.con, alias, multiplicity.SCHEMA, multiplicity.side_name(d)):
+            self.con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(alias)}.{quote_ident(multiplicity.SCHEMA)}")
+            every = " UNION ALL ".join(
+                sql(_positional(planner.pinned(b.query, alias, delta.prev), names)) for b in branches
+            )
+            self.con.execute(
+                f"CREATE TABLE {side} AS SELECT {cols}, count(*) AS {multiplicity.COUNT} FROM ({every}) AS __a GROUP BY ALL"
+            )
+            built = f"; the counts built at snapshot {delta.prev}"
+        signed = [
+            f"SELECT *, {sign} AS __dt_d FROM ({sql(_positional(t, names))}) AS __s"
+            for gained, sign in ((True, 1), (False, -1))
+            for b in changed
+            for t in delta.terms(b, alias, gained)
+        ]
+        rows = self._temp(
+            "__dt_mult",
+            f"SELECT {cols}, sum(__dt_d) AS __dt_d FROM ({' UNION ALL '.join(signed)}) AS __x GROUP BY ALL "
+            "HAVING sum(__dt_d) <> 0",
+        )
+        temps.append("__dt_mult")
+        if not rows:  # the copies that came and went cancel out
+            return None
+        dcols = ", ".join(f"__d.{quote_ident(c)}" for c in names)
+        old = f"coalesce(__o.{multiplicity.COUNT}, 0)"
+        self._temp(
+            "__dt_counts",
+            f"SELECT {dcols}, {old} AS __dt_old, {old} + __d.__dt_d AS __dt_new FROM temp.main.__dt_mult AS __d "
+            f"LEFT JOIN {side} AS __o ON {multiplicity.matched('__d', '__o', names)}",
+        )
+        temps.append("__dt_counts")
+        below, added, gone = self.con.execute(
+            "SELECT count(*) FILTER (__dt_new < 0), count(*) FILTER (__dt_old = 0 AND __dt_new > 0), "
+            "count(*) FILTER (__dt_old > 0 AND __dt_new = 0) FROM temp.main.__dt_counts"
+        ).fetchone()
+        if below:  # more copies lost than the counts had: they are wrong, so the table is made again in full
+            return self._full(query, delta.now, f"MULTIPLICITY_BELOW_ZERO: {below} rows' counts went below 0")
+        statements: list = [
+            (
+                "side",
+                f"DELETE FROM {side} USING temp.main.__dt_counts AS __k WHERE {multiplicity.matched(side, '__k', names)}",
+            ),
+            ("side", f"INSERT INTO {side} SELECT {cols}, __dt_new FROM temp.main.__dt_counts WHERE __dt_new > 0"),
+        ]
+        if gone:
+            self._temp("__dt_gone", f"SELECT {cols} FROM temp.main.__dt_counts WHERE __dt_old > 0 AND __dt_new = 0")
+            temps.append("__dt_gone")
+            statements.append(("delete_keys", ("__dt_gone", [(c, c) for c in names])))
+        if added:
+            statements.append(
+                ("insert", f"SELECT {cols} FROM temp.main.__dt_counts WHERE __dt_old = 0 AND __dt_new > 0")
+            )
+        reason = f"multiplicity counts: {rows} rows' counts changed, {added} rows added, {gone} removed ({of}{built})"
+        return Work(INCREMENTAL, reason), statements
+
     def _merge(self, d: Definition, plan: planner.Plan, terms: list[exp.Select], temps: list[str]) -> tuple[Work, list]:
         """Insert-only changes to a SUM/COUNT/MIN/MAX aggregate: each touched group's new value from its old row
         and the aggregates of the new rows alone."""
@@ -884,6 +956,9 @@ class Refresher:
 
         def write(con: duckdb.DuckDBPyConnection) -> None:
             for kind, arg in statements:
+                if kind == "side":  # the side table of multiplicity counts: not the table's rows
+                    con.execute(arg)
+                    continue
                 if kind == "delete_all":
                     text = f"DELETE FROM {tgt} WHERE TRUE{mutable}"
                 elif kind == "delete_keys":  # (temporary table, [(table column, its key column)])
@@ -1057,6 +1132,8 @@ class Refresher:
             out.status, out.mode, out.reason = NO_DATA, None, "no net change in the sources since the last refresh"
             return
         work, statements = decided
+        if work.mode == FULL and multiplicity.counted(plan, d):  # the counts would be stale: built again when needed
+            statements = [*statements, ("side", multiplicity.drop_sql(self.lake.alias, d))]
         write = clock.ms.get("write", 0.0)
         with clock.phase("commit"):  # the statements (`write`, timed inside) and the COMMIT
             out.commit_snapshot = self.apply(d, work, statements, now, trigger)
