@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import sqlglot
 
-from ducklake_kit.dynamic_tables import ddl
+from ducklake_kit.dynamic_tables import ddl, rewrite
 from ducklake_kit.dynamic_tables import plan as planner
 
 
@@ -304,7 +304,7 @@ def test_a_table_of_another_catalog_is_refused():
 
 def test_pinned_reads_every_table_at_the_snapshot_but_not_ctes():
     q = sqlglot.parse_one("WITH c AS (SELECT a FROM s.t) SELECT * FROM c JOIN u AS x ON c.a = x.a", read="duckdb")
-    out = planner.pinned(q, "lake", 7).sql("duckdb")
+    out = rewrite.pinned(q, "lake", 7).sql("duckdb")
     assert "lake.s.t AS t AT (VERSION => 7)" in out and "lake.main.u AS x AT (VERSION => 7)" in out
     assert "FROM c JOIN" in out
     assert planner.all_sources(q, "lake") == ["main.u", "s.t"]

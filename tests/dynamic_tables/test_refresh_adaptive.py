@@ -12,8 +12,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ducklake_kit.dynamic_tables import feed
-from ducklake_kit.dynamic_tables.metadata import NO_DATA, SUCCEEDED
-from ducklake_kit.dynamic_tables.refresh import ADAPTIVE, FULL, Refresher, lock_key, table_ids_at
+from ducklake_kit.dynamic_tables.catalog import table_ids_at
+from ducklake_kit.dynamic_tables.metadata import ADAPTIVE, NO_DATA, SUCCEEDED
+from ducklake_kit.dynamic_tables.refresh import FULL, Refresher, lock_key
 from ducklake_kit.errors import KitError
 from ducklake_kit.platforms import postgres
 from tests.dynamic_tables.oracle import DIMS, FACTS, MORE, apply, ops, schema_env, sources

@@ -12,8 +12,9 @@ from datetime import UTC, datetime
 import duckdb
 
 from ducklake_kit.dynamic_tables import counts as multiplicity
-from ducklake_kit.dynamic_tables import ddl
+from ducklake_kit.dynamic_tables import ddl, rewrite
 from ducklake_kit.dynamic_tables import plan as planner
+from ducklake_kit.dynamic_tables.catalog import columns_of, reflected, snapshot_time, source_schema
 from ducklake_kit.dynamic_tables.metadata import (
     ACTIVE,
     FAILED,
@@ -28,14 +29,10 @@ from ducklake_kit.dynamic_tables.refresh import (
     FULL,
     LOCK_WAIT_S,
     Refresher,
-    columns_of,
     lock_key,
     named,
     new_definition_id,
     parse_query,
-    reflected,
-    snapshot_time,
-    source_schema,
     sql,
     target,
 )
@@ -124,7 +121,7 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
             raise KitError(f"dynamic table {name} reads itself", "read other tables")
     _refresh_upstream(lake, meta, stmt)
     now = lake.current_snapshot()
-    pinned = planner.pinned(stmt.select, lake.alias, now)
+    pinned = rewrite.pinned(stmt.select, lake.alias, now)
     try:
         described = lake.con.execute(f"DESCRIBE {sql(pinned)}").fetchall()
     except duckdb.Error as exc:
@@ -351,7 +348,7 @@ def check(lake: Lake, meta: Metadata, name: str) -> tuple[int, int]:
     snapshot = reflected(lake, d)
     if snapshot is None:
         raise KitError(f"dynamic table {d.name} was never refreshed", f"run `dynamic refresh {d.name}`")
-    full = sql(named(planner.pinned(parse_query(d), lake.alias, snapshot), d.columns))
+    full = sql(named(rewrite.pinned(parse_query(d), lake.alias, snapshot), d.columns))
     tgt = target(lake, d.name)
     if d.immutable_where is not None:  # the mutable region only: the immutable one keeps what it was
         full = f"SELECT * FROM ({full}) AS __q WHERE ({d.immutable_where}) IS NOT TRUE"

@@ -45,6 +45,8 @@ ALTER TABLE {SCHEMA}.definitions ADD COLUMN IF NOT EXISTS immutable_where text;
 """
 DDL_LOCK = int.from_bytes(b"dyn-ddl", "big")  # held while the schema is created (if missing)
 ACTIVE, SUSPENDED = "ACTIVE", "SUSPENDED"
+# refresh modes (REFRESH_MODE; AUTO is stored as ADAPTIVE)
+FULL, INCREMENTAL, ADAPTIVE = "FULL", "INCREMENTAL", "ADAPTIVE"
 # refresh outcomes
 SUCCEEDED, FAILED, SKIPPED, NO_DATA = "SUCCEEDED", "FAILED", "SKIPPED", "NO_DATA"
 

@@ -1,5 +1,5 @@
-"""How a dynamic table's query can be kept fresh, decided once from its sqlglot tree, and the queries a refresh
-runs, written by rewriting that tree (never by pasting text together).
+"""How a dynamic table's query can be kept fresh, decided once from its sqlglot tree (the queries a refresh runs are
+written from the plan by `rewrite`).
 
 Shapes (`Plan.kind`):
 - `aggregate`: SELECT keys..., aggregates... FROM lake tables [INNER JOIN ...] [WHERE] GROUP BY keys [HAVING].
@@ -23,13 +23,12 @@ sources' columns), so the query is planned as the query it means.
 
 A query's tables are its *occurrences*: each `FROM`/`JOIN` table, in order. The rows a change adds to a join of
 T1..Tn are the sum over i of T1..T(i-1) at the old snapshot, the change of Ti, and T(i+1)..Tn at the new one
-(the usual delta rule), which is what `term` builds."""
+(the usual delta rule), which is what `rewrite.term` builds."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import sqlglot
 from sqlglot import exp
 
 from ducklake_kit.dynamic_tables.ddl import (
@@ -728,192 +727,3 @@ def all_sources(query: exp.Expression, lake_alias: str) -> list[str]:
         if isinstance(t.this, exp.Identifier) and not (not t.db and t.name.lower() in ctes):
             out.add(source_name(t, lake_alias))
     return sorted(out)
-
-
-# ---- rewriting -----------------------------------------------------------------------------------------------
-
-
-def _pinned_table(t: exp.Table, lake_alias: str, snapshot: int) -> exp.Table:
-    schema, name = source_name(t, lake_alias).split(".")
-    new = exp.Table(
-        this=exp.to_identifier(name),
-        db=exp.to_identifier(schema),
-        catalog=exp.to_identifier(lake_alias),
-        when=exp.HistoricalData(this="AT", kind="VERSION", expression=exp.Literal.number(snapshot)),
-    )
-    new.set("alias", exp.TableAlias(this=exp.to_identifier(t.alias_or_name)))
-    return new
-
-
-def temp_table(name: str, ref: str) -> exp.Table:
-    """A temporary table standing in for a source, under the name the query's columns use for it."""
-    new = exp.Table(this=exp.to_identifier(name), db=exp.to_identifier("main"), catalog=exp.to_identifier("temp"))
-    new.set("alias", exp.TableAlias(this=exp.to_identifier(ref)))
-    return new
-
-
-def pinned(query: exp.Expression, lake_alias: str, snapshot: int) -> exp.Expression:
-    """The query with every lake table read AT (VERSION => snapshot)."""
-    ctes = {c.alias_or_name.lower() for c in query.find_all(exp.CTE)}
-
-    def pin(node: exp.Expression) -> exp.Expression:
-        if (
-            isinstance(node, exp.Table)
-            and isinstance(node.this, exp.Identifier)
-            and not (not node.db and node.name.lower() in ctes)
-        ):
-            return _pinned_table(node, lake_alias, snapshot)
-        return node
-
-    return query.copy().transform(pin)
-
-
-def term(
-    select: exp.Select,
-    lake_alias: str,
-    bound: dict[int, exp.Table],
-    before: int,
-    after: int,
-    same: dict[int, exp.Table] | None = None,
-) -> exp.Select:
-    """The query with occurrence i read from `bound[i]` (a temporary table of changes), the occurrences before
-    the first bound one at snapshot `before` and the others at snapshot `after`; `same[i]`: a temporary table
-    holding occurrence i's rows at both snapshots (a source unchanged between them), read instead."""
-    out = select.copy()
-    out.set("order", None)  # terms are joined with UNION ALL; the order of a table's rows means nothing anyway
-    first = min(bound)
-    same = same or {}
-    for i, t in enumerate(_from_tables(out)):
-        if i in bound:
-            new = bound[i]
-        elif i in same:
-            new = same[i]
-        else:
-            new = _pinned_table(t, lake_alias, before if i < first else after)
-        t.replace(new)
-    _pin_subqueries(out, lake_alias, after)
-    return out
-
-
-def _pin_subqueries(select: exp.Select, lake_alias: str, at: int, skip: exp.Expression | None = None) -> None:
-    """The lake tables of the semi/anti joins' subqueries read AT (VERSION => at), in place (`skip`: one left as is)."""
-    for c in semi_conjuncts(select):
-        for t in _from_tables(semi_subquery(c)):
-            if t is not skip and isinstance(t, exp.Table) and t.catalog.lower() != "temp":
-                t.replace(_pinned_table(t, lake_alias, at))
-
-
-def one_sided(select: exp.Select, side: str) -> exp.Select:
-    """The query with its FULL JOIN made a LEFT (the first table's rows kept) or RIGHT one (the second's)."""
-    out = select.copy()
-    for j in out.args.get("joins") or []:
-        if (j.args.get("side") or "").upper() == "FULL":
-            j.set("side", side)
-    return out
-
-
-def reached_by_subquery(
-    select: exp.Select, lake_alias: str, conjunct: int, bound: exp.Table, at: int, columns: list
-) -> exp.Select:
-    """The rows of the query's first table (projected on `columns`, the joins as written, every table at snapshot
-    `at`) whose result rows the rows of `bound` (a temporary table standing for the table of semi/anti conjunct
-    number `conjunct`) may change: those it correlates with (EXISTS; IN: a value equal to x). NOT IN also reaches
-    every row whose x is NULL (it passes only while the subquery is empty) and, when a changed row's value is NULL
-    (which makes NOT IN pass no row), every row."""
-    out = select.copy()
-    for arg in ("group", "having", "order", "limit", "offset", "distinct", "qualify"):
-        out.set(arg, None)
-    c = semi_conjuncts(out)[conjunct]
-    sub = semi_subquery(c).copy()
-    [table] = _from_tables(sub)
-    table.replace(bound)
-    core = c.this if isinstance(c, exp.Not) else c
-    core = core.this if isinstance(core, exp.Paren) else core
-    if isinstance(core, exp.Exists):
-        reached: exp.Expression = exp.Exists(this=sub)
-    else:
-        x = core.this.copy()
-        reached = exp.In(this=x, query=exp.Subquery(this=sub))
-        if isinstance(c, exp.Not):
-            nulls = sub.copy()
-            value = nulls.selects[0].unalias().copy()
-            nulls.set("expressions", [exp.Literal.number(1)])
-            nulls = nulls.where(exp.Is(this=value, expression=exp.Null()))
-            reached = exp.or_(reached, exp.Is(this=x.copy(), expression=exp.Null()), exp.Exists(this=nulls))
-    out.set("where", exp.Where(this=reached))
-    for t in _from_tables(out):
-        t.replace(_pinned_table(t, lake_alias, at))
-    _pin_subqueries(out, lake_alias, at)
-    out.set("expressions", [c.copy() for c in columns])
-    return out
-
-
-def preserved_rows(
-    select: exp.Select, lake_alias: str, bound: tuple[int, exp.Table], at: int, columns: list
-) -> exp.Select:
-    """The rows of the query's first table (projected on `columns`) whose result rows hold a row of `bound` (index,
-    temporary table) standing for that occurrence: its join made INNER, the other joins as written, the others read
-    at snapshot `at`. WHERE is dropped: a superset of the rows is harmless, while a filter such as `b.id IS NULL`
-    (rows without a match) would hide exactly the rows whose padding a new match removes."""
-    index, table = bound
-    out = select.copy()
-    for arg in ("group", "having", "order", "limit", "offset", "where", "distinct", "qualify"):
-        out.set(arg, None)
-    join = out.args["joins"][max(index, 1) - 1]  # index 0: the second table's rows, reached through the first's
-    join.set("side", None)
-    join.set("kind", None)
-    for i, t in enumerate(_from_tables(out)):
-        t.replace(table if i == index else _pinned_table(t, lake_alias, at))
-    out.set("expressions", [c.copy() for c in columns])
-    return out
-
-
-def mutable_only(select: exp.Select, condition: str, plan: Plan) -> exp.Select:
-    """The query restricted to the rows IMMUTABLE WHERE's `condition` (over the table's columns) does not hold for,
-    the condition read through each column's expression over the sources, so that a refresh neither reads nor
-    recomputes the immutable region (whose rows it never writes anyway). Only where that is the same rows: a
-    projection (`rows`), or an aggregate whose condition reads only group keys (whole groups go); otherwise, or
-    when a column is not a plain select item, the query as it is."""
-    if plan.kind not in (ROWS, AGGREGATE) or plan.derived or len(select.selects) != len(plan.columns):
-        return select
-    items = {n.lower(): s.unalias() for n, s in zip(plan.columns, select.selects)}
-    if any(isinstance(e, (exp.Star, exp.Columns)) for e in items.values()):
-        return select
-    allowed = {k.column.lower() for k in plan.keys} if plan.kind == AGGREGATE else set(items)
-    cond = sqlglot.parse_one(condition, read=DIALECT)
-    if any(c.table or c.name.lower() not in allowed for c in cond.find_all(exp.Column)):
-        return select
-
-    def through(node: exp.Expression) -> exp.Expression:
-        return exp.Paren(this=items[node.name.lower()].copy()) if isinstance(node, exp.Column) else node
-
-    held = exp.Is(this=exp.Paren(this=cond.transform(through)), expression=exp.true())
-    return select.copy().where(exp.Not(this=exp.Paren(this=held)))
-
-
-def key_column(i: int) -> str:
-    """The name of key i in a table of affected keys: never a name the query's own columns use, so a key's
-    unqualified columns still mean the query's tables inside the EXISTS of `restricted`."""
-    return f"__k{i}"
-
-
-def key_select(select: exp.Select, keys: list[Key]) -> exp.Select:
-    """The query's rows reduced to its group keys (columns __k0, __k1, ...), one row per key."""
-    out = select.copy()
-    for arg in ("group", "having", "order", "limit", "offset", "qualify"):
-        out.set(arg, None)
-    out.set("expressions", [exp.alias_(k.expr.copy(), key_column(i), quoted=True) for i, k in enumerate(keys)])
-    out.set("distinct", exp.Distinct())
-    return out
-
-
-def restricted(select: exp.Select, keys: list[Key], keys_table: str) -> exp.Select:
-    """The query limited, before grouping, to the groups listed in temporary table `keys_table`."""
-    match = exp.and_(
-        *[
-            exp.NullSafeEQ(this=k.expr.copy(), expression=exp.column(key_column(i), "__k", quoted=True))
-            for i, k in enumerate(keys)
-        ]
-    )
-    sub = exp.select("1").from_(temp_table(keys_table, "__k")).where(match)
-    return select.copy().where(exp.Exists(this=sub))

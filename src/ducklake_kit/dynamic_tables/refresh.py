@@ -33,19 +33,37 @@ import sqlglot
 from sqlglot import exp
 
 from ducklake_kit.dynamic_tables import counts as multiplicity
-from ducklake_kit.dynamic_tables import feed
+from ducklake_kit.dynamic_tables import feed, rewrite, rules
 from ducklake_kit.dynamic_tables import plan as planner
+from ducklake_kit.dynamic_tables.catalog import (
+    columns_of,
+    reflected,
+    refresh_commits,
+    snapshot_time,
+    snapshots_since,
+    table_ids_at,
+)
 from ducklake_kit.dynamic_tables.ddl import DIALECT
-from ducklake_kit.dynamic_tables.metadata import FAILED, NO_DATA, SUCCEEDED, Definition, Metadata, Refresh
+from ducklake_kit.dynamic_tables.metadata import (
+    FAILED,
+    FULL,
+    INCREMENTAL,
+    NO_DATA,
+    SUCCEEDED,
+    Definition,
+    Metadata,
+    Refresh,
+)
+from ducklake_kit.dynamic_tables.rewrite import sql, target
+from ducklake_kit.dynamic_tables.rules import Delta, Work
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.changes import change_counts, changes_sql
-from ducklake_kit.lake.sql import quote_ident, quote_literal, table_exists
+from ducklake_kit.lake.sql import quote_ident, quote_literal
 from ducklake_kit.lake.transactions import AUTHOR, commit_with, snapshot_of_token
 from ducklake_kit.platforms import postgres
 from ducklake_kit.platforms.report import Reporter
 
-FULL, INCREMENTAL, ADAPTIVE = "FULL", "INCREMENTAL", "ADAPTIVE"
 # ADAPTIVE refreshes in full when the change (rows added and removed, as the catalog's file counts give them) is over
 # this share of its sources' rows, else incrementally: the crossover `bench --suite dynamic` measures (its stream of
 # 1 % appends and one month replaced; docs/benchmarks.md has the figures: 3.7 % and "below 1 %" on a busy machine,
@@ -66,11 +84,6 @@ def lock_key(name: str) -> int:
     return LOCK_NAMESPACE | int.from_bytes(hashlib.blake2b(name.encode(), digest_size=6).digest(), "big")
 
 
-def target(lake: Lake, name: str) -> str:
-    schema, table = name.split(".")
-    return f"{quote_ident(lake.alias)}.{quote_ident(schema)}.{quote_ident(table)}"
-
-
 def parse_query(d: Definition) -> exp.Expression:
     return sqlglot.parse_one(d.query, read=DIALECT)
 
@@ -88,169 +101,6 @@ def named(query: exp.Expression, names: list[str]) -> exp.Expression:
     return out
 
 
-def sql(e: exp.Expression) -> str:
-    return e.sql(DIALECT)
-
-
-def lake_commits(lake: Lake, d: Definition, after: int | None = None) -> list[tuple[int, dict]]:
-    """(snapshot, commit_extra_info) of every committed refresh of this definition that records what it read,
-    oldest first; only commits after snapshot `after` are searched (the filter goes to PostgreSQL: the catalog
-    keeps every snapshot)."""
-    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
-    rows = lake.con.execute(
-        f"SELECT snapshot_id, commit_extra_info FROM {meta}.ducklake_snapshot_changes "
-        "WHERE snapshot_id > ? AND commit_extra_info IS NOT NULL ORDER BY snapshot_id",
-        [after if after is not None else -1],
-    ).fetchall()
-    return refresh_commits(rows, d)
-
-
-def refresh_commits(rows: list[tuple[int, str | None]], d: Definition) -> list[tuple[int, dict]]:
-    """Of (snapshot, commit_extra_info) rows in snapshot order, those of a committed refresh of `d` (`lake_commits`)."""
-    out = []
-    for snapshot, info in rows:
-        if info is None:
-            continue
-        try:
-            extra = json.loads(info)
-        except ValueError:  # another writer's own extra info
-            continue
-        if (
-            isinstance(extra, dict)
-            and extra.get("dynamic_table") == d.name
-            and extra.get("definition") == d.definition_id
-            and isinstance(extra.get("read"), int)
-        ):
-            out.append((int(snapshot), extra))
-    return out
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """One snapshot as the catalog keeps it: its commit time, the lake's schema version then, what it changed
-    (`changes_made`) and its commit_extra_info."""
-
-    id: int
-    time: datetime
-    version: int
-    changes: str | None
-    extra: str | None
-
-
-def snapshots_since(lake: Lake, since: int | None, now: int) -> list[Snapshot]:
-    """The snapshots after `since` up to `now` (all up to `now` when `since` is None; `now` always), oldest first,
-    in one round trip to PostgreSQL: what a refresh reads of the catalog before it knows what to do (its snapshot's
-    time and schema version, the refresh commits to recover, the changes to read), which took three catalog scans."""
-    lo = 0 if since is None else min(int(since) + 1, int(now))
-    text = (
-        "SELECT s.snapshot_id, s.snapshot_time, s.schema_version, c.changes_made, c.commit_extra_info "
-        "FROM public.ducklake_snapshot s LEFT JOIN public.ducklake_snapshot_changes c USING (snapshot_id) "
-        f"WHERE s.snapshot_id BETWEEN {lo} AND {int(now)} ORDER BY s.snapshot_id"
-    )
-    rows = lake.con.execute(
-        f"SELECT * FROM postgres_query({quote_literal(f'__ducklake_metadata_{lake.alias}')}, {quote_literal(text)})"
-    ).fetchall()
-    return [Snapshot(int(r[0]), r[1], int(r[2]), r[3], r[4]) for r in rows]
-
-
-def columns_of(lake: Lake, name: str) -> list[tuple[str, str]]:
-    """(column, DuckDB type) of lake table `schema.table` now, in order (names matched case-insensitively)."""
-    schema, table = name.split(".")
-    return [
-        (r[0], r[1])
-        for r in lake.con.execute(
-            "SELECT column_name, data_type FROM duckdb_columns() WHERE database_name = ? AND lower(schema_name) = ? "
-            "AND lower(table_name) = ? ORDER BY column_index",
-            [lake.alias, schema.lower(), table.lower()],
-        ).fetchall()
-    ]
-
-
-def analyze(lake: Lake, query: exp.Expression, name: str, columns: list[str]) -> planner.Plan:
-    """The plan of a dynamic table's query, with the types of its result (as table `name` has them, when it
-    exists) and its sources' columns (a GROUP BY name that is a column means the column; a WITH clause is inlined
-    with them)."""
-    return planner.analyze(
-        query, columns, lake.alias, types=dict(columns_of(lake, name)), schema=source_schema(lake, query)
-    )
-
-
-def source_schema(lake: Lake, query: exp.Expression) -> dict[str, dict[str, str]]:
-    """Each lake table the query reads (`schema.table`) -> its columns and their DuckDB types, as they are now."""
-    return {s: dict(columns_of(lake, s)) for s in planner.all_sources(query, lake.alias)}
-
-
-def table_ids_at(lake: Lake, source: str, snapshots: tuple[int, int]) -> tuple[int | None, int | None]:
-    """The catalog's id of table `source` at each of two snapshots (None: no such table then), in one query. A table
-    dropped and created again under the same name has a new id, and its change feed knows nothing of the old one's
-    rows."""
-    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
-    schema, table = source.split(".")
-    at = f"""
-        (SELECT t.table_id FROM {meta}.ducklake_table t JOIN {meta}.ducklake_schema s USING (schema_id)
-         WHERE lower(s.schema_name) = $1 AND lower(t.table_name) = $2
-           AND t.begin_snapshot <= {{n}} AND (t.end_snapshot IS NULL OR t.end_snapshot > {{n}})
-           AND s.begin_snapshot <= {{n}} AND (s.end_snapshot IS NULL OR s.end_snapshot > {{n}}))"""
-    a, b = (int(n) for n in snapshots)
-    row = lake.con.execute(f"SELECT {at.format(n=a)}, {at.format(n=b)}", [schema.lower(), table.lower()]).fetchone()
-    return (int(row[0]) if row[0] is not None else None, int(row[1]) if row[1] is not None else None)
-
-
-def reflected(lake: Lake, d: Definition, commits: list[tuple[int, dict]] | None = None) -> int | None:
-    """The snapshot of the sources the table reflects now: the later of the metadata's record and the lake's
-    (`commits`: `lake_commits(lake, d, d.data_snapshot)` when the caller has read them already)."""
-    if commits is None:
-        commits = lake_commits(lake, d, d.data_snapshot)
-    recorded = [s for s in (d.data_snapshot, commits[-1][1]["read"] if commits else None) if s is not None]
-    return max(recorded) if recorded else None
-
-
-def snapshot_time(lake: Lake, snapshot: int) -> datetime:
-    return snapshot_at(lake, snapshot)[0]
-
-
-def snapshot_at(lake: Lake, snapshot: int) -> tuple[datetime, int]:
-    """The snapshot's commit time and the lake's schema version then (it changes with every CREATE, ALTER, DROP)."""
-    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
-    row = lake.con.execute(
-        f"SELECT snapshot_time, schema_version FROM {meta}.ducklake_snapshot WHERE snapshot_id = ?", [snapshot]
-    ).fetchone()
-    return row[0], int(row[1])
-
-
-def _positional(query: exp.Expression, names: list[str], alias: str = "__b") -> exp.Select:
-    """The query's rows under the table's column names, by position (a union's branches name theirs as they like)."""
-    columns = [exp.to_identifier(n, quoted=True) for n in names]
-    return exp.select("*").from_(
-        exp.Subquery(this=query, alias=exp.TableAlias(this=exp.to_identifier(alias), columns=columns))
-    )
-
-
-@dataclass
-class Delta:
-    """The sources' net changes one refresh reads: per source the temporary tables of the rows it lost (`pre`) and
-    gained (`post`) and how many of each, between snapshots `prev` and `now`."""
-
-    pre: dict[str, str]
-    post: dict[str, str]
-    counts: dict[str, tuple[int, int]]
-    prev: int
-    now: int
-
-    def terms(self, branch: planner.Plan, lake_alias: str, gained: bool, at: int | None = None) -> list[exp.Select]:
-        """The branch's query once per occurrence of a changed source, that occurrence read from the lost
-        (`gained` False) or gained rows; the other occurrences at `at`, or by the delta rule (earlier ones at
-        `prev`, later ones at `now`) when `at` is None."""
-        images = self.post if gained else self.pre
-        out = []
-        for o in branch.occurrences:
-            if self.counts[o.source][1 if gained else 0]:
-                bound = {o.index: planner.temp_table(images[o.source], o.ref)}
-                before, after = (at, at) if at is not None else (self.prev, self.now)
-                out.append(planner.term(branch.query, lake_alias, bound, before, after))
-        return out
-
-
 @dataclass
 class Copy:
     """A small source's rows in temporary table `name`, right for every snapshot from the one it was made at up
@@ -258,16 +108,6 @@ class Copy:
 
     name: str
     through: int
-
-
-@dataclass
-class Work:
-    """What one refresh decided and did."""
-
-    mode: str
-    reason: str
-    inserted: int = 0
-    deleted: int = 0
 
 
 # the phases of one refresh, in the order they run (`Refresh.phases`, milliseconds each)
@@ -334,7 +174,7 @@ class Refresher:
 
     # ---- the lake side ---------------------------------------------------------------------------------------
 
-    def _temp(self, name: str, query: str) -> int:
+    def temp(self, name: str, query: str) -> int:
         """Temporary table `name` made from `query`; its rows (CREATE TABLE AS says how many it wrote)."""
         self._made.add(name)
         return int(self.con.execute(f"CREATE OR REPLACE TEMP TABLE {quote_ident(name)} AS {query}").fetchone()[0])
@@ -400,7 +240,7 @@ class Refresher:
                 copy = self._make_copy(o.source, table_id, now)
                 if copy is None:
                     continue
-            out[o.index] = planner.temp_table(copy.name, o.ref)
+            out[o.index] = rewrite.temp_table(copy.name, o.ref)
         self.copied = len(out)
         return out
 
@@ -415,7 +255,7 @@ class Refresher:
         name = f"__dt_copy_{self._tag}_{table_id}"
         schema, table = source.split(".")
         pinned = f"{quote_ident(self.lake.alias)}.{quote_ident(schema)}.{quote_ident(table)} AT (VERSION => {now})"
-        rows = self._temp(name, f"SELECT * FROM {pinned} LIMIT {COPY_ROWS + 1}")
+        rows = self.temp(name, f"SELECT * FROM {pinned} LIMIT {COPY_ROWS + 1}")
         if rows > COPY_ROWS:
             self._drop_temps([name])
             self._too_big.add(table_id)
@@ -445,9 +285,9 @@ class Refresher:
         if how == feed.INSERTS:
             schema, table = source.split(".")
             args = f"{quote_literal(self.lake.alias)}, {quote_literal(schema)}, {quote_literal(table)}, {start}, {end}"
-            return 0, self._temp(post, f"SELECT {cols} FROM ducklake_table_insertions({args})")
+            return 0, self.temp(post, f"SELECT {cols} FROM ducklake_table_insertions({args})")
         feed_table = f"{pre}_feed"
-        self._temp(
+        self.temp(
             feed_table, f"SELECT {cols}, change_type AS __change FROM {changes_sql(self.lake, source, start, end)}"
         )
         qfeed = f"temp.main.{quote_ident(feed_table)}"
@@ -470,13 +310,13 @@ class Refresher:
             lost_sql = f"SELECT {cols} FROM {qfeed} WHERE __change IN ({', '.join(map(quote_literal, PRE))})"
             gained_sql = f"SELECT {cols} FROM {qfeed} WHERE __change IN ({', '.join(map(quote_literal, POST))})"
             return (
-                self._temp(pre, f"{lost_sql} EXCEPT ALL {gained_sql}"),
-                self._temp(post, f"{gained_sql} EXCEPT ALL {lost_sql}"),
+                self.temp(pre, f"{lost_sql} EXCEPT ALL {gained_sql}"),
+                self.temp(post, f"{gained_sql} EXCEPT ALL {lost_sql}"),
             )
         finally:
             self._drop_temps([feed_table])
 
-    def _read_columns(self, source: str, select: exp.Select, plan: planner.Plan) -> list[str]:
+    def read_columns(self, source: str, select: exp.Select, plan: planner.Plan) -> list[str]:
         """The source's columns the query reads: those it names (unqualified, or qualified by one of the source's
         names in the query). All of them whenever that cannot be told for sure: a `*` or COLUMNS(...) (COUNT(*)
         aside), a USING join, a table's name used as a value (the whole row as a struct), a dotted name whose
@@ -565,8 +405,8 @@ class Refresher:
             self._made.discard(copy.name)
         self._pending.clear()
 
-    def _full(self, query: exp.Expression, snapshot: int, reason: str) -> tuple[Work, list]:
-        new = sql(planner.pinned(query, self.lake.alias, snapshot))
+    def full(self, query: exp.Expression, snapshot: int, reason: str) -> tuple[Work, list]:
+        new = sql(rewrite.pinned(query, self.lake.alias, snapshot))
         return Work(FULL, reason), [("delete_all", None), ("insert", new)]
 
     def decide(
@@ -582,7 +422,7 @@ class Refresher:
         `changed`: `feed.changed` of them, when the caller has read it."""
         prev, now = span
         if prev is None:
-            return self._full(query, now, "INITIAL: the first refresh")
+            return self.full(query, now, "INITIAL: the first refresh")
         if changed is not None and changed.rows_only:  # no table made, dropped or altered since: same ids at both
             ids, replaced = {s: self._table_id(s, now) for s in plan.sources}, []
         else:
@@ -590,7 +430,7 @@ class Refresher:
             ids = {s: at_now for s, (_, at_now) in both.items()}
             replaced = [s for s, (at_prev, at_now) in both.items() if at_prev != at_now]
         if replaced:  # dropped and created again: its change feed knows nothing of the old table's rows
-            return self._full(
+            return self.full(
                 query, now, f"SOURCE_REPLACED: {', '.join(replaced)} is not the table it was at snapshot {prev}"
             )
         if changed is None:
@@ -601,7 +441,7 @@ class Refresher:
             if untouched or not self.sources_changed(plan.sources, prev + 1, now):
                 return None
             why = "REFRESH_MODE = FULL" if d.refresh_mode == FULL else plan.explain()
-            return self._full(query, now, why)
+            return self.full(query, now, why)
         note = None
         if adaptive(d.refresh_mode):  # the choice, made from the catalog before any change feed is read
             tables = [i for i in ids.values() if i is not None]
@@ -616,7 +456,7 @@ class Refresher:
                     " in data files" if est.rows < est.changed else ""
                 )
                 if est.share > self.crossover and est.changed > self.small_change:
-                    return self._full(query, now, f"ADAPTIVE chose full: {how}, over {self.crossover:.0%}")
+                    return self.full(query, now, f"ADAPTIVE chose full: {how}, over {self.crossover:.0%}")
                 small = f" or at most {self.small_change:,} rows" if est.share > self.crossover else ""
                 note = f"ADAPTIVE chose incremental: {how}, at most {self.crossover:.0%}{small}"
         decided = self._incremental(d, query, plan, (prev, now), changed, ids, temps)
@@ -639,7 +479,7 @@ class Refresher:
         prev, now = span
         select = named(plan.query, d.columns) if plan.query is not None else query  # CTEs inlined
         if d.immutable_where and isinstance(select, exp.Select):  # the immutable region is neither read nor written
-            select = planner.mutable_only(select, d.immutable_where, plan)
+            select = rewrite.mutable_only(select, d.immutable_where, plan)
         pre: dict[str, str] = {}
         post: dict[str, str] = {}
         counts: dict[str, tuple[int, int]] = {}
@@ -654,7 +494,7 @@ class Refresher:
                         now,
                         pre[source],
                         post[source],
-                        self._read_columns(source, select, plan),
+                        self.read_columns(source, select, plan),
                         changed.of(ids[source]),
                     )
         except duckdb.Error as exc:
@@ -664,13 +504,13 @@ class Refresher:
                     f"the change feed of {d.name}'s sources cannot be read ({first_line(exc)})",
                     "re-create it with REFRESH_MODE = ADAPTIVE or FULL (CREATE OR REPLACE DYNAMIC TABLE ...)",
                 ) from None
-            return self._full(query, now, f"CHANGE_FEED_UNREADABLE: {first_line(exc)}")
+            return self.full(query, now, f"CHANGE_FEED_UNREADABLE: {first_line(exc)}")
         if not any(a or b for a, b in counts.values()):
             return None
         if multiplicity.counted(plan, d):
-            return self._counted(d, query, plan, Delta(pre, post, counts, prev, now), temps)
+            return rules.counted(self, d, query, plan, Delta(pre, post, counts, prev, now), temps)
         if plan.kind == planner.UNION:
-            return self._union(d, query, plan, Delta(pre, post, counts, prev, now), temps)
+            return rules.union(self, d, query, plan, Delta(pre, post, counts, prev, now), temps)
         insert_only = not any(a for a, _ in counts.values())
 
         same = self._copies_for(plan, select, counts, ids, now)
@@ -679,8 +519,8 @@ class Refresher:
             out = []
             for o in plan.occurrences:
                 if counts[o.source][0 if images is pre else 1]:
-                    bound = {o.index: planner.temp_table(images[o.source], o.ref)}
-                    out.append(planner.term(select, self.lake.alias, bound, before, after, same))
+                    bound = {o.index: rewrite.temp_table(images[o.source], o.ref)}
+                    out.append(rewrite.term(select, self.lake.alias, bound, before, after, same))
             return out
 
         if plan.kind == planner.ROWS and insert_only and not plan.outer and not plan.derived:
@@ -691,257 +531,36 @@ class Refresher:
         if plan.kind == planner.AGGREGATE and insert_only and plan.merge is not None and not d.immutable_where:
             gained = terms(post, prev, now)
             self.terms = len(gained)
-            return self._merge(d, plan, gained, temps)
+            return rules.merge(self, d, plan, gained, temps)
         # affected keys: pre-images against the old snapshot, post-images against the new one
         keys = plan.keys if plan.keyed else [planner.Key(c, exp.column(c, "__q", quoted=True)) for c in plan.columns]
         if plan.derived:  # the query over the derived rows a change touches, as they were and are
-            touched = self._derived_rows(select, plan, Delta(pre, post, counts, prev, now), temps)
+            touched = rules.derived_rows(self, select, plan, Delta(pre, post, counts, prev, now), temps)
         elif plan.outer:  # the result rows of the kept tables' rows a change reaches, as they were and are
-            touched = self._outer_rows(select, plan, Delta(pre, post, counts, prev, now), temps)
+            touched = rules.outer_rows(self, select, plan, Delta(pre, post, counts, prev, now), temps)
             if not touched:
                 return None
         else:
             touched = terms(pre, prev, prev) + terms(post, now, now)
         if plan.keyed:
-            affected_sql = " UNION ".join(sql(planner.key_select(t, keys)) for t in touched)
+            affected_sql = " UNION ".join(sql(rewrite.key_select(t, keys)) for t in touched)
         else:  # the affected rows, compared whole: their columns become the keys __k0, __k1, ...
             union = " UNION ".join(sql(p) for p in touched)
-            renamed = ", ".join(f"{quote_ident(k.column)} AS {planner.key_column(i)}" for i, k in enumerate(keys))
+            renamed = ", ".join(f"{quote_ident(k.column)} AS {rewrite.key_column(i)}" for i, k in enumerate(keys))
             affected_sql = f"SELECT DISTINCT {renamed} FROM ({union}) AS __a"
-        affected = self._temp("__dt_keys", affected_sql)
+        affected = self.temp("__dt_keys", affected_sql)
         temps.append("__dt_keys")
         what = {planner.AGGREGATE: "groups", planner.WINDOW: "partitions"}.get(plan.kind, "distinct rows")
         if plan.keyed:
-            new = sql(planner.restricted(planner.pinned(select, self.lake.alias, now), keys, "__dt_keys"))
+            new = sql(rewrite.restricted(rewrite.pinned(select, self.lake.alias, now), keys, "__dt_keys"))
         else:
-            inner = planner.pinned(select, self.lake.alias, now).subquery("__q")
-            new = sql(planner.restricted(exp.select("*").from_(inner), keys, "__dt_keys"))
+            inner = rewrite.pinned(select, self.lake.alias, now).subquery("__q")
+            new = sql(rewrite.restricted(exp.select("*").from_(inner), keys, "__dt_keys"))
         statements = [
-            ("delete_keys", ("__dt_keys", [(k.column, planner.key_column(i)) for i, k in enumerate(keys)])),
+            ("delete_keys", ("__dt_keys", [(k.column, rewrite.key_column(i)) for i, k in enumerate(keys)])),
             ("insert", new),
         ]
         return Work(INCREMENTAL, f"{affected} affected {what} recomputed"), statements
-
-    def _outer_rows(self, select: exp.Select, plan: planner.Plan, delta: Delta, temps: list[str]) -> list:
-        """Over LEFT JOINs and semi/anti joins every result row belongs to one row of the first table (never
-        padded): the rows of that table a change reaches (its own lost and gained rows; the rows joined to another
-        table's changed rows, or correlated with a subquery's changed rows, read as they were for lost rows and as
-        they are for gained ones) go to temporary table `__dt_outer0` (as the columns the query reads); the query
-        with its first table read from there, at both snapshots, gives every result row that went or came,
-        NULL-padded ones included. A FULL JOIN of two tables does the same from both sides: the second table's
-        reached rows go to `__dt_outer1`, read through the query made a RIGHT JOIN (the first side's through a
-        LEFT one), so the rows padded on either side are found from the row that is kept."""
-        sides = [0, 1] if plan.two_sided else [0]
-        out = []
-        for side in sides:
-            occ = plan.occurrences[side]
-            columns = self._read_columns(occ.source, select, plan)
-            projected = [exp.column(c, occ.ref, quoted=True) for c in columns]
-            parts = []
-            parts += [
-                f"SELECT {', '.join(quote_ident(c) for c in columns)} FROM temp.main.{quote_ident(t[occ.source])}"
-                for t, n in zip((delta.pre, delta.post), delta.counts[occ.source])
-                if n
-            ]
-            for o in plan.occurrences:
-                if o.index == side:
-                    continue
-                for images, kind, at in ((delta.pre, 0, delta.prev), (delta.post, 1, delta.now)):
-                    if delta.counts[o.source][kind]:
-                        bound = (o.index, planner.temp_table(images[o.source], o.ref))
-                        parts.append(sql(planner.preserved_rows(select, self.lake.alias, bound, at, projected)))
-            for j, c in enumerate(plan.semi):
-                sub = planner.semi_subquery(c)
-                [t] = planner._from_tables(sub)
-                source = planner.source_name(t, self.lake.alias)
-                for images, kind, at in ((delta.pre, 0, delta.prev), (delta.post, 1, delta.now)):
-                    if delta.counts[source][kind]:
-                        bound = planner.temp_table(images[source], t.alias_or_name)
-                        parts.append(sql(planner.reached_by_subquery(select, self.lake.alias, j, bound, at, projected)))
-            name = f"__dt_outer{side}"
-            temps.append(name)
-            if not parts:
-                continue
-            self._temp(name, " UNION ".join(parts))
-            query = planner.one_sided(select, "RIGHT" if side else "LEFT") if plan.two_sided else select
-            reached = {side: planner.temp_table(name, occ.ref)}
-            out += [planner.term(query, self.lake.alias, reached, at, at) for at in (delta.prev, delta.now)]
-        return out
-
-    def _derived_rows(self, select: exp.Select, plan: planner.Plan, delta: Delta, temps: list[str]) -> list:
-        """A query over one derived table: that table's rows a change touches, as they were (at the old snapshot, from
-        the rows lost) and as they are (at the new one, from the rows gained), each branch of its UNION ALL on its
-        own: a rows branch's changed rows (its delta terms), an aggregate branch's affected groups (read whole at
-        that snapshot), nothing from an unchanged branch. The query read over each gives the result rows (or
-        groups) that may have changed."""
-        alias, out = self.lake.alias, []
-        keys: dict[int, str] = {}
-        for j, b in enumerate(plan.branches):
-            if b.kind == planner.AGGREGATE and any(any(delta.counts[o.source]) for o in b.occurrences):
-                keys[j] = f"__dt_dkeys{j}"
-                temps.append(keys[j])
-                lost_and_gained = delta.terms(b, alias, False, at=delta.prev) + delta.terms(
-                    b, alias, True, at=delta.now
-                )
-                self._temp(keys[j], " UNION ".join(sql(planner.key_select(t, b.keys)) for t in lost_and_gained))
-        for at, gained in ((delta.prev, False), (delta.now, True)):
-            q = select.copy()
-            for j, (node, b) in enumerate(zip(planner.derived_branches(q), plan.branches)):
-                if j in keys:
-                    new = planner.restricted(planner.pinned(b.query, alias, at), b.keys, keys[j])
-                elif b.kind == planner.ROWS and (terms := delta.terms(b, alias, gained, at=at)):
-                    union = " UNION ALL ".join(sql(t) for t in terms)
-                    new = sqlglot.parse_one(f"SELECT * FROM ({union}) AS __t{j}", read=DIALECT)
-                else:  # no change in this branch (on this side)
-                    new = planner.pinned(b.query, alias, at).where("FALSE")
-                node.replace(new)
-            out.append(q)
-        return out
-
-    def _union(
-        self, d: Definition, query: exp.Expression, plan: planner.Plan, delta: Delta, temps: list[str]
-    ) -> tuple[Work, list]:
-        """A UNION [ALL] (or SELECT DISTINCT), branch by branch: only branches whose sources changed give terms.
-        Inserts into rows branches are appended (or, for a distinct result, added where not there yet); otherwise
-        the affected rows, compared whole, are deleted and read again from the whole query, so every copy of such a
-        row is counted afresh over all branches."""
-        alias, names, tgt = self.lake.alias, plan.columns, target(self.lake, d.name)
-        changed = [b for b in plan.branches if any(any(delta.counts[o.source]) for o in b.occurrences)]
-        of = f"{len(changed)} of {len(plan.branches)} branch{'es' if len(plan.branches) > 1 else ''} changed"
-        insert_only = not any(a for a, _ in delta.counts.values())
-        if insert_only and all(b.kind == planner.ROWS and (plan.distinct or not b.distinct) for b in changed):
-            new = " UNION ALL ".join(sql(_positional(t, names)) for b in changed for t in delta.terms(b, alias, True))
-            if plan.distinct:  # EXCEPT is a set difference: each new row once, and none the table has already
-                new = f"SELECT * FROM ({new}) AS __n EXCEPT SELECT * FROM {tgt}"
-                return Work(INCREMENTAL, f"inserts added where new ({of})"), [("insert", new)]
-            return Work(INCREMENTAL, f"inserts appended ({of})"), [("insert", new)]
-        parts: list[exp.Select] = []
-        for j, b in enumerate(changed):
-            before = delta.terms(b, alias, False, at=delta.prev) + delta.terms(b, alias, True, at=delta.now)
-            if b.kind == planner.ROWS:  # its rows that went and came, as they were and are
-                parts += [_positional(t, names) for t in before]
-                continue
-            keys_table = f"__dt_keys_b{j}"  # its affected groups' rows, as they were and are
-            temps.append(keys_table)
-            self._temp(keys_table, " UNION ".join(sql(planner.key_select(t, b.keys)) for t in before))
-            for snapshot in (delta.prev, delta.now):
-                grouped = planner.restricted(planner.pinned(b.query, alias, snapshot), b.keys, keys_table)
-                parts.append(_positional(grouped, names))
-        renamed = ", ".join(f"{quote_ident(c)} AS {planner.key_column(i)}" for i, c in enumerate(names))
-        union = " UNION ".join(sql(p) for p in parts)
-        affected = self._temp("__dt_keys", f"SELECT DISTINCT {renamed} FROM ({union}) AS __a")
-        temps.append("__dt_keys")
-        keys = [planner.Key(c, exp.column(c, "__q", quoted=True)) for c in names]
-        whole = _positional(planner.pinned(plan.query, alias, delta.now), names, "__q").args["from_"].this
-        new = sql(planner.restricted(exp.select("*").from_(whole), keys, "__dt_keys"))
-        statements = [("delete_keys", ("__dt_keys", [(c, planner.key_column(i)) for i, c in enumerate(names)]))]
-        return Work(INCREMENTAL, f"{affected} affected distinct rows recomputed ({of})"), [*statements, ("insert", new)]
-
-    def _counted(
-        self, d: Definition, query: exp.Expression, plan: planner.Plan, delta: Delta, temps: list[str]
-    ) -> tuple[Work, list] | None:
-        """A UNION or SELECT DISTINCT through its multiplicity counts (see `counts`): the change of each row's count
-        from the changed branches' delta terms, added to the side table's counts; rows whose count left 0 are
-        added, rows whose count went back to 0 deleted. The side table is built first when missing, at the
-        snapshot the table reflects."""
-        alias, names = self.lake.alias, plan.columns
-        side = multiplicity.side_table(alias, d)
-        branches = multiplicity.branches_all(plan)
-        changed = [b for b in branches if any(any(delta.counts[o.source]) for o in b.occurrences)]
-        of = f"{len(changed)} of {len(branches)} branch{'es' if len(branches) > 1 else ''} changed"
-        cols = ", ".join(quote_ident(c) for c in names)
-        built = ""
-        if not table_exists(self.con, alias, multiplicity.SCHEMA, multiplicity.side_name(d)):
-            self.con.execute(f"CREATE SCHEMA IF NOT EXISTS {quote_ident(alias)}.{quote_ident(multiplicity.SCHEMA)}")
-            every = " UNION ALL ".join(
-                sql(_positional(planner.pinned(b.query, alias, delta.prev), names)) for b in branches
-            )
-            self.con.execute(
-                f"CREATE TABLE {side} AS SELECT {cols}, count(*) AS {multiplicity.COUNT} FROM ({every}) AS __a GROUP BY ALL"
-            )
-            built = f"; the counts built at snapshot {delta.prev}"
-        signed = [
-            f"SELECT *, {sign} AS __dt_d FROM ({sql(_positional(t, names))}) AS __s"
-            for gained, sign in ((True, 1), (False, -1))
-            for b in changed
-            for t in delta.terms(b, alias, gained)
-        ]
-        rows = self._temp(
-            "__dt_mult",
-            f"SELECT {cols}, sum(__dt_d) AS __dt_d FROM ({' UNION ALL '.join(signed)}) AS __x GROUP BY ALL "
-            "HAVING sum(__dt_d) <> 0",
-        )
-        temps.append("__dt_mult")
-        if not rows:  # the copies that came and went cancel out
-            return None
-        dcols = ", ".join(f"__d.{quote_ident(c)}" for c in names)
-        old = f"coalesce(__o.{multiplicity.COUNT}, 0)"
-        self._temp(
-            "__dt_counts",
-            f"SELECT {dcols}, {old} AS __dt_old, {old} + __d.__dt_d AS __dt_new FROM temp.main.__dt_mult AS __d "
-            f"LEFT JOIN {side} AS __o ON {multiplicity.matched('__d', '__o', names)}",
-        )
-        temps.append("__dt_counts")
-        below, added, gone = self.con.execute(
-            "SELECT count(*) FILTER (__dt_new < 0), count(*) FILTER (__dt_old = 0 AND __dt_new > 0), "
-            "count(*) FILTER (__dt_old > 0 AND __dt_new = 0) FROM temp.main.__dt_counts"
-        ).fetchone()
-        if below:  # more copies lost than the counts had: they are wrong, so the table is made again in full
-            return self._full(query, delta.now, f"MULTIPLICITY_BELOW_ZERO: {below} rows' counts went below 0")
-        statements: list = [
-            (
-                "side",
-                f"DELETE FROM {side} USING temp.main.__dt_counts AS __k WHERE {multiplicity.matched(side, '__k', names)}",
-            ),
-            ("side", f"INSERT INTO {side} SELECT {cols}, __dt_new FROM temp.main.__dt_counts WHERE __dt_new > 0"),
-        ]
-        if gone:
-            self._temp("__dt_gone", f"SELECT {cols} FROM temp.main.__dt_counts WHERE __dt_old > 0 AND __dt_new = 0")
-            temps.append("__dt_gone")
-            statements.append(("delete_keys", ("__dt_gone", [(c, c) for c in names])))
-        if added:
-            statements.append(
-                ("insert", f"SELECT {cols} FROM temp.main.__dt_counts WHERE __dt_old = 0 AND __dt_new > 0")
-            )
-        reason = f"multiplicity counts: {rows} rows' counts changed, {added} rows added, {gone} removed ({of}{built})"
-        return Work(INCREMENTAL, reason), statements
-
-    def _merge(self, d: Definition, plan: planner.Plan, terms: list[exp.Select], temps: list[str]) -> tuple[Work, list]:
-        """Insert-only changes to a SUM/COUNT/MIN/MAX aggregate: each touched group's new value from its old row
-        and the aggregates of the new rows alone."""
-        keys = [quote_ident(k.column) for k in plan.keys]
-        combine = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}
-        cols = ", ".join(
-            keys + [f"{combine[m.function]}({quote_ident(m.column)}) AS {quote_ident(m.column)}" for m in plan.merge]
-        )
-        union = " UNION ALL ".join(sql(t) for t in terms)
-        on = " AND ".join(f"__d.{k} IS NOT DISTINCT FROM __o.{k}" for k in keys) or "TRUE"
-        merged = {
-            "sum": "CASE WHEN __o.{c} IS NULL THEN __d.{c} WHEN __d.{c} IS NULL THEN __o.{c} "
-            "ELSE __o.{c} + __d.{c} END",
-            "count": "coalesce(__o.{c}, 0) + __d.{c}",
-            "min": "least(__o.{c}, __d.{c})",
-            "max": "greatest(__o.{c}, __d.{c})",
-        }
-        how = {m.column: merged[m.function] for m in plan.merge}
-        select = ", ".join(
-            f"{how[c].format(c=quote_ident(c)) if c in how else f'__d.{quote_ident(c)}'} AS {quote_ident(c)}"
-            for c in plan.columns
-        )
-        # the new rows' aggregates and each touched group's old row, in one statement (one temporary table)
-        new = (
-            f"SELECT {select} FROM (SELECT {cols} FROM ({union}) AS __n GROUP BY ALL) AS __d "
-            f"LEFT JOIN {target(self.lake, d.name)} AS __o ON {on}"
-        )
-        groups = self._temp("__dt_merged", new)
-        temps.append("__dt_merged")
-        return (
-            Work(INCREMENTAL, f"inserts merged into {groups} groups"),
-            [
-                ("delete_keys", ("__dt_merged", [(k.column, k.column) for k in plan.keys])),
-                ("insert", "SELECT * FROM temp.main.__dt_merged"),
-            ],
-        )
 
     def apply(self, d: Definition, work: Work, statements: list, read: int, trigger: str = "manual") -> int | None:
         """The deletes and inserts in one lake transaction; the snapshot it made."""
@@ -1045,7 +664,7 @@ class Refresher:
         """The query still binds at `now`, with the table's columns: a source's schema may have changed without any
         row changing (a renamed or dropped column), and the change feed alone would not say so."""
         try:
-            described = self.con.execute(f"DESCRIBE {sql(planner.pinned(query, self.lake.alias, now))}").fetchall()
+            described = self.con.execute(f"DESCRIBE {sql(rewrite.pinned(query, self.lake.alias, now))}").fetchall()
         except duckdb.Error as exc:
             raise KitError(
                 f"the query of {d.name} fails at snapshot {now}: {first_line(exc)}",

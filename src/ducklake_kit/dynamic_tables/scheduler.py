@@ -21,8 +21,9 @@ import duckdb
 import psycopg
 
 from ducklake_kit.dynamic_tables import manage
+from ducklake_kit.dynamic_tables.catalog import reflected, snapshot_time
 from ducklake_kit.dynamic_tables.metadata import ACTIVE, Definition, Metadata, Refresh
-from ducklake_kit.dynamic_tables.refresh import Refresher, reflected, snapshot_time
+from ducklake_kit.dynamic_tables.refresh import Refresher
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake
 
