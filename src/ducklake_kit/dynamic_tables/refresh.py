@@ -513,9 +513,11 @@ class Refresher:
             return rules.union(self, d, query, plan, Delta(pre, post, counts, prev, now), temps)
         insert_only = not any(a for a, _ in counts.values())
 
-        same = self._copies_for(plan, select, counts, ids, now)
+        same: dict[int, exp.Table] = {}  # the unchanged sources read from copies, made when a term first needs them
 
         def terms(images: dict[str, str], before: int, after: int) -> list[exp.Select]:
+            if not same:
+                same.update(self._copies_for(plan, select, counts, ids, now))
             out = []
             for o in plan.occurrences:
                 if counts[o.source][0 if images is pre else 1]:
@@ -629,6 +631,9 @@ class Refresher:
         failed, between the commit and its record): SUCCEEDED, with what their commit says (what they read, their
         mode and trigger when the commit names them) and the rows the target's change feed shows at that snapshot.
         Run under the table's lock, before the next refresh; `commits`: `lake_commits(lake, d, d.data_snapshot)`."""
+        # a commit that read no later than the recorded snapshot is recorded: that snapshot moves only when a refresh
+        # is recorded, after this ran for every commit before it (so the usual case asks PostgreSQL nothing)
+        commits = [c for c in commits if d.data_snapshot is None or c[1]["read"] > d.data_snapshot]
         if not commits:
             return []
         known = self.meta.commit_snapshots(d.name, d.definition_id, commits[0][0])
