@@ -17,6 +17,7 @@ import pwd
 import secrets
 import shutil
 import sys
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -101,12 +102,23 @@ class _Assets(HTMLParser):
         self.paths += [v for k, v in attrs if k in ("src", "href") and v and v.startswith("/_nicegui/")]
 
 
+def _warmed(port: int, token: str) -> bool:
+    """The server made its first connections to the plane and the lake (or found it could not)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{HEALTH_PATH}", headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(req, timeout=2) as resp:
+        return json.loads(resp.read()).get("warm") is True
+
+
 def _warm(port: int, token: str) -> None:
-    """The Query page and the files it loads, asked for once before the URL is printed: a server's first page costs
-    it its first page build (NiceGUI's templates and elements, this server's imports: 0.5-1.5 s here under load),
-    which the user's first visit would otherwise wait for. Best effort: the health check proved the server answers."""
+    """Before the URL is printed: the server's own first connections to the plane and the lake (seconds of CPU that
+    would slow the first page), then the Query page and the files it loads, asked for once (a server's first page
+    build: NiceGUI's templates and elements, this server's imports, 0.5-1.5 s here under load). Best effort: the
+    health check proved the server answers, and a page says itself what is wrong."""
     headers = {"Authorization": f"token {token}"}
+    deadline = time.monotonic() + READY_TIMEOUT_S
     try:
+        while not _warmed(port, token) and time.monotonic() < deadline:
+            time.sleep(0.1)
         with urllib.request.urlopen(
             urllib.request.Request(f"http://127.0.0.1:{port}/", headers=headers), timeout=30
         ) as r:
@@ -117,7 +129,7 @@ def _warm(port: int, token: str) -> None:
                 urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers), timeout=30
             ) as r:
                 r.read()
-    except (OSError, urllib.error.URLError):
+    except (OSError, ValueError):  # urllib's errors are OSErrors; ValueError: a health answer that is not JSON
         pass  # the page says what is wrong when the user opens it
 
 
