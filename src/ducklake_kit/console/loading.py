@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -141,6 +142,7 @@ class Loads:
         self.endpoints = endpoints
         self._lock = threading.Lock()
         self._job: LoadJob | None = None
+        self._proc: subprocess.Popen | None = None
         self._starting = False
 
     def current(self) -> LoadJob | None:
@@ -161,11 +163,25 @@ class Loads:
             check_files(files)
             job = LoadJob([str(f) for f in files], mode)
             proc = self._spawn(job)
-            self._job = job
+            self._job, self._proc = job, proc
         finally:
             self._starting = False
         threading.Thread(target=self._follow, args=(job, proc), name=f"load {job.id}", daemon=True).start()
         return job
+
+    def stop(self) -> None:
+        """End a running load with the console (`down`, a restart): SIGTERM to its process group, its Spark with it.
+        The load commits one snapshot or nothing, so the lake stays as it was; its unregistered files are a dead
+        load's (`maintain --dead-loads`)."""
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait(20)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def _busy(self) -> KitError:
         job = self._job
@@ -217,7 +233,13 @@ class Loads:
             job.envelope = json.loads("".join(out)) if "".join(out).strip() else None
         except ValueError:
             job.envelope = None
-        if job.envelope is None:
+        if job.envelope is None and code < 0:
+            job.error = KitError(
+                f"the load was stopped (signal {-code}) before it printed its result: it committed one snapshot or "
+                "nothing",
+                "see the Lake page's timeline for a snapshot naming the load, and start it again if there is none",
+            ).line()
+        elif job.envelope is None:
             job.error = f"Error: the load ended with exit code {code} and no result. Try: read {self.folder}/logs"
         elif job.envelope.get("status") == "error" and "error" in job.result:
             job.error = str(job.result["error"])

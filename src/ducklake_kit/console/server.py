@@ -50,6 +50,8 @@ def main(folder: str) -> None:
             warmed.set()
 
     app.on_startup(lambda: background_tasks.create(warm(), name="warm the connections"))
+    if backend.loads is not None:
+        app.on_shutdown(backend.loads.stop)  # a load the Load page started ends with the console, lake unchanged
     app.add_middleware(TokenGate, token=token, port=port)
     ui.run(
         host="127.0.0.1",
