@@ -285,3 +285,41 @@ def test_a_promote_of_an_environment_with_a_failed_node_is_refused(env, cli):
         "--from-failed`), then promote."
     ]
     assert env.snapshot() == first and env.prod() == before
+
+
+def test_a_promote_takes_whole_runs_only(env, cli):
+    """A run of the environment in progress (its lock held, as a run holds it) refuses the promote; a dev table
+    written after the last recorded run (what a run stopped midway leaves: its finished nodes committed, no history)
+    refuses it, naming the table; a promote in progress refuses a run. Each refusal changes nothing."""
+    e = f"w{env.s[-6:]}"
+    env.run()
+    assert statuses(env.run(env=e)) == dict.fromkeys(("base", "top", "plain"), "ok")
+    name = f"{env.s}@{e}"
+    first, before = env.snapshot(), env.prod()
+    with flow._one_run_at_a_time(env.ep, name, "r-held"):
+        refused = cli(env.cli_env, "pipeline", "promote", e, "--migrate")
+    assert refused.exit_code == 3, refused.output
+    assert refused.stderr.startswith(f"Error: pipeline {name} is already running (run r-held);"), refused.stderr
+    assert env.snapshot() == first and env.prod() == before
+
+    env.rows(f"INSERT INTO {e}__{env.s}.base VALUES (99, 99)")  # after the last recorded run, by hand
+    changed, last = (
+        env.snapshot(),
+        env.rows(f"SELECT max(snapshot_id) FROM pipeline_runs WHERE pipeline = '{name}'")[0][0],
+    )
+    refused = cli(env.cli_env, "pipeline", "promote", e, "--migrate")
+    assert refused.exit_code == 3, refused.output
+    assert refused.stderr.strip().splitlines() == [
+        f"Error: {e}__{env.s}.base changed at snapshot {changed}, after its last recorded run (snapshot {last}): a "
+        f"run of environment {e} was stopped before it ended, or the table was written by hand, so its tables are "
+        f"not a whole run's. Try: run it again (`pipeline run FILE --env {e}`), then promote."
+    ]
+    assert env.snapshot() == changed and env.prod() == before
+
+    with flow._one_run_at_a_time(env.ep, name, f"promote {e}", flow.PROMOTE_HOLDER):
+        with pytest.raises(KitError, match=rf"pipeline {name} is being promoted \(promote {e}\)"):
+            env.run(env=e)
+    assert env.snapshot() == changed
+    assert statuses(env.run(env=e)) == dict.fromkeys(("base", "top", "plain"), "ok")  # a whole run again
+    done = cli(env.cli_env, "pipeline", "promote", e, "--migrate")
+    assert done.exit_code == 0, done.output

@@ -5,6 +5,7 @@ and its lineage in the lake."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -322,21 +323,29 @@ def _fingerprints(pipeline: Pipeline, done: PipelineRun, decider: changes.Decide
 
 
 RUN_HOLDER = "ducklake-kit pipeline run "  # how a run names itself to PostgreSQL (application_name) while it holds
+PROMOTE_HOLDER = "ducklake-kit pipeline "  # a promote: "ducklake-kit pipeline promote dev"
 
 
-def _one_run_at_a_time(endpoints: Endpoints, name: str, run_id: str):
+def _one_run_at_a_time(endpoints: Endpoints, name: str, run_id: str, holder: str = RUN_HOLDER):
     """Hold the pipeline's lock in the catalog (a PostgreSQL advisory lock, released when the run's session ends, a
-    killed run included) for the run; a second run of the same pipeline is refused, naming the run that holds it."""
+    killed run included) for the run (or a promote of its environment: `holder`); a second run of the same pipeline
+    is refused, naming the run that holds it."""
 
-    def busy(holder: str | None) -> KitError:
-        other = f"run {holder.removeprefix(RUN_HOLDER)}" if holder and holder.startswith(RUN_HOLDER) else "another run"
+    def busy(other: str | None) -> KitError:
+        if other and other.startswith(PROMOTE_HOLDER) and not other.startswith(RUN_HOLDER):
+            return KitError(
+                f"pipeline {name} is being promoted ({other.removeprefix(PROMOTE_HOLDER)}); a run and a promote of "
+                "its environment never overlap, or the promote could take half a run's tables",
+                "wait for the promote to end, then run it again",
+            )
+        run = f"run {other.removeprefix(RUN_HOLDER)}" if other and other.startswith(RUN_HOLDER) else "another run"
         return KitError(
-            f"pipeline {name} is already running ({other}); one run of a pipeline at a time, or the two "
+            f"pipeline {name} is already running ({run}); one run of a pipeline at a time, or the two "
             "would replace each other's tables and race to record their history",
             "wait for that run to end, then run it again",
         )
 
-    return held_exclusively(endpoints, named_key(b"P\x00", name), RUN_HOLDER + run_id, busy)
+    return held_exclusively(endpoints, named_key(b"P\x00", name), holder + run_id, busy)
 
 
 @dataclass
@@ -397,5 +406,7 @@ def promote(
     endpoints: Endpoints, env: str, *, migrate: bool = False, platform_name: str = "local"
 ) -> tuple[promotion.Promotion, dict]:
     """`pipeline promote ENV`: prod serves the environment's tables in one snapshot (see promote.py)."""
-    with Lake(endpoints) as lake:
+    with Lake(endpoints) as lake, ExitStack() as held:
+        for name in promotion.env_pipelines(lake, env):  # no run of the environment writes while it is promoted
+            held.enter_context(_one_run_at_a_time(endpoints, name, f"promote {env}", PROMOTE_HOLDER))
         return promotion.promote(lake, env, migrate=migrate), lake.catalog_info(platform_name)

@@ -18,7 +18,10 @@ A prod name that is a real table holds data a view would replace: promote refuse
 `--migrate` (once, explicitly) renames such a table aside in the same snapshot, to `marts.daily__prod_v<N>`, its data
 kept and still queryable; from then on the name is a view. A prod name that is a view the kit did not make is
 refused the same way (it is the user's). An environment whose last run of any pipeline failed or skipped a node
-is refused: its tables are not a whole pipeline's.
+is refused: its tables are not a whole pipeline's; so is one whose table changed after its last recorded run (a run
+stopped midway commits its finished nodes, and records its history only at its end). A promote holds the run lock
+of each of the environment's pipelines: a run of it waits for no promote and no promote for a run; the second is
+refused in one line.
 """
 
 from __future__ import annotations
@@ -83,6 +86,38 @@ def failed_nodes(lake: Lake, env: str) -> list[tuple[str, str, str, str]]:
     ).fetchall()
 
 
+def env_pipelines(lake: Lake, env: str) -> list[str]:
+    """The names (`<pipeline>@<env>`) of every pipeline the environment's history has a run of."""
+    if not table_exists(lake.con, lake.alias, "main", "pipeline_runs"):
+        return []
+    rows = lake.con.execute(
+        f"SELECT DISTINCT pipeline FROM {lake.alias}.main.pipeline_runs WHERE ends_with(pipeline, ?) ORDER BY 1",
+        [f"@{env}"],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def _refuse_unrecorded(lake: Lake, env: str, now: dict[str, str]) -> None:
+    """A table of the environment that changed after its last recorded run is not a whole run's output: a run killed
+    after some nodes committed (its history is written at its end), or a write by hand. Refused, naming it."""
+    last = -1
+    if table_exists(lake.con, lake.alias, "main", "pipeline_runs"):
+        row = lake.con.execute(  # the snapshot that wrote the history row (DuckLake's virtual column)
+            f"SELECT max(snapshot_id) FROM {lake.alias}.main.pipeline_runs WHERE ends_with(pipeline, ?)", [f"@{env}"]
+        ).fetchone()
+        last = int(row[0]) if row and row[0] is not None else -1
+    for t in sorted(environments.built(lake, env)):
+        dev = str(environments.to_env(env, t))
+        changed = int(now.get(dev, "0"))
+        if not t.is_schema and changed > last:
+            since = f"its last recorded run (snapshot {last})" if last >= 0 else "any recorded run of it"
+            raise KitError(
+                f"{dev} changed at snapshot {changed}, after {since}: a run of environment {env} was stopped "
+                "before it ended, or the table was written by hand, so its tables are not a whole run's",
+                f"run it again (`pipeline run FILE --env {env}`), then promote",
+            )
+
+
 def promoted(lake: Lake) -> dict[str, tuple[str, str]]:
     """prod table -> (env, physical table) of its latest promotion."""
     if not table_exists(lake.con, lake.alias, "main", PROMOTIONS):
@@ -105,8 +140,10 @@ def table_kinds(lake: Lake) -> dict[str, str]:
 
 def promote(lake: Lake, env: str, *, migrate: bool = False) -> Promotion:
     """Make prod serve the environment's tables (see the module's text). Raises KitError, changing nothing, for an
-    environment with a failed node or no table, a table of it that is a view, and a prod name that holds a real
-    table (without `migrate`) or a view the kit did not make."""
+    environment with a failed node or no table, a table of it changed after its last recorded run, a table of it
+    that is a view, and a prod name that holds a real table (without `migrate`) or a view the kit did not make.
+    The caller holds the run lock of each of the environment's pipelines (flow.promote), so no run of it writes
+    meanwhile."""
     environments.check_env(env)
     failed = failed_nodes(lake, env)
     if failed:
@@ -117,6 +154,7 @@ def promote(lake: Lake, env: str, *, migrate: bool = False) -> Promotion:
             f"fix it and run again (`pipeline run FILE --env {env} --from-failed`), then promote",
         )
     kinds, now, mine = table_kinds(lake), versions(lake), promoted(lake)
+    _refuse_unrecorded(lake, env, now)
     physical_names = {p for _e, p in mine.values()}
     tables = sorted(
         t
