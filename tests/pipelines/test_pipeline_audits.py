@@ -180,3 +180,28 @@ def test_a_sql_file_audit_orders_its_node_after_the_tables_it_reads_and_their_ch
     build = third.node("build")
     assert build.status == "failed" and build.why.startswith(f"its input {S}.fa_known changed"), build
     assert "audit sql_file('audits/known.sql') failed" in build.error and "1 offending row(s)" in build.error
+
+
+def test_an_incremental_nodes_audits_are_told_apart_though_its_write_is_two_statements(audited, tmp_path):
+    """An incremental run's write is a DELETE and an INSERT before the audits: the outcome of each audit is its own,
+    not its neighbour's (found by position, the first audit would be taken for the INSERT and each verdict shifted)."""
+    src, built = f"{S}.src_incr", f"{S}.built_incr"
+    audited.sql(
+        f"CREATE OR REPLACE TABLE {src} AS SELECT i AS k, 'a' AS s, DATE '2024-01-01' + CAST(i AS INTEGER) AS day FROM range(3) t(i)"
+    )
+    path = tmp_path / "incr.sql"
+    path.write_text(
+        "-- id: build\n-- kind: incremental_by_time(day)\n-- audit: not_null(k), unique(k), accepted_values(s, 'a')\n"
+        f"CREATE OR REPLACE TABLE {built} AS SELECT k, s, day FROM {src};\n"
+    )
+    first = flow.run(path, audited.address, audited.ep).run.node("build")
+    assert first.status == "ok" and [a["status"] for a in first.audits] == ["passed"] * 3, first
+    audited.sql(f"INSERT INTO {src} VALUES (1, 'a', DATE '2024-02-01')")  # a newer day that repeats key 1
+    node = flow.run(path, audited.address, audited.ep).run.node("build")
+    assert [s.statement_type for s in node.statements[:2]] == ["DELETE", "INSERT"], node.statements  # incremental
+    assert [(a["audit"], a["status"]) for a in node.audits] == [
+        ("not_null(k)", "passed"),
+        ("unique(k)", "failed"),
+        ("accepted_values(s, 'a')", "not run"),
+    ]
+    assert "audit unique(k) failed on" in node.audits[1]["error"]

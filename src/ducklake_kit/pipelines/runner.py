@@ -170,19 +170,27 @@ def _node_run(node: Node, result: TaskResult) -> NodeRun:
 
 
 def audit_outcomes(node: Node, result: TaskResult) -> list[dict[str, Any]]:
-    """What became of each of the node's audits (statement i + 1 of its task): passed (0 offending rows), failed
-    (the statement that raised) or not run (the node, or an audit before it, failed first)."""
-    failed_at = result.error.index if result.error is not None else None
-    ran = {s.index: s for s in result.statements}
+    """What became of each of the node's audits: passed (its statement ran: 0 offending rows), failed (the statement
+    that raised) or not run (the node, or an audit before it, failed first). Each audit is found by its statement's
+    text, since the node's own text before the audits may be one statement or several (an incremental node's DELETE
+    and INSERT)."""
+    failed = _same(result.error.statement) if result.error is not None and result.error.statement else None
+    ran = {_same(s.statement) for s in result.statements}
     out = []
-    for i, audit in enumerate(node.audits, start=1):
+    for audit in node.audits:
         row = {"audit": audit.text, "table": str(node.audited), "status": "not run", "error": None}
-        if failed_at == i:
-            row |= {"status": "failed", "error": result.error.error}
-        elif i in ran and (failed_at is None or failed_at > i):
+        text = _same(audit.check(node.audited)) if node.audited is not None else None
+        if text is not None and text == failed:
+            row |= {"status": "failed", "error": result.error.error}  # type: ignore[union-attr]
+        elif text is not None and text in ran:
             row["status"] = "passed"
         out.append(row)
     return out
+
+
+def _same(statement: str) -> str:
+    """A statement's text as DuckDB's parser hands it back (no surrounding blanks, no final semicolon)."""
+    return statement.strip().rstrip(";").strip()
 
 
 def _skip_reason(node: str, parents: set[str], done: dict[str, NodeRun]) -> str | None:
