@@ -84,6 +84,17 @@ def test_two_synthetic_months_load_checked_in_one_snapshot_and_rerun_is_a_no_op(
             [result.load_id],
         ).fetchall()
         assert log == [("2023-01", ROWS, ROWS, result.snapshot_id), ("2023-02", ROWS, ROWS, result.snapshot_id)]
+        # its commit says which load made it, with a token of its own (what a COMMIT that raised is looked up by)
+        author, extra = lake.con.execute(
+            "SELECT author, commit_extra_info FROM ducklake_snapshots('lake') WHERE snapshot_id = ?",
+            [result.snapshot_id],
+        ).fetchone()
+        extra = json.loads(extra)
+        assert author == "ducklake-kit" and (extra["load"], extra["files"], len(extra["commit"])) == (
+            result.load_id,
+            2,
+            32,
+        )
         assert lake.scalar("SELECT count(*) FROM zones") == 265
     again, checks = _load(stack, source="synthetic", months="2023-01..2023-02", rows_per_month=ROWS, seed=7)
     assert checks.ok and again.snapshot_id is None

@@ -11,6 +11,7 @@ successful attempt's files are registered, so retries never duplicate rows.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -33,7 +34,13 @@ from ducklake_kit.lake.locks import (
     load_life_key,
 )
 from ducklake_kit.lake.sql import quote_ident, quote_literal, table_exists, tables
-from ducklake_kit.lake.transactions import last_committed_snapshot, rollback_quietly
+from ducklake_kit.lake.transactions import (
+    AUTHOR,
+    last_committed_snapshot,
+    rollback_quietly,
+    snapshot_of_token,
+    snapshot_with_token,
+)
 from ducklake_kit.platforms import s3
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.platforms.kit import Kit
@@ -465,7 +472,7 @@ def run_load(
                     "removed as a dead load's; nothing was registered and the lake is unchanged",
                     "run the load again",
                 ) from None
-            _commit(
+            result.snapshot_id = _commit(
                 lake,
                 ep,
                 todo,
@@ -481,10 +488,9 @@ def run_load(
                 result,
                 fault,
             )
+        # the snapshot this load committed (found by its token), not the lake's latest: another writer may have
+        # committed since
         result.timings["commit"] = round(time.perf_counter() - t, 2)
-        # the snapshot this load committed, not the lake's latest (another writer may have committed since);
-        # this Lake's connection has no cursors on other threads, so its instance's last commit is ours
-        result.snapshot_id = last_committed_snapshot(lake)
     return result
 
 
@@ -535,8 +541,9 @@ def _commit(
     started: float,
     result: LoadResult,
     fault: str | None,
-) -> None:
-    """Register every written file, the DDL, zones and load_log in ONE DuckLake transaction: one snapshot."""
+) -> int:
+    """Register every written file, the DDL, zones and load_log in ONE DuckLake transaction: one snapshot, whose id
+    is returned (its commit carries a token in commit_extra_info, with the load's id, mode and file count)."""
     con = lake.con
     q = schema_name
     con.execute("BEGIN TRANSACTION")
@@ -598,22 +605,44 @@ def _commit(
                     round(time.time() - started, 3),
                 ],
             )
+        token = uuid.uuid4().hex  # in the commit: whether it landed is asked of the lake, never guessed
+        extra = json.dumps({"commit": token, "load": load_id, "mode": mode, "files": len(todo)})
         con.execute(
-            "CALL ducklake_set_commit_message(?, 'ducklake-kit', ?)",
-            [lake.alias, commit_message_of(load_id, len(todo), mode)],
+            "CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)",
+            [lake.alias, AUTHOR, commit_message_of(load_id, len(todo), mode), extra],
         )
         if fault == "kill-before-commit":
             os.kill(os.getpid(), signal.SIGKILL)
         try:
             con.execute("COMMIT")
         except duckdb.Error as exc:  # e.g. a conflict with another writer that retries could not resolve
-            raise KitError(
-                f"the commit failed, nothing was registered and the lake is unchanged ({first_line(exc)})",
-                "run the load again: it skips what is already there",
-            ) from None
+            rollback_quietly(con)
+            return _commit_fate(lake, token, exc)
     except BaseException:
         rollback_quietly(con)
         raise
+    return snapshot_with_token(lake, token, last_committed_snapshot(lake), extra)
+
+
+def _commit_fate(lake: Lake, token: str, exc: duckdb.Error) -> int:
+    """After the load's COMMIT raised: the snapshot it made when its token is in the lake (the error came after it
+    landed: a success), else a KitError saying what is known. Running the load again is safe either way: it skips
+    the files the lake already registers."""
+    why = first_line(exc)
+    try:
+        landed = snapshot_of_token(lake, token)
+    except Exception as lookup:  # noqa: BLE001 - the catalog cannot say either
+        raise KitError(
+            f"the commit failed ({why}) and the lake could not say whether it landed ({first_line(lookup)})",
+            "run `status`, then the load again: it skips the files the lake already registers, so it cannot land twice",
+        ) from None
+    if landed is None:
+        raise KitError(
+            f"the commit failed and did not land (its token is not in the lake): nothing was registered and the lake "
+            f"is unchanged ({why})",
+            "run the load again: it skips what is already there",
+        )
+    return landed
 
 
 def spark_job_failed(exc: BaseException, ep: Endpoints) -> KitError:
