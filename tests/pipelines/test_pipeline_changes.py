@@ -15,7 +15,6 @@ import pytest
 from ducklake_kit.lake import Lake
 from ducklake_kit.pipelines import changes, dag, flow
 from ducklake_kit.pipelines.runner import PipelineRun
-from ducklake_kit.workers import plane
 from ducklake_kit.workers.config import PlaneConfig
 
 PIPELINE = """
@@ -97,13 +96,6 @@ def statuses(run: PipelineRun) -> dict[str, str]:
 
 def ran(run: PipelineRun) -> set[str]:
     return {n.id for n in run.nodes if n.status == "ok"}
-
-
-@pytest.fixture(scope="module")
-def workers(stack):
-    status = plane.up(stack.state, stack.platform.endpoints(), 2)
-    assert [w.name for w in status.workers] == ["w1", "w2"], status
-    return status
 
 
 @pytest.fixture

@@ -16,7 +16,6 @@ from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.pipelines import flow
 from ducklake_kit.pipelines.runner import PipelineRun
-from ducklake_kit.workers import plane
 from ducklake_kit.workers.config import PlaneConfig
 
 PIPELINE = """
@@ -90,13 +89,6 @@ class Env:
 
 def statuses(run: PipelineRun) -> dict[str, str]:
     return {n.id: n.status for n in run.nodes}
-
-
-@pytest.fixture(scope="module")
-def workers(stack):
-    status = plane.up(stack.state, stack.platform.endpoints(), 2)
-    assert [w.name for w in status.workers] == ["w1", "w2"], status
-    return status
 
 
 @pytest.fixture
