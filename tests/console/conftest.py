@@ -5,15 +5,11 @@ browser's console or requested anything from another address."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from ducklake_kit.cli import app
-from ducklake_kit.platforms import console as console_mod
-from ducklake_kit.workers import plane
+from tests.console.consoles import console_of
 
 CHROMIUM = Path("/usr/bin/chromium")
 # no sandbox (root in CI), nothing fetched by the browser itself: Playwright's own browser download never runs here
@@ -31,14 +27,9 @@ CHROMIUM_ARGS = [
 
 @pytest.fixture(scope="module")
 def web(stack):
-    """The console of the shared stack (two workers), started as a user starts it; stopped after the module."""
-    plane.up(stack.state, stack.platform.endpoints(), 2)
-    made = CliRunner().invoke(app, ["console", "--json"], env={**stack.env, "COLUMNS": "200"})
-    try:
-        assert made.exit_code == 0, made.output
-        yield json.loads(made.stdout)["result"]
-    finally:
-        console_mod.stop(stack.state)
+    """The console of the shared stack (two workers); stopped after the module."""
+    with console_of(stack, 2) as result:
+        yield result
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ one Spark start."""
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import shutil
@@ -15,26 +14,19 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from ducklake_kit.cli import app
 from ducklake_kit.lake import Lake
 from ducklake_kit.platforms import console as console_mod
-from ducklake_kit.workers import plane
+from tests.console.consoles import console_of
 
 ROWS = 300
 
 
 @pytest.fixture(scope="module")
 def web(module_stack):
-    """The console of this module's own lake, started as a user starts it (after `up`: the plane's TLS files)."""
-    plane.up(module_stack.state, module_stack.platform.endpoints(), 1)
-    made = CliRunner().invoke(app, ["console", "--json"], env={**module_stack.env, "COLUMNS": "200"})
-    try:
-        assert made.exit_code == 0, made.output
-        yield json.loads(made.stdout)["result"]
-    finally:
-        console_mod.stop(module_stack.state)
+    """The console of this module's own lake (one worker)."""
+    with console_of(module_stack, 1) as result:
+        yield result
 
 
 @pytest.fixture(scope="module")
