@@ -196,3 +196,26 @@ def test_a_node_that_cannot_be_incremental_fails_plan_with_its_line(sql, expecte
     with pytest.raises(PipelineError, match=expected.replace("(", r"\(").replace(")", r"\)")) as err:
         dag.build(f"-- id: n\n-- kind: incremental_by_time(day)\n{sql};", "p.sql")
     assert str(err.value).startswith("p.sql:2: ")
+
+
+def test_a_kind_change_alone_runs_nothing_and_the_next_run_goes_the_new_kinds_way(incr, tmp_path):
+    """Every kind builds the same rows, so a change of `-- kind:` alone leaves the node unchanged (docs/pipelines.md
+    says why); the next run after an append is then incremental, and equal to the query in full."""
+    src, query = f"{S}.kind_events", f"SELECT day, k, v FROM {S}.kind_events WHERE v > 2"
+    incr.sql(
+        f"CREATE OR REPLACE TABLE {src} AS SELECT DATE '2024-01-01' + CAST(i AS INTEGER) AS day, i AS k, i AS v "
+        "FROM range(6) t(i)"
+    )
+    path = tmp_path / "kinds.sql"
+    body = f"CREATE OR REPLACE TABLE {S}.kinds AS {query};\n"
+    path.write_text("-- id: kinds\n" + body)
+    run = flow.run(path, incr.address, incr.ep).run
+    assert run.node("kinds").status == "ok"
+    path.write_text("-- id: kinds\n-- kind: incremental_by_time(day)\n" + body)
+    run = flow.run(path, incr.address, incr.ep).run
+    assert run.node("kinds").status == "unchanged", run.node("kinds").reason
+    incr.sql(f"INSERT INTO {src} VALUES (DATE '2024-03-01', 9, 9), (DATE '2023-12-31', 8, 8)")
+    node = flow.run(path, incr.address, incr.ep).run.node("kinds")
+    assert node.status == "ok" and node.incremental["mode"] == "incremental", (node.reason, node.incremental)
+    assert node.incremental["from"] == "2023-12-31" and node.incremental["new_rows"] == 2
+    assert incr.differs("kinds", query)[1:] == (0, 0)
