@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ducklake_kit.dynamic_tables import ddl, manage, scheduler
+from ducklake_kit.dynamic_tables.cost import Cost
 from ducklake_kit.dynamic_tables.metadata import FAILED, NO_DATA, SKIPPED, SUCCEEDED, SUSPENDED, Metadata
 from ducklake_kit.dynamic_tables.refresh import FULL, INCREMENTAL, Refresher
 from ducklake_kit.errors import KitError
@@ -23,7 +24,7 @@ S = "dt_tests"
 class Env:
     def __init__(self, lake: Lake, meta: Metadata):
         self.lake, self.meta = lake, meta
-        self.refresher = Refresher(lake, meta, crossover=float("inf"))  # ADAPTIVE: incremental whatever the change
+        self.refresher = Refresher(lake, meta, cost=Cost.at(float("inf")))  # ADAPTIVE: incremental whatever the change
 
     def sql(self, text: str, params: list | None = None):
         return self.lake.con.execute(text, params or []).fetchall()

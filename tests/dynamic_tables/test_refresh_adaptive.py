@@ -1,6 +1,6 @@
 """ADAPTIVE refreshes, proven by the oracle: tables of every incremental shape (aggregate over a join, rows, UNION,
 LEFT JOIN, window) made ADAPTIVE, a random stream of changes, and before each refresh a random crossover (0: every
-change is over it, so full; infinity: incremental; 50 %: whichever the change's size says). After every refresh each
+change is over it, so full; infinity: incremental; 50 %: whichever the change's size says; `Cost.at`). After every refresh each
 table equals its query run in full, and the mode is the one that crossover forces, with the choice in its reason:
 switching between full and incremental refreshes in any order keeps the table right. Also the catalog's reading of
 a change (`feed.changed`) against what was done, and a join whose unchanged sources read no change feed."""
@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from ducklake_kit.dynamic_tables import feed
 from ducklake_kit.dynamic_tables.catalog import table_ids_at
+from ducklake_kit.dynamic_tables.cost import Cost
 from ducklake_kit.dynamic_tables.metadata import ADAPTIVE, NO_DATA, SUCCEEDED
 from ducklake_kit.dynamic_tables.refresh import FULL, Refresher, lock_key
 from ducklake_kit.errors import KitError
@@ -53,7 +54,7 @@ def adaptive(env):
 
 
 def refresh_and_prove(env: Env, crossover: float) -> None:
-    with Refresher(env.lake, env.meta, crossover=crossover, small_change=0) as refresher:
+    with Refresher(env.lake, env.meta, cost=Cost.at(crossover), small_change=0) as refresher:
         done = [refresher.refresh(env.meta.get(name)) for name in NAMES]
     for name, r in zip(NAMES, done):
         assert r.status in (SUCCEEDED, NO_DATA), (name, r.error)

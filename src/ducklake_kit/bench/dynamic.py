@@ -21,9 +21,10 @@ Then two more measurements (issue 30):
 - **ADAPTIVE against both fixed modes**: on the first base again, three tables of the same query (INCREMENTAL, FULL,
   ADAPTIVE) through a stream of STREAM changes: appends of 1 % of the base, and at STREAM // 2 one whole month
   replaced (its rows deleted and loaded again in one commit, as `load --mode replace` does), each change followed by
-  a refresh of every table, timed. Goals: ADAPTIVE's total at most 1.1 x the better of the other two, and the
-  crossover (the change's share of the base where an incremental refresh costs what a full one does) measured from
-  the same refreshes: the figure `refresh.ADAPTIVE_CROSSOVER` comes from.
+  a refresh of every table, timed. Goals: ADAPTIVE's total at most 1.1 x the better of the other two, and at no
+  step more than 1.1 x the better (`Stream.per_step`); the crossover (the change's share of the base where an
+  incremental refresh costs what a full one does) measured from the same refreshes, and the constants of ADAPTIVE's
+  cost estimate (`dynamic_tables/cost.py`) they imply (`Stream.cost`), printed beside the kit's.
 - **A star join and a DOWNSTREAM chain** (`dynamic_joins`): a 1-fact + 3-dimension join refreshed after a fact
   append against the same table without the joins, and one row through three DOWNSTREAM tables end to end."""
 
@@ -39,6 +40,8 @@ from typing import Any
 from ducklake_kit.bench.dynamic_joins import Chain, StarJoin, bench_joins, checked
 from ducklake_kit.bench.results import BENCH_SCHEMA, Machine, load_average, write_outputs
 from ducklake_kit.dynamic_tables import ddl, manage
+from ducklake_kit.dynamic_tables.cost import DEFAULT as DEFAULT_COST
+from ducklake_kit.dynamic_tables.cost import Cost
 from ducklake_kit.dynamic_tables.metadata import SUCCEEDED, Metadata
 from ducklake_kit.dynamic_tables.refresh import ADAPTIVE_CROSSOVER, FULL, INCREMENTAL, PHASES, Refresher
 from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
@@ -136,12 +139,39 @@ class StreamStep:
     adaptive_s: float
     adaptive_mode: str
     adaptive_reason: str
+    rows_before: int = 0  # the base's rows before the change
 
 
 @dataclass
 class Stream:
     base_rows: int
     steps: list[StreamStep] = field(default_factory=list)
+    fixed_ms: float | None = None  # the fixed cost measured in the same run (`fixed_cost`), set once it is
+
+    def cost(self) -> Cost | None:
+        """The constants of ADAPTIVE's estimate (`dynamic_tables.cost`) these refreshes imply, every time less the
+        fixed cost: full_us_per_row, the median full refresh of an append over the base's rows before it;
+        incremental_us_per_row and incremental_ms, the line through the median incremental refresh of an append and
+        the one of the replace, against the rows changed. None without both kinds of change or the fixed cost."""
+        appends = [s for s in self.steps if s.kind == "append"]
+        replaces = [s for s in self.steps if s.kind == "replace"]
+        if not appends or not replaces or self.fixed_ms is None:
+            return None
+        fixed, r = self.fixed_ms, replaces[0]
+        full = statistics.median((s.full_s * 1000 - fixed) * 1000 / max(s.rows_before, 1) for s in appends)
+        inc_ms = statistics.median(s.incremental_s * 1000 - fixed for s in appends)
+        rows = statistics.median(s.change_rows for s in appends)
+        per_row = (r.incremental_s * 1000 - fixed - inc_ms) * 1000 / max(r.change_rows - rows, 1)
+        per_row = max(per_row, 0.001)  # the replace no slower than the appends: the rows changed cost ~nothing
+        return Cost(round(max(full, 0.0), 4), round(per_row, 3), round(max(inc_ms - per_row * rows / 1000, 0.0), 1))
+
+    def per_step(self) -> dict[str, Any]:
+        """Each step's ADAPTIVE time over the better of the other two: the median, the worst, how many over 1.1."""
+        ratios = [s.adaptive_s / max(min(s.incremental_s, s.full_s), 1e-9) for s in self.steps]
+        if not ratios:
+            return {"median": None, "worst": None, "over_goal": 0}
+        over = sum(r > GOAL_ADAPTIVE for r in ratios)
+        return {"median": round(statistics.median(ratios), 3), "worst": round(max(ratios), 3), "over_goal": over}
 
     def total(self, which: str) -> float:
         return round(sum(getattr(s, f"{which}_s") for s in self.steps), 3)
@@ -179,6 +209,11 @@ class Stream:
             "adaptive_over_better": self.ratio,
             "crossover_measured": self.crossover(),
             "crossover_used": ADAPTIVE_CROSSOVER,
+            "per_step_over_better": self.per_step(),
+            "fixed_ms": self.fixed_ms,
+            "cost_measured": asdict(measured) if (measured := self.cost()) else None,
+            "crossover_of_cost_measured": round(measured.crossover_at(self.base_rows), 4) if measured else None,
+            "cost_used": asdict(DEFAULT_COST),
         }
 
 
@@ -331,7 +366,8 @@ def _stream(lake: Lake, meta: Metadata, refresher: Refresher, files: dict[int, P
         _, inc_s = _timed(refresher, meta, INC, INCREMENTAL)
         _, full_s = _timed(refresher, meta, FULL_TABLE, FULL)
         r, ada_s = _timed(refresher, meta, ADAPT)
-        out.steps.append(StreamStep(kind, change, round(change / before, 4), inc_s, full_s, ada_s, r.mode, r.reason))
+        share = round(change / before, 4)
+        out.steps.append(StreamStep(kind, change, share, inc_s, full_s, ada_s, r.mode, r.reason, before))
         say(f"  {kind} of {change:,} rows: incremental {inc_s} s, full {full_s} s, adaptive {ada_s} s ({r.mode})")
     checked(lake, meta, (INC, FULL_TABLE, ADAPT))
     return out
@@ -401,8 +437,25 @@ def bench_dynamic(
                 + " UNION ALL ".join(_month_rows(files[i]) for i in range(months))
             )
             stream = _stream(lake, meta, refresher, files, months, say)
+            per = stream.per_step()
+            say(
+                f"per step, ADAPTIVE over the better of the other two: median {per['median']}, worst {per['worst']}, "
+                f"{per['over_goal']} of {len(stream.steps)} steps over {GOAL_ADAPTIVE}"
+            )
             _drop(lake, meta)
             fixed = fixed_cost(lake, meta, refresher, say)
+            stream.fixed_ms = fixed.median_ms
+            if (measured := stream.cost()) is not None:
+                say(
+                    f"ADAPTIVE's constants measured here (fixed cost {fixed.median_ms} ms left out): full "
+                    f"{measured.full_us_per_row:g} us per row of the base; incremental {measured.incremental_ms:g} "
+                    f"ms + {measured.incremental_us_per_row:g} us per row changed; crossover at "
+                    f"{stream.base_rows:,} rows {measured.crossover_at(stream.base_rows):.2%}, on large sources "
+                    f"{measured.crossover:.2%}. The kit's (dynamic_tables/cost.py): full "
+                    f"{DEFAULT_COST.full_us_per_row:g}; incremental {DEFAULT_COST.incremental_ms:g} ms + "
+                    f"{DEFAULT_COST.incremental_us_per_row:g}; crossover at {stream.base_rows:,} rows "
+                    f"{DEFAULT_COST.crossover_at(stream.base_rows):.2%}, on large sources {DEFAULT_COST.crossover:.2%}"
+                )
             star, chain = bench_joins(lake, meta, months * rows_per_month, say)
         finally:
             refresher.close()

@@ -43,6 +43,8 @@ from ducklake_kit.dynamic_tables.catalog import (
     snapshots_since,
     table_ids_at,
 )
+from ducklake_kit.dynamic_tables.cost import DEFAULT as DEFAULT_COST
+from ducklake_kit.dynamic_tables.cost import Cost
 from ducklake_kit.dynamic_tables.ddl import DIALECT
 from ducklake_kit.dynamic_tables.metadata import (
     FAILED,
@@ -64,13 +66,12 @@ from ducklake_kit.lake.transactions import AUTHOR, commit_with, snapshot_of_toke
 from ducklake_kit.platforms import postgres
 from ducklake_kit.platforms.report import Reporter
 
-# ADAPTIVE refreshes in full when the change (rows added and removed, as the catalog's file counts give them) is over
-# this share of its sources' rows, else incrementally: the crossover `bench --suite dynamic` measures (its stream of
-# 1 % appends and one month replaced; docs/benchmarks.md has the figures: 3.7 % and "below 1 %" on a busy machine,
-# so this value is provisional, and one share cannot fit every base size, see there)
-ADAPTIVE_CROSSOVER = 0.05
-# ... except that a change of at most this many rows is always incremental: at that size each kind of refresh costs
-# its fixed cost (tens of milliseconds), and the incremental one writes only what changed
+# ADAPTIVE chooses from a cost estimate (`cost`: full against incremental, per row, with constants `bench --suite
+# dynamic` measured); the share of the sources' rows where the default estimates meet, for one delta term:
+ADAPTIVE_CROSSOVER = DEFAULT_COST.crossover
+# ... except that a change of at most this many rows is always incremental (and one of inlined rows only, at most
+# this many, without asking the catalog for file counts): at that size each kind of refresh costs its fixed cost
+# (tens of milliseconds), and the incremental one writes only what changed
 ADAPTIVE_SMALL_CHANGE = 1000
 # a source unchanged in a refresh's span and of at most this many rows is read from a copy in memory (`_copies_for`)
 COPY_ROWS = 100_000
@@ -138,19 +139,19 @@ def adaptive(mode: str) -> bool:
 
 
 class Refresher:
-    """Refreshes dynamic tables of one lake; `crossover`, `small_change`: see ADAPTIVE_CROSSOVER and
-    ADAPTIVE_SMALL_CHANGE; `report`: where a batch of refreshes shows its progress (a bar of tables in a terminal)."""
+    """Refreshes dynamic tables of one lake; `cost`: ADAPTIVE's estimate (`cost.Cost`, default `cost.DEFAULT`);
+    `small_change`: see ADAPTIVE_SMALL_CHANGE; `report`: where a batch of refreshes shows its progress (a bar of tables in a terminal)."""
 
     def __init__(
         self,
         lake: Lake,
         meta: Metadata,
         *,
-        crossover: float = ADAPTIVE_CROSSOVER,
+        cost: Cost = DEFAULT_COST,
         small_change: int = ADAPTIVE_SMALL_CHANGE,
         report: Reporter | None = None,
     ):
-        self.lake, self.meta, self.crossover, self.small_change = lake, meta, crossover, small_change
+        self.lake, self.meta, self.cost, self.small_change = lake, meta, cost, small_change
         self.report = report or Reporter()
         self.con = lake.con
         # where tests step in: right after the refresh read the lake's snapshot, and just before its COMMIT
@@ -451,14 +452,17 @@ class Refresher:
                 note += f"{self.small_change:,} rows"
             else:
                 with self.clock.phase("change_feed"):
-                    est = feed.size(self.lake, tables, prev + 1, now, changed.inlined_changes(tables))
-                how = f"the change (~{est.changed:,} rows) is {est.share:.2%} of the sources' {est.rows:,} rows" + (
-                    " in data files" if est.rows < est.changed else ""
+                    size = feed.size(self.lake, tables, prev + 1, now, changed.inlined_changes(tables))
+                # one delta term per changed source (each term joins one source's change with the others)
+                terms = sum(1 for t in tables if changed.of(t) != feed.NONE)
+                est = self.cost.estimate(size.changed, size.rows, terms)
+                if est.mode == FULL and size.changed > self.small_change:
+                    return self.full(query, now, est.why())
+                note = (
+                    est.why()
+                    if est.mode == INCREMENTAL
+                    else f"{est.why(INCREMENTAL)}: at most {self.small_change:,} rows"
                 )
-                if est.share > self.crossover and est.changed > self.small_change:
-                    return self.full(query, now, f"ADAPTIVE chose full: {how}, over {self.crossover:.0%}")
-                small = f" or at most {self.small_change:,} rows" if est.share > self.crossover else ""
-                note = f"ADAPTIVE chose incremental: {how}, at most {self.crossover:.0%}{small}"
         decided = self._incremental(d, query, plan, (prev, now), changed, ids, temps)
         if decided is not None and note is not None:
             decided[0].reason = f"{decided[0].reason} ({note})"
