@@ -15,6 +15,9 @@ dynamic     the dynamic tables of dynamic_tables/*.sql created, one more month l
             each refresh incremental and equal to its query run in full, the new month's trips all there
 bench       a short concurrency benchmark (3 writers x 100 inserts: processes, and worker plane tasks), counts checked
 
+`--stages` runs a subset (in the flow's order; `maintain` needs `timetravel`, whose first snapshot it expires): the
+lake keeps what earlier runs made, so e.g. `foundation,load,queries` on a lake where `all` ran checks a re-run.
+
 Each lesson stage runs one lesson, `run(kit, checks) -> <Lesson>Result`; `run_all` keeps the typed results
 (`AllResult`), and `AllResult.as_dict()` is what `all --json` prints. Exit 0 only if every check of every stage holds.
 """
@@ -27,6 +30,7 @@ from typing import Any
 
 from ducklake_kit.bench import concurrency as bench_concurrency
 from ducklake_kit.checks import CheckRun
+from ducklake_kit.errors import KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lessons import dynamic, foundation, maintain, pipeline, queries, steps, timetravel, workers
 from ducklake_kit.platforms.kit import Kit
@@ -40,6 +44,23 @@ ALL_MONTHS = "2024-01..2024-03"
 ALL_ROWS_PER_MONTH = sources.DEFAULT_ROWS_PER_MONTH
 
 
+STAGES = ("foundation", "load", "queries", "timetravel", "maintain", "workers", "pipeline", "steps", "dynamic", "bench")
+
+
+def parse_stages(text: str | None) -> tuple[str, ...]:
+    """`--stages a,b`: the named stages in the flow's order (all of them for None or ''); refused before anything runs
+    for an unknown name, or `maintain` without `timetravel`."""
+    names = [n.strip() for n in (text or "").split(",") if n.strip()]
+    if not names:
+        return STAGES
+    unknown = [n for n in names if n not in STAGES]
+    if unknown:
+        raise KitError(f"unknown stage '{unknown[0]}'", f"choose from: {', '.join(STAGES)}")
+    if "maintain" in names and "timetravel" not in names:
+        raise KitError("stage maintain needs timetravel (it expires that lesson's first snapshot)", "add timetravel")
+    return tuple(s for s in STAGES if s in names)
+
+
 def all_rows_per_month() -> int:
     return int(os.environ.get("DUCKLAKE_ALL_ROWS_PER_MONTH") or ALL_ROWS_PER_MONTH)
 
@@ -48,7 +69,7 @@ def all_rows_per_month() -> int:
 class AllResult:
     """Every stage's typed result (the checks themselves are in the CheckRun, grouped by stage)."""
 
-    foundation: foundation.FoundationResult
+    foundation: foundation.FoundationResult | None = None  # None: not in `--stages`
     load: LoadResult | None = None  # the first load (the second, a no-op, is checked and not kept)
     queries: queries.QueriesResult | None = None
     timetravel: timetravel.TimetravelResult | None = None
@@ -62,7 +83,9 @@ class AllResult:
 
     def as_dict(self) -> dict[str, Any]:
         """`all --json`'s result (without catalog_info, which the envelope carries)."""
-        out: dict[str, Any] = {k: v for k, v in self.foundation.as_dict().items() if k != "catalog_info"}
+        out: dict[str, Any] = {}
+        if self.foundation is not None:
+            out = {k: v for k, v in self.foundation.as_dict().items() if k != "catalog_info"}
         if self.load is not None:
             out["load"] = self.load.as_dict()
         if self.queries is not None:
@@ -86,40 +109,58 @@ class AllResult:
 
 
 def run_all(
-    kit: Kit, checks: CheckRun, *, source: str = "synthetic", mode: str = "skip", bench: bool = True
+    kit: Kit,
+    checks: CheckRun,
+    *,
+    source: str = "synthetic",
+    mode: str = "skip",
+    bench: bool = True,
+    stages: str | None = None,
 ) -> AllResult:
-    with checks.stage("foundation"):
-        kit.say("foundation: services, buckets, a table, two inserts, time travel")
-        result = AllResult(foundation.run(kit, checks))
+    """`stages`: `--stages`' text (see `parse_stages`; refused before anything runs); `bench=False` drops bench."""
+    run = set(parse_stages(stages)) - (set() if bench else {"bench"})
+    result = AllResult()
+    if "foundation" in run:
+        with checks.stage("foundation"):
+            kit.say("foundation: services, buckets, a table, two inserts, time travel")
+            result.foundation = foundation.run(kit, checks)
 
-    with checks.stage("load"):
-        result.load = _load_twice(kit, checks, source=source, mode=mode)
+    if "load" in run:
+        with checks.stage("load"):
+            result.load = _load_twice(kit, checks, source=source, mode=mode)
 
-    with checks.stage("queries"):
-        kit.say("aggregations: every query in queries/, checked against the raw files")
-        result.queries = queries.run(kit, checks)
+    if "queries" in run:
+        with checks.stage("queries"):
+            kit.say("aggregations: every query in queries/, checked against the raw files")
+            result.queries = queries.run(kit, checks)
 
-    with checks.stage("timetravel"):
-        result.timetravel = timetravel.run(kit, checks, rows_per_month=timetravel.ROWS_PER_MONTH)
+    if "timetravel" in run:
+        with checks.stage("timetravel"):
+            result.timetravel = timetravel.run(kit, checks, rows_per_month=timetravel.ROWS_PER_MONTH)
 
-    with checks.stage("maintain"):
-        # expire the lesson's first snapshot (its story is told and checked): shows an expired version is gone
-        # while everything current answers as before; the learner's own history is left alone
-        result.maintain = maintain.run(kit, checks, versions=[result.timetravel.story.month1])
+    if "maintain" in run and result.timetravel is not None:
+        with checks.stage("maintain"):
+            # expire the lesson's first snapshot (its story is told and checked): shows an expired version is gone
+            # while everything current answers as before; the learner's own history is left alone
+            result.maintain = maintain.run(kit, checks, versions=[result.timetravel.story.month1])
 
-    with checks.stage("workers"):
-        result.workers = workers.run(kit, checks)
+    if "workers" in run:
+        with checks.stage("workers"):
+            result.workers = workers.run(kit, checks)
 
-    with checks.stage("pipeline"):
-        result.pipeline = pipeline.run(kit, checks)
+    if "pipeline" in run:
+        with checks.stage("pipeline"):
+            result.pipeline = pipeline.run(kit, checks)
 
-    with checks.stage("steps"):
-        result.steps = steps.run(kit, checks)
+    if "steps" in run:
+        with checks.stage("steps"):
+            result.steps = steps.run(kit, checks)
 
-    with checks.stage("dynamic"):
-        result.dynamic = dynamic.run(kit, checks, source=source, rows_per_month=all_rows_per_month())
+    if "dynamic" in run:
+        with checks.stage("dynamic"):
+            result.dynamic = dynamic.run(kit, checks, source=source, rows_per_month=all_rows_per_month())
 
-    if bench:
+    if "bench" in run:
         with checks.stage("bench"):
             result.bench = _bench(kit, checks)
 

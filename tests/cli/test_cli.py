@@ -202,8 +202,10 @@ def test_connect_prints_working_psql_and_duckdb_commands(stack, cli, local_only)
 
 
 def test_all_again_on_the_external_platform_is_safe_and_every_check_holds(stack, cli, local_only, first_all):
-    # the same lake reached as --platform external, where `all` already ran: re-running the whole flow is safe (the
-    # foundation table is rebuilt, the load is skipped, the checks hold again), and the flow runs on that platform
+    # the same lake reached as --platform external, where `all` already ran: re-running the flow's lake stages is safe
+    # (the foundation table is rebuilt, the load is skipped, the lessons' answers and time travel hold again on the
+    # lake as the first run left it), and they run on that platform; the plane's stages (workers, pipeline, steps,
+    # dynamic) and the bench are left out (--stages): the first run checked them, and they reach the lake the same way
     ep = stack.platform.endpoints()
     env = {
         "DUCKLAKE_PLATFORM": "external",
@@ -213,15 +215,36 @@ def test_all_again_on_the_external_platform_is_safe_and_every_check_holds(stack,
         "DUCKLAKE_S3_KEY_ID": ep.s3.key_id,
         "DUCKLAKE_S3_SECRET": ep.s3.secret,
     }
-    again = cli(env, "all", "--no-bench")
+    again = cli(env, "all", "--stages", "foundation,load,queries,timetravel,maintain")
     assert again.exit_code == 0, again.output
     assert "ducklake-test on --platform external" in again.output
+    summary = again.output[again.output.index("Summary") :]
+    ran = [
+        s
+        for s in ("foundation", "load", "queries", "timetravel", "maintain", "workers", "dynamic", "bench")
+        if s in summary
+    ]
+    assert ran == ["foundation", "load", "queries", "timetravel", "maintain"], summary
+    assert "re-running the load skips every file" in again.output
     assert re.search(r"(\d+)/\1 checks passed", again.output), again.output
     assert _json(cli(env, "sql", "SELECT 1", "--json"))["catalog_info"]["platform"] == "external"
     down = cli(env, "down")
     assert down.exit_code == 0 and "nothing to stop" in down.output
     reset = cli(env, "reset", "--yes")
     assert reset.exit_code == 3 and "only works on the platforms the kit runs" in reset.stderr
+
+
+@pytest.mark.parametrize(
+    ("stages", "line"),
+    [
+        ("foundation,nope", "Error: unknown stage 'nope'. Try: choose from: foundation, load, queries,"),
+        ("maintain", "Error: stage maintain needs timetravel"),
+    ],
+)
+def test_all_refuses_an_unknown_or_incomplete_stage_list_before_anything_runs(cli, tmp_path, stages, line):
+    result = cli({"DUCKLAKE_HOME": str(tmp_path)}, "all", "--stages", stages)
+    assert result.exit_code == 3 and result.stderr.startswith(line), result.output
+    assert list(tmp_path.iterdir()) == []  # nothing started, nothing written
 
 
 def test_external_platform_without_settings_says_what_to_set(cli, tmp_path):

@@ -365,6 +365,13 @@ def all_(
     bench: Annotated[
         bool, typer.Option("--bench/--no-bench", help="Finish with the short concurrency benchmark.")
     ] = True,
+    stages: Annotated[
+        str,
+        typer.Option(
+            help="Only these stages, comma-separated, run in the flow's order: foundation, load, queries, timetravel, "
+            "maintain (needs timetravel), workers, pipeline, steps, dynamic, bench. All by default."
+        ),
+    ] = "",
     as_json: JsonOpt = False,
 ) -> None:
     """The whole flow with checks (what `just ducklake-test` runs): foundation, load, queries, time travel, maintenance, a short benchmark. Exit 0 only if every check holds."""
@@ -372,7 +379,9 @@ def all_(
 
     c: Kit = ctx.obj
     run = CheckRun()
-    result = all_flow.run_all(c.with_reporter(reporter(as_json)), run, source=source, mode=mode, bench=bench)
+    result = all_flow.run_all(
+        c.with_reporter(reporter(as_json)), run, source=source, mode=mode, bench=bench, stages=stages
+    )
     if as_json:
         print_json("ok" if run.ok else "error", {**result.as_dict(), **run.as_dict()}, result.catalog_info)
     else:
