@@ -208,7 +208,8 @@ class Stream:
             "adaptive_total_s": self.total("adaptive"),
             "adaptive_over_better": self.ratio,
             "crossover_measured": self.crossover(),
-            "crossover_used": ADAPTIVE_CROSSOVER,
+            "crossover_used": ADAPTIVE_CROSSOVER,  # the kit's cost model's turn on very large sources
+            "crossover_used_at_base": round(DEFAULT_COST.crossover_at(self.base_rows), 4),  # ... and at this base
             "per_step_over_better": self.per_step(),
             "fixed_ms": self.fixed_ms,
             "cost_measured": asdict(measured) if (measured := self.cost()) else None,

@@ -404,7 +404,8 @@ def dynamic_report(r: DynamicBench) -> Report:
             + ", ".join(f"{m.lower()} {n}" for m, n in sorted(chose.items()))
             + "; crossover measured here: "
             + (f"{measured:.1%}" if measured is not None else "none (one mode was faster throughout)")
-            + f" of the base (ADAPTIVE uses {st.as_dict()['crossover_used']:.0%})"
+            + f" of the base (the kit's cost model turns at {st.as_dict()['crossover_used_at_base']:.1%} of these "
+            f"{st.base_rows:,} rows, {st.as_dict()['crossover_used']:.1%} on very large sources)"
         )
     if r.star is not None:
         sj = r.star.as_dict()
