@@ -35,6 +35,20 @@ BACKEND = os.environ.get("DUCKLAKE_TEST_BACKEND", "local")
 os.environ.setdefault("DUCKLAKE_ALL_ROWS_PER_MONTH", "20000")
 # nothing is downloaded in tests: `auto` finds the TLC host unreachable (a loopback port nobody listens on)
 os.environ["DUCKLAKE_TLC_BASE_URL"] = "http://127.0.0.1:9"
+# CPU the suite spends beside the tests' own work (docs/development.md, "What the suite spends its CPU on"):
+# - every worker plane the tests start (a stack's, a lab's `up`) inherits these: no statistical profiler sampling each
+#   worker's threads every 10 ms, and the event loop's health tick every second, not every 20 ms. Both only feed Dask's
+#   dashboard and its "event loop was unresponsive" warning, which no test reads; an idle plane of a scheduler and two
+#   workers took 3.7 CPU-seconds a minute with Dask's defaults and 1.1 with these, and planes idle through the run.
+os.environ.setdefault("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "False")
+os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL", "1s")
+# - every Spark driver JVM the tests start (the session fixture's, each load's in a CLI process, a lab's or a
+#   notebook's, the Connect server) and the standalone master and workers: the client compiler only and the serial
+#   collector. A JVM's start and a small load's jobs took 17-18 CPU-seconds with the JVM's defaults (C2 compiling in
+#   the background, G1's threads) and 8-9 with these, the same answers (Spark reads SPARK_SUBMIT_OPTS and
+#   SPARK_DAEMON_JAVA_OPTS when it starts a JVM; the kit's own JVMs outside the tests keep the defaults).
+for _var in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS"):
+    os.environ.setdefault(_var, "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 # each test stack saves its own worker plane ports; these (set by .ci/run for `just ducklake-test`, or by a user's
 # shell) would override them and send every stack to one port, or the tests to a user's Dask cluster
 for _var in (
