@@ -1,5 +1,5 @@
-"""`bench --suite dynamic` at a tiny size on the real lake: both bases built, each refresh of the AUTO table
-incremental and of the FULL table full (the suite raises otherwise), both tables equal to their query run in full
+"""`bench --suite dynamic` at a tiny size on the real lake: both bases built (the second of as many months as asked,
+as `--months 1,3` does), each refresh of the INCREMENTAL table and of the FULL table full (the suite raises otherwise), both tables equal to their query run in full
 (the suite raises otherwise), the figures and ratios computed from the same run, and the suite's tables dropped
 afterwards. Nothing here is timed against a goal, so each part repeats fewer times than the suite's (the fixed cost
 5 refreshes, the stream 6 changes with its replace at the middle, the star join and the chain 3 each): the shape
@@ -11,15 +11,32 @@ import json
 
 import pytest
 
-from ducklake_kit.bench import dynamic, dynamic_joins, reports
-from ducklake_kit.bench.dynamic import INC, SMALL, TRIPS, bench_dynamic
+from ducklake_kit.bench import dynamic, dynamic_joins, reports, suites
+from ducklake_kit.bench.dynamic import INC, SMALL, TRIPS, bases_of, bench_dynamic
 from ducklake_kit.bench.dynamic_joins import CHAIN, FACTS, JOINED
 from ducklake_kit.dynamic_tables.refresh import ADAPTIVE_CROSSOVER, PHASES
+from ducklake_kit.errors import EXIT_USAGE, KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import table_exists
 from ducklake_kit.platforms.kit import Kit
 
 FIXED_RUNS, STREAM, STAR_RUNS, CHAIN_RUNS = 5, 6, 3, 3
+
+
+def test_months_are_the_first_base_or_both():
+    assert [bases_of(suites.months(m)) for m in (12, "12", "12,48", " 3, 4")] == [
+        (12, 24),
+        (12, 24),
+        (12, 48),
+        (3, 4),
+    ]
+    for bad in ("12,x", "1,2,3", "-1", ""):
+        with pytest.raises(KitError) as e:
+            suites.months(bad)
+        assert e.value.exit_code == EXIT_USAGE and "e.g. --months 12" in e.value.fix
+    for bad in ((0, 4), (4, 4), (4, 3)):
+        with pytest.raises(KitError, match="the second more than the first"):
+            bases_of(bad)
 
 
 def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp_path, monkeypatch):
@@ -31,18 +48,43 @@ def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp
     ):
         monkeypatch.setattr(module, name, runs)
     out = tmp_path / "dynamic.json"
-    r = bench_dynamic(Kit.on(stack.platform, stack.state), months=1, rows_per_month=2000, runs=1, json_path=out)
-    assert [(b.months, b.base_rows) for b in r.bases] == [(1, 2000), (2, 4000)]
-    for b in r.bases:
-        assert b.change_rows == 2000 and len(b.incremental_s) == len(b.full_s) == 1
+    kit = Kit.on(stack.platform, stack.state)
+    r = bench_dynamic(kit, months=(1, 3), rows_per_month=2000, runs=1, json_path=out)
+    assert [(b.months, b.base_rows) for b in r.bases] == [(1, 2000), (3, 6000)]
+    for b in r.bases:  # a tenth of a month, then a month, appended and refreshed both ways
+        assert (b.small_change_rows, b.change_rows) == (200, 2000)
+        assert len(b.small_incremental_s) == len(b.small_full_s) == len(b.incremental_s) == len(b.full_s) == 1
         assert b.incremental_how.startswith("inserts merged into")
         assert b.ratio == pytest.approx(b.incremental_median_s / b.full_median_s, abs=0.01)
-    assert r.growth == pytest.approx(r.bases[1].incremental_median_s / r.bases[0].incremental_median_s - 1, abs=0.01)
+        assert b.small_ratio == pytest.approx(b.small_incremental_median_s / b.small_full_median_s, abs=0.01)
+    first, second = r.bases
+    assert r.growth == pytest.approx(second.incremental_median_s / first.incremental_median_s - 1, abs=0.01)
     goals = json.loads(out.read_text())["goals"]
+    change = goals["change"]  # issue 30's goal, computed from the small change's figures
+    assert change["ratio"] == first.small_ratio and change["ratio_met"] == (first.small_ratio <= 0.15)
+    small_growth = second.small_incremental_median_s / first.small_incremental_median_s - 1
+    assert change["growth"] == pytest.approx(small_growth, abs=0.01) and change["growth_met"] == (
+        change["growth"] <= 0.05
+    )
+    assert (change["change_rows"], change["first_base_rows"], change["second_base_rows"]) == (200, 2000, 6000)
+    assert change["at_goal_size"] is False and goals["second_base_rows"] == 6000
     report = reports.dynamic_report(r)  # what `bench --suite dynamic` prints
-    assert [row[:3] for row in report.table.rows] == [[1, "2,000", "2,000"], [2, "4,000", "2,000"]]
+    assert [row[:3] for row in report.table.rows] == [
+        [1, "2,000", "200"],
+        [1, "2,000", "2,000"],
+        [3, "6,000", "200"],
+        [3, "6,000", "2,000"],
+    ]
     assert "median of 1 " in report.table.title and "file cache off" in report.table.title
     assert "(the goal is set at 12,000,000 base rows: --rows 1000000)" in report.notes[0]
+    assert report.notes[1].startswith(f"a change of 200 rows: incremental / full at 2,000 rows: {change['ratio']} ")
+    assert "; its incremental refresh's phases (ms, median): at 2,000 rows lock " in report.notes[1]
+    assert all(set(b.small_phase_medians) == set(PHASES) for b in r.bases)
+    assert (
+        report.notes[1]
+        .split("; its incremental")[0]
+        .endswith("(the goal is set at 100,000 rows into 12,000,000 and 48,000,000: --rows 1000000 --months 12,48)")
+    )
     assert goals["at_goal_size"] is False and goals["ratio_goal"] == 0.1 and goals["growth_goal"] == 0.2
     # the fixed cost: every refresh timed in its phases, which add up to (nearly) its wall time
     f = r.fixed
@@ -69,6 +111,9 @@ def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp
             assert s.adaptive_mode == "INCREMENTAL", s
         assert f"ADAPTIVE chose {s.adaptive_mode.lower()}: " in s.adaptive_reason
     assert replace.adaptive_mode == "FULL" and st.steps[0].adaptive_mode == "INCREMENTAL"
+    per = st.per_step()  # whether ADAPTIVE chose the mode whose table was faster in each step, counted from the steps
+    faster = [s.adaptive_mode == ("INCREMENTAL" if s.incremental_s <= s.full_s else "FULL") for s in st.steps]
+    assert per["chose_faster"] == sum(faster) and goals["adaptive_per_step_met"] == (per["over_goal"] == 0)
     assert any(n.startswith(f"stream of {STREAM} refreshes") for n in report.notes)
     # the star join: one delta term per fact append (the refresher's own count; the dimensions did not change), the
     # ratio from the same refreshes; the chain: three INCREMENTAL refreshes, upstream first, per row

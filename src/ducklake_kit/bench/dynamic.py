@@ -5,14 +5,18 @@ The table is `dynamic_tables/daily_revenue_by_borough.sql`'s query (trips joined
 borough) over the suite's own tables in the `bench` schema: `bench.dt_trips` (the columns that query reads, from
 synthetic TLC months, written by DuckDB: this suite measures refreshes, not the load) and `bench.dt_zones`. Two
 dynamic tables read them: one REFRESH_MODE = INCREMENTAL, one REFRESH_MODE = FULL. For each base (N months, then 2N):
-build the base, create both tables, then `runs` times append one more month (the same months for both bases) and
-refresh each table, timed (`Refresher.refresh`, wall clock: lock, reads, change feed, writes and commit), with
+build the base, create both tables, then `runs` times append a tenth of a month and refresh each table, then one
+more month and refresh each table (the same rows for both bases), timed (`Refresher.refresh`, wall clock: lock, reads, change feed, writes and commit), with
 DuckDB's external file cache off unless asked (`file_cache=True`): every refresh reads its Parquet from S3. Both
 tables are then compared with their query run in full (EXCEPT ALL both ways): a figure from a wrong table is no
 figure.
 
-Goals (issue 13): at 12M base rows the incremental refresh takes at most 1/10 of the full one, and doubling the
-base changes the incremental time by under 20%.
+The second base has 2N months, or as many as asked (`months=(12, 48)`).
+
+Goals (issue 13), for the month appended: at 12M base rows the incremental refresh takes at most 1/10 of the full
+one, and doubling the base changes the incremental time by under 20%. (Issue 30), for the tenth of a month: a
+change of 100,000 rows into 12M and 48M base rows (`--rows 1000000 --months 12,48`): the incremental refresh at
+most 0.15 of the full one at 12M, and its time grows at most 5 % from 12M to 48M.
 
 Then two more measurements (issue 30):
 - **The fixed cost of a refresh**: one row inserted into a small table (`bench.dt_small`, 1,000 rows), its ADAPTIVE
@@ -54,6 +58,11 @@ from ducklake_kit.taxi import synthetic
 GOAL_RATIO = 0.10  # incremental / full, at 12M base rows
 GOAL_GROWTH = 0.20  # how much the incremental time may change when the base doubles
 GOAL_BASE_ROWS = 12_000_000
+# issue 30: a change of a tenth of a month (100,000 rows at --rows 1000000) into 12M and 48M base rows
+CHANGE_OF_MONTH = 10  # the small change is rows_per_month // CHANGE_OF_MONTH rows
+GOAL_CHANGE_RATIO = 0.15  # incremental / full for that change, at 12M base rows
+GOAL_CHANGE_GROWTH = 0.05  # how much its incremental time may grow from 12M to 48M base rows
+GOAL_CHANGE = (100_000, 12_000_000, 48_000_000)  # the change's rows and the two bases' rows the goal is set at
 GOAL_FIXED_MS = 50  # a one-row change into a small table, refreshed
 GOAL_ADAPTIVE = 1.1  # ADAPTIVE's total over the better of always-incremental and always-full
 FIXED_RUNS, SMALL_ROWS = 15, 1000
@@ -83,6 +92,31 @@ class BaseFigures:
     incremental_s: list[float] = field(default_factory=list)
     full_s: list[float] = field(default_factory=list)
     incremental_how: str = ""
+    small_change_rows: int = 0  # rows of the small change (a tenth of a month)
+    small_incremental_s: list[float] = field(default_factory=list)
+    small_full_s: list[float] = field(default_factory=list)
+    small_incremental_phases: list[dict[str, float]] = field(default_factory=list)  # each refresh's own (ms)
+
+    @property
+    def small_phase_medians(self) -> dict[str, float]:
+        """The median of each phase of the small change's incremental refreshes (ms)."""
+        return {
+            p: round(statistics.median(x.get(p, 0.0) for x in self.small_incremental_phases), 1)
+            for p in PHASES
+            if self.small_incremental_phases
+        }
+
+    @property
+    def small_incremental_median_s(self) -> float:
+        return round(statistics.median(self.small_incremental_s), 3)
+
+    @property
+    def small_full_median_s(self) -> float:
+        return round(statistics.median(self.small_full_s), 3)
+
+    @property
+    def small_ratio(self) -> float:
+        return round(self.small_incremental_median_s / self.small_full_median_s, 3)
 
     @property
     def incremental_median_s(self) -> float:
@@ -102,6 +136,10 @@ class BaseFigures:
             "incremental_median_s": self.incremental_median_s,
             "full_median_s": self.full_median_s,
             "ratio": self.ratio,
+            "small_incremental_median_s": self.small_incremental_median_s,
+            "small_full_median_s": self.small_full_median_s,
+            "small_ratio": self.small_ratio,
+            "small_phase_medians_ms": self.small_phase_medians,
         }
 
 
@@ -166,12 +204,22 @@ class Stream:
         return Cost(round(max(full, 0.0), 4), round(per_row, 3), round(max(inc_ms - per_row * rows / 1000, 0.0), 1))
 
     def per_step(self) -> dict[str, Any]:
-        """Each step's ADAPTIVE time over the better of the other two: the median, the worst, how many over 1.1."""
+        """Each step's ADAPTIVE time over the better of the other two: the median, the worst, how many over 1.1;
+        in how many steps ADAPTIVE chose the mode whose table refreshed faster in that step (of all, and of those
+        over 1.1); and whether no step is over 1.1 (`met`)."""
         ratios = [s.adaptive_s / max(min(s.incremental_s, s.full_s), 1e-9) for s in self.steps]
+        faster = [s.adaptive_mode == (INCREMENTAL if s.incremental_s <= s.full_s else FULL) for s in self.steps]
         if not ratios:
-            return {"median": None, "worst": None, "over_goal": 0}
-        over = sum(r > GOAL_ADAPTIVE for r in ratios)
-        return {"median": round(statistics.median(ratios), 3), "worst": round(max(ratios), 3), "over_goal": over}
+            return {"median": None, "worst": None, "over_goal": 0, "chose_faster": 0, "over_chose_faster": 0}
+        over = [r > GOAL_ADAPTIVE for r in ratios]
+        return {
+            "median": round(statistics.median(ratios), 3),
+            "worst": round(max(ratios), 3),
+            "over_goal": sum(over),
+            "chose_faster": sum(faster),
+            "over_chose_faster": sum(o and f for o, f in zip(over, faster)),
+            "met": not any(over),
+        }
 
     def total(self, which: str) -> float:
         return round(sum(getattr(s, f"{which}_s") for s in self.steps), 3)
@@ -232,9 +280,34 @@ class DynamicBench:
 
     @property
     def growth(self) -> float:
-        """The incremental time at the doubled base over the one at the first base, minus 1."""
+        """The incremental time (a month appended) at the second base over the one at the first base, minus 1."""
         a, b = self.bases[0].incremental_median_s, self.bases[-1].incremental_median_s
         return round(b / a - 1, 3)
+
+    @property
+    def small_growth(self) -> float:
+        """The incremental time (a tenth of a month appended) at the second base over the first base's, minus 1."""
+        a, b = self.bases[0].small_incremental_median_s, self.bases[-1].small_incremental_median_s
+        return round(b / a - 1, 3)
+
+    def change_goal(self) -> dict[str, Any]:
+        """Issue 30's goal, computed from the small change: its ratio at the first base and its growth."""
+        first, second = self.bases[0], self.bases[-1]
+        return {
+            "change_rows": first.small_change_rows,
+            "first_base_rows": first.base_rows,
+            "second_base_rows": second.base_rows,
+            "ratio": first.small_ratio,
+            "ratio_goal": GOAL_CHANGE_RATIO,
+            "ratio_met": first.small_ratio <= GOAL_CHANGE_RATIO,
+            "growth": self.small_growth,
+            "growth_goal": GOAL_CHANGE_GROWTH,
+            "growth_met": self.small_growth <= GOAL_CHANGE_GROWTH,
+            "goal_size": list(GOAL_CHANGE),
+            "at_goal_size": first.small_change_rows == GOAL_CHANGE[0]
+            and first.base_rows >= GOAL_CHANGE[1]
+            and second.base_rows >= GOAL_CHANGE[2],
+        }
 
     def goals(self) -> dict[str, Any]:
         first = self.bases[0]
@@ -248,12 +321,15 @@ class DynamicBench:
             "growth_when_doubled": self.growth,
             "growth_goal": GOAL_GROWTH,
             "growth_met": abs(self.growth) < GOAL_GROWTH,
+            "second_base_rows": self.bases[-1].base_rows,
+            "change": self.change_goal(),
             "fixed_cost_ms": self.fixed.median_ms if self.fixed else None,
             "fixed_cost_goal_ms": GOAL_FIXED_MS,
             "fixed_cost_met": bool(self.fixed and self.fixed.median_ms < GOAL_FIXED_MS),
             "adaptive_over_better": self.stream.ratio if self.stream else None,
             "adaptive_goal": GOAL_ADAPTIVE,
             "adaptive_met": bool(self.stream and self.stream.ratio <= GOAL_ADAPTIVE),
+            "adaptive_per_step_met": bool(self.stream and self.stream.per_step()["met"]),
             **({"star": self.star.as_dict()} if self.star else {}),
             **(
                 {"chain": {k: v for k, v in self.chain.as_dict().items() if k in ("median_s", "goal_s", "met")}}
@@ -374,24 +450,72 @@ def _stream(lake: Lake, meta: Metadata, refresher: Refresher, files: dict[int, P
     return out
 
 
+def _base(lake: Lake, meta: Metadata, refresher: Refresher, base: str, added: list[tuple[str, str]], say):
+    """A base (`base`: a query of its rows) with both tables, then for each (small change, month) of `added` (queries
+    of their rows): the small change appended and both tables refreshed, then the month and both refreshed."""
+    lake.con.execute(f"CREATE OR REPLACE TABLE lake.{TRIPS} AS {base}")
+    base_rows = int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}"))
+    for name, mode in ((INC, "INCREMENTAL"), (FULL_TABLE, "FULL")):
+        _create(lake, meta, name, mode)
+    fig = BaseFigures(0, base_rows, 0)
+    small, month = [], []
+    for pair in added:
+        for src, changes, inc_s, full_s in (
+            (pair[0], small, fig.small_incremental_s, fig.small_full_s),
+            (pair[1], month, fig.incremental_s, fig.full_s),
+        ):
+            before_rows = int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}"))
+            lake.con.execute(f"INSERT INTO lake.{TRIPS} {src}")
+            changes.append(int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}")) - before_rows)
+            for name, times, mode in ((INC, inc_s, INCREMENTAL), (FULL_TABLE, full_s, FULL)):
+                r, took = _timed(refresher, meta, name, mode)
+                times.append(took)
+                if name == INC:
+                    fig.incremental_how = r.reason or ""
+                    if changes is small:
+                        fig.small_incremental_phases.append(r.phases or {})
+                say(f"  +{changes[-1]:,} trips: {name} {r.mode.lower()} in {took} s ({r.reason})")
+    checked(lake, meta, (INC, FULL_TABLE))
+    fig.small_change_rows, fig.change_rows = int(statistics.median(small)), int(statistics.median(month))
+    return fig
+
+
+def bases_of(months: int | tuple[int, int]) -> tuple[int, int]:
+    """The two bases' months: N (then 2N) or (N, M) with M > N >= 1."""
+    first, second = (months, 2 * months) if isinstance(months, int) else months
+    if first < 1 or second <= first:
+        raise KitError(
+            f"--months {first},{second}: the bases' months must be at least 1, the second more than the first",
+            "e.g. bench --suite dynamic --months 12 (then 24) or --months 12,48",
+        )
+    return first, second
+
+
 def bench_dynamic(
     kit: Kit,
     *,
-    months: int = 12,
+    months: int | tuple[int, int] = 12,
     rows_per_month: int = 100_000,
     runs: int = 2,
     file_cache: bool = False,
     json_path: Path | None = None,
 ) -> DynamicBench:
-    if months < 1 or rows_per_month < 1000 or runs < 1:
+    """`months`: the first base's months (the second has twice as many), or both bases' (`(12, 48)`)."""
+    first, second = bases_of(months)
+    if rows_per_month < 1000 or runs < 1:
         raise KitError(
             "--months, --runs must be at least 1 and --rows (rows per month) at least 1000",
             "e.g. bench --suite dynamic --months 12 --rows 1000000",
         )
     before = load_average()
-    appended = list(range(2 * months, 2 * months + runs))
+    # after the largest base's months: per run, a month appended whole (the months of before, 2N + i, when the
+    # second base is 2N) and, before it, the first tenth of another
     state, say = kit.state, kit.say
-    files = _month_files(state.cache_dir, list(range(2 * months)) + appended, rows_per_month, say)
+    files = _month_files(state.cache_dir, list(range(second + 2 * runs)), rows_per_month, say)
+    small = rows_per_month // CHANGE_OF_MONTH
+    changes = [
+        (f"{_month_rows(files[second + runs + i])} LIMIT {small}", _month_rows(files[second + i])) for i in range(runs)
+    ]
     zones_csv = synthetic.write_zone_lookup(state.cache_dir / "bench-dynamic" / "taxi_zone_lookup.csv")
     bases = []
     ep = kit.platform.endpoints()
@@ -403,45 +527,29 @@ def bench_dynamic(
         lake.con.execute(f"SET enable_external_file_cache = {'true' if file_cache else 'false'}")
         refresher = Refresher(lake, meta)
         try:
-            for n in (months, 2 * months):
-                say(f"base of {n} months: writing {TRIPS} with DuckDB")
+            lake.con.execute(
+                f"CREATE OR REPLACE TABLE lake.{ZONES} AS SELECT LocationID AS location_id, "
+                f"Borough AS borough FROM read_csv({quote_literal(str(zones_csv))}, header = true)"
+            )
+            for n in (first, second):
+                say(f"base of {n} months: writing {TRIPS} with DuckDB, creating {INC} and {FULL_TABLE}")
                 _drop(lake, meta)
                 union = " UNION ALL ".join(_month_rows(files[i]) for i in range(n))
-                lake.con.execute(f"CREATE OR REPLACE TABLE lake.{TRIPS} AS {union}")
-                lake.con.execute(
-                    f"CREATE OR REPLACE TABLE lake.{ZONES} AS SELECT LocationID AS location_id, "
-                    f"Borough AS borough FROM read_csv({quote_literal(str(zones_csv))}, header = true)"
-                )
-                base_rows = int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}"))
-                say(f"base of {n} months: {base_rows:,} trips; creating {INC} (INCREMENTAL) and {FULL_TABLE} (FULL)")
-                for name, mode in ((INC, "INCREMENTAL"), (FULL_TABLE, "FULL")):
-                    _create(lake, meta, name, mode)
-                fig = BaseFigures(n, base_rows, 0)
-                changes = []
-                for i in appended:
-                    before_rows = int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}"))
-                    lake.con.execute(f"INSERT INTO lake.{TRIPS} {_month_rows(files[i])}")
-                    changes.append(int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}")) - before_rows)
-                    for name, times, mode in ((INC, fig.incremental_s, INCREMENTAL), (FULL_TABLE, fig.full_s, FULL)):
-                        r, took = _timed(refresher, meta, name, mode)
-                        times.append(took)
-                        if name == INC:
-                            fig.incremental_how = r.reason or ""
-                        say(f"  +{changes[-1]:,} trips: {name} {r.mode.lower()} in {times[-1]} s ({r.reason})")
-                checked(lake, meta, (INC, FULL_TABLE))
-                fig.change_rows = int(statistics.median(changes))
-                bases.append(fig)
+                bases.append(_base(lake, meta, refresher, union, changes, say))
+                bases[-1].months = n
+                say(f"base of {n} months: {bases[-1].base_rows:,} trips")
             _drop(lake, meta)
-            say(f"stream: {STREAM} changes on a base of {months} months, three tables (INCREMENTAL, FULL, ADAPTIVE)")
+            say(f"stream: {STREAM} changes on a base of {first} months, three tables (INCREMENTAL, FULL, ADAPTIVE)")
             lake.con.execute(
                 f"CREATE OR REPLACE TABLE lake.{TRIPS} AS "
-                + " UNION ALL ".join(_month_rows(files[i]) for i in range(months))
+                + " UNION ALL ".join(_month_rows(files[i]) for i in range(first))
             )
-            stream = _stream(lake, meta, refresher, files, months, say)
+            stream = _stream(lake, meta, refresher, files, first, say)
             per = stream.per_step()
             say(
                 f"per step, ADAPTIVE over the better of the other two: median {per['median']}, worst {per['worst']}, "
-                f"{per['over_goal']} of {len(stream.steps)} steps over {GOAL_ADAPTIVE}"
+                f"{per['over_goal']} of {len(stream.steps)} steps over {GOAL_ADAPTIVE} ({per['over_chose_faster']} of "
+                f"them with the faster mode chosen); ADAPTIVE chose the faster mode in {per['chose_faster']} steps"
             )
             _drop(lake, meta)
             fixed = fixed_cost(lake, meta, refresher, say)
@@ -457,7 +565,7 @@ def bench_dynamic(
                     f"{DEFAULT_COST.incremental_us_per_row:g}; crossover at {stream.base_rows:,} rows "
                     f"{DEFAULT_COST.crossover_at(stream.base_rows):.2%}, on large sources {DEFAULT_COST.crossover:.2%}"
                 )
-            star, chain = bench_joins(lake, meta, months * rows_per_month, say)
+            star, chain = bench_joins(lake, meta, first * rows_per_month, say)
         finally:
             refresher.close()
             _drop(lake, meta)

@@ -85,6 +85,18 @@ def sizes(rows: list[str] | list[int]) -> tuple[int, ...]:
         ) from None
 
 
+def months(value: int | str) -> int | tuple[int, int]:
+    """--months (--suite dynamic): N (the second base has 2N months) or N,M (both bases' months)."""
+    parts = [p.strip() for p in str(value).split(",")]
+    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
+        raise KitError(
+            f"--months {value} is not N or N,M (the bases' months, whole numbers)",
+            "e.g. --months 12 (bases of 12 and 24 months) or --months 12,48",
+            exit_code=EXIT_USAGE,
+        )
+    return int(parts[0]) if len(parts) == 1 else (int(parts[0]), int(parts[1]))
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A suite and the options given for it, checked: `run(kit)` measures."""
@@ -111,6 +123,8 @@ def prepare(name: str, given: dict[str, Any]) -> Prepared:
         raise _refused(s, refused[0], given[refused[0]])
     if "rows" in given:
         given["rows"] = sizes(given["rows"])
+    if "months" in given:
+        given["months"] = months(given["months"])
     return Prepared(s, given)
 
 
@@ -169,8 +183,9 @@ SUITES: dict[str, Suite] = {
             reports.dynamic,
             "incremental vs full refresh of a dynamic table",
             rows="rows per month, one size (default 100,000)",
-            runs="months appended and refreshed per base (default 2)",
-            months="months in the first base; the second base has twice as many (default 12)",
+            runs="changes appended and refreshed per base, each a tenth of a month then a month (default 2)",
+            months="months in the first base, the second has twice as many (default 12); or both bases' months, "
+            "N,M (e.g. 12,48)",
             file_cache="keep DuckDB's external file cache on (the full recompute then reads the base from memory; "
             "default off)",
             out=OUT,

@@ -26,7 +26,7 @@ def bench(
     suite: Annotated[str, typer.Option(help=suites.suites_help())] = "load",
     rows: Annotated[list[str] | None, _opt("rows")] = None,
     runs: Annotated[int | None, _opt("runs")] = None,
-    months: Annotated[int | None, _opt("months")] = None,
+    months: Annotated[str | None, _opt("months")] = None,
     file_cache: Annotated[
         bool | None, typer.Option("--file-cache/--no-file-cache", help=suites.help_for("file_cache"))
     ] = None,
