@@ -93,8 +93,9 @@ class Cost:
 
 
 # measured by `bench --suite dynamic` at the default size (a base of 1.2M rows, appends of 12,000, a month of
-# 212,000 rows replaced; 2 cores, load average 11 before, 19 after; fixed cost 81 ms), 2026-11-28, see
-# docs/benchmarks.md: a full refresh ~0.36 us per row of the base (~0.43 s at 1.2M), an incremental one
-# ~0.59 s + 2.3 us per row changed. So at 1.2M rows a full refresh is the cheaper for any change over
-# ADAPTIVE_SMALL_CHANGE, and on 12M rows the crossover is ~13 %.
-DEFAULT = Cost(full_us_per_row=0.36, incremental_us_per_row=2.3, incremental_ms=587.0)
+# 212,000 rows replaced; 2 cores, load average 1.2; fixed cost 30 ms), 2026-11-28, after merged tables were compacted
+# (refresh.COMPACT_FILES; before, each merge read one more file than the last, and the incremental constants measured
+# 464-587 ms + 2.3-6.2 us per row), see docs/benchmarks.md: a full refresh ~0.19 us per row of the base (~0.23 s at
+# 1.2M), an incremental one ~0.18 s + 1.9 us per row changed. So at 1.2M rows the crossover is ~2 % (a 1 % append
+# is merged), and on 12M rows ~9 %.
+DEFAULT = Cost(full_us_per_row=0.19, incremental_us_per_row=1.9, incremental_ms=183.0)
