@@ -114,6 +114,10 @@ def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp
     per = st.per_step()  # whether ADAPTIVE chose the mode whose table was faster in each step, counted from the steps
     faster = [s.adaptive_mode == ("INCREMENTAL" if s.incremental_s <= s.full_s else "FULL") for s in st.steps]
     assert per["chose_faster"] == sum(faster) and goals["adaptive_per_step_met"] == (per["over_goal"] == 0)
+    for s in st.steps:  # each step keeps both refreshes' phases; the gap is ADAPTIVE's less INCREMENTAL's, by phase
+        assert set(ALWAYS) <= set(s.incremental_phases) and set(ALWAYS) <= set(s.adaptive_phases)
+        if s.adaptive_mode == "INCREMENTAL":
+            assert s.gap["delta"] == pytest.approx(s.adaptive_phases["delta"] - s.incremental_phases["delta"], abs=0.1)
     assert any(n.startswith(f"stream of {STREAM} refreshes") for n in report.notes)
     # the star join: one delta term per fact append (the refresher's own count; the dimensions did not change), the
     # ratio from the same refreshes; the chain: three INCREMENTAL refreshes, upstream first, per row

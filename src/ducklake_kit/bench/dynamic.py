@@ -178,6 +178,17 @@ class StreamStep:
     adaptive_mode: str
     adaptive_reason: str
     rows_before: int = 0  # the base's rows before the change
+    # the phases (ms) of the INCREMENTAL and the ADAPTIVE tables' refreshes: where a step's gap between them went
+    incremental_phases: dict[str, float] = field(default_factory=dict)
+    adaptive_phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def gap(self) -> dict[str, float]:
+        """ADAPTIVE's phases less the INCREMENTAL table's (ms), when both refreshed incrementally: by phase."""
+        if self.adaptive_mode != INCREMENTAL:
+            return {}
+        a, i = self.adaptive_phases, self.incremental_phases
+        return {p: round(a.get(p, 0.0) - i.get(p, 0.0), 1) for p in PHASES}
 
 
 @dataclass
@@ -212,12 +223,16 @@ class Stream:
         if not ratios:
             return {"median": None, "worst": None, "over_goal": 0, "chose_faster": 0, "over_chose_faster": 0}
         over = [r > GOAL_ADAPTIVE for r in ratios]
+        # of the steps over, those where ADAPTIVE and the INCREMENTAL table both merged: their gap by phase (summed)
+        gaps = [s.gap for s, o in zip(self.steps, over) if o and s.gap]
         return {
             "median": round(statistics.median(ratios), 3),
             "worst": round(max(ratios), 3),
             "over_goal": sum(over),
             "chose_faster": sum(faster),
             "over_chose_faster": sum(o and f for o, f in zip(over, faster)),
+            "over_both_incremental": len(gaps),
+            "over_gap_ms": {p: round(sum(g[p] for g in gaps), 1) for p in PHASES} if gaps else {},
             "met": not any(over),
         }
 
@@ -440,11 +455,13 @@ def _stream(lake: Lake, meta: Metadata, refresher: Refresher, files: dict[int, P
             src = _month_rows(files[i % months])
             commit(lake, f"INSERT INTO lake.{TRIPS} {src} LIMIT {per} OFFSET {per * (i // months)}", "bench: append")
             kind, change = "append", int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}")) - before
-        _, inc_s = _timed(refresher, meta, INC, INCREMENTAL)
+        ri, inc_s = _timed(refresher, meta, INC, INCREMENTAL)
         _, full_s = _timed(refresher, meta, FULL_TABLE, FULL)
         r, ada_s = _timed(refresher, meta, ADAPT)
         share = round(change / before, 4)
-        out.steps.append(StreamStep(kind, change, share, inc_s, full_s, ada_s, r.mode, r.reason, before))
+        step = StreamStep(kind, change, share, inc_s, full_s, ada_s, r.mode, r.reason, before)
+        step.incremental_phases, step.adaptive_phases = ri.phases or {}, r.phases or {}
+        out.steps.append(step)
         say(f"  {kind} of {change:,} rows: incremental {inc_s} s, full {full_s} s, adaptive {ada_s} s ({r.mode})")
     checked(lake, meta, (INC, FULL_TABLE, ADAPT))
     return out

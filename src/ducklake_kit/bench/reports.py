@@ -431,6 +431,13 @@ def dynamic_report(r: DynamicBench) -> Report:
             f"{per['over_goal']} of {len(st.steps)} steps over {g['adaptive_goal']} (goal: none: "
             f"{_met(g['adaptive_per_step_met'])}); ADAPTIVE chose the mode that was faster in {per['chose_faster']} "
             f"of {len(st.steps)} steps ({per['over_chose_faster']} of the steps over {g['adaptive_goal']})"
+            + (
+                f"; in the {per['over_both_incremental']} steps over where both merged, ADAPTIVE's refreshes took "
+                "more than the INCREMENTAL table's by (ms, summed): "
+                + ", ".join(f"{p} {ms:+g}" for p, ms in per["over_gap_ms"].items())
+                if per["over_both_incremental"]
+                else ""
+            )
         )
     if r.star is not None:
         sj = r.star.as_dict()
