@@ -13,7 +13,7 @@ import pytest
 from ducklake_kit.lake import Lake
 from ducklake_kit.pipelines import flow
 from ducklake_kit.pipelines.runner import PipelineRun
-from ducklake_kit.workers import WorkerPlane, plane
+from ducklake_kit.workers import WorkerPlane
 from ducklake_kit.workers.config import PlaneConfig
 
 S = "pipeline_tests"
@@ -42,22 +42,13 @@ class Pipes:
 
 
 @pytest.fixture(scope="module")
-def pipes(stack, tmp_path_factory):
+def pipes(stack, workers, lake, tmp_path_factory):
     ep = stack.platform.endpoints()
-    status = plane.up(stack.state, ep, 2)
-    assert [w.name for w in status.workers] == ["w1", "w2"], status
-    with Lake(ep) as lake:
-        lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}")
+    lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}")
     yield Pipes(stack, tmp_path_factory.mktemp("pipelines"))
-    with WorkerPlane(status.address, ep) as wp:  # the worker-local tables these tests made go with them
+    with WorkerPlane(workers.address, ep) as wp:  # the worker-local tables these tests made go with them
         for name in wp.names():
             wp.run("DROP TABLE IF EXISTS local.p_eph", worker=name)
-
-
-@pytest.fixture
-def lake(stack):
-    with Lake(stack.platform.endpoints()) as lk:
-        yield lk
 
 
 def after(run: PipelineRun, child: str, parent: str) -> bool:
@@ -254,6 +245,19 @@ CREATE OR REPLACE TABLE {S}.kept AS SELECT e.zone_id, e.n FROM local.p_eph e WHE
         "SELECT count(*), count(DISTINCT run_id) FROM pipeline_runs WHERE pipeline = 'local'"
     ).fetchone()
     assert runs == (2, 2)
+
+
+def test_the_modules_one_connection_reads_what_another_committed_after_it_attached(pipes, lake, stack):
+    """The premise of the modules that read the lake through one connection (conftest.py's `lake`): each statement
+    reads the newest snapshot, so what a worker or another connection commits later is seen, not an older lake."""
+    lake.run(f"CREATE OR REPLACE TABLE {S}.seen AS SELECT 1 AS x")
+    before = lake.current_snapshot()
+    with Lake(stack.platform.endpoints()) as other:
+        other.write(f"INSERT INTO {S}.seen VALUES (2)")
+        landed = other.current_snapshot()
+    assert landed > before
+    assert lake.current_snapshot() == landed
+    assert lake.con.execute(f"SELECT x FROM {S}.seen ORDER BY x").fetchall() == [(1,), (2,)]
 
 
 def test_history_in_the_lake_matches_the_run(pipes, lake):
