@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from ducklake_kit.lake import Lake
 from ducklake_kit.pipelines import dag, flow
 from ducklake_kit.pipelines.sqlfile import PipelineError
-from ducklake_kit.workers import plane
 from ducklake_kit.workers.config import PlaneConfig
 
 S = "pipeline_incr"
@@ -44,17 +43,25 @@ DAY0 = dt.date(2024, 1, 1)
 
 
 class Incr:
-    def __init__(self, stack, path):
+    """The pipeline and one lake connection for the module's reads and writes (a Lake per statement attached the
+    lake again each time: most of the oracles' time)."""
+
+    def __init__(self, stack, path, lake: Lake):
         self.ep = stack.platform.endpoints()
         self.address = PlaneConfig.of(stack.state, None).address
         self.path = path
+        self.lake = lake
 
     def sql(self, text: str, params=None):
-        with Lake(self.ep) as lake:
-            return lake.con.execute(text, params).fetchall()
+        return self.lake.con.execute(text, params).fetchall()
 
     def run(self, **kw):
-        return flow.run(self.path, self.address, self.ep, flow.Options(**kw)).run
+        outcome = flow.run(self.path, self.address, self.ep, flow.Options(**kw))
+        # the module's connection reads the lake as the run left it (each statement reads the newest snapshot), or
+        # the oracle would compare a table with its query on an older snapshot
+        seen = self.sql("SELECT count(*) FROM main.pipeline_runs WHERE run_id = ?", [outcome.run.run_id])
+        assert seen == [(1,)], outcome.run.run_id
+        return outcome.run
 
     def differs(self, table: str, query: str) -> tuple[int, int, int]:
         """(rows, rows only in the table, rows only in the full query)."""
@@ -66,17 +73,14 @@ class Incr:
 
 
 @pytest.fixture(scope="module")
-def incr(stack, tmp_path_factory):
-    ep = stack.platform.endpoints()
-    plane.up(stack.state, ep, 2)
-    with Lake(ep) as lake:
-        lake.run(
-            f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}; "
-            f"CREATE TABLE {S}.dim AS SELECT * FROM (VALUES (0, 'a'), (1, 'b'), (2, 'a')) v(k, name)"
-        )
+def incr(stack, workers, lake, tmp_path_factory):
+    lake.run(
+        f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}; "
+        f"CREATE TABLE {S}.dim AS SELECT * FROM (VALUES (0, 'a'), (1, 'b'), (2, 'a')) v(k, name)"
+    )
     path = tmp_path_factory.mktemp("incremental") / "incr.sql"
     path.write_text(PIPELINE)
-    return Incr(stack, path)
+    return Incr(stack, path, lake)
 
 
 def sql_day(d: dt.date | None) -> str:
