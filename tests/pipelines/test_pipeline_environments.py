@@ -37,30 +37,32 @@ PROD_TABLES = ("base", "top")
 class Env:
     """One schema with a source table, the pipeline over it, and the ways to run it and read the lake."""
 
-    def __init__(self, stack, folder: Path, schema: str):
+    def __init__(self, stack, folder: Path, schema: str, lake: Lake):
         self.ep = stack.platform.endpoints()
+        self.lake = lake
         self.address = PlaneConfig.of(stack.state, None).address
         self.cli_env = stack.env
         self.s = schema
         self.path = folder / f"{schema}.sql"
         self.write()
-        with Lake(self.ep) as lake:
-            lake.run(
-                f"DROP SCHEMA IF EXISTS {schema} CASCADE; DROP SCHEMA IF EXISTS dev__{schema} CASCADE; "
-                f"DROP TABLE IF EXISTS {schema}_plain; CREATE SCHEMA {schema}; "
-                f"CREATE TABLE {schema}.src AS SELECT i AS k FROM range(0, 6, 2) t(i)"
-            )
+        lake.run(
+            f"DROP SCHEMA IF EXISTS {schema} CASCADE; DROP SCHEMA IF EXISTS dev__{schema} CASCADE; "
+            f"DROP TABLE IF EXISTS {schema}_plain; CREATE SCHEMA {schema}; "
+            f"CREATE TABLE {schema}.src AS SELECT i AS k FROM range(0, 6, 2) t(i)"
+        )
 
     def write(self, m: int = 2, add: int = 1, base: str = "") -> None:
         base = base or f"i * {m} AS v FROM range(6) t(i)"
         self.path.write_text(PIPELINE.format(s=self.s, base=base, add=add))
 
     def run(self, **kw) -> PipelineRun:
-        return flow.run(self.path, self.address, self.ep, flow.Options(**kw)).run
+        run = flow.run(self.path, self.address, self.ep, flow.Options(**kw)).run
+        # the module's one connection reads the lake as the run left it (else the oracles would read old rows)
+        assert self.rows(f"SELECT count(*) FROM main.pipeline_runs WHERE run_id = '{run.run_id}'") == [(1,)]
+        return run
 
     def rows(self, sql: str) -> list[tuple]:
-        with Lake(self.ep) as lake:
-            return lake.con.execute(sql).fetchall()
+        return self.lake.con.execute(sql).fetchall()
 
     def prod(self) -> dict[str, list[tuple]]:
         out = {t: self.rows(f"SELECT * FROM {self.s}.{t} ORDER BY ALL") for t in PROD_TABLES}
@@ -92,8 +94,8 @@ def statuses(run: PipelineRun) -> dict[str, str]:
 
 
 @pytest.fixture
-def env(stack, workers, tmp_path, request):
-    return Env(stack, tmp_path, f"pe_{request.node.name.removeprefix('test_')[:20]}")
+def env(stack, workers, lake, tmp_path, request):
+    return Env(stack, tmp_path, f"pe_{request.node.name.removeprefix('test_')[:20]}", lake)
 
 
 def prod_untouched(env: Env, before: dict, first: int, ids: set[str]) -> None:
@@ -151,8 +153,7 @@ def test_diff_says_per_table_what_except_all_says(env, cli):
     # dev: keys 0 and 1 gone, 6..8 new, key 3 changed, keys 2, 4, 5 the same
     env.write(base="CASE WHEN i = 3 THEN 99 ELSE i * 2 END AS v FROM range(2, 9) t(i)")
     assert statuses(env.run(env="dev")) == dict.fromkeys(("base", "top", "plain"), "ok")
-    with Lake(env.ep) as lake:
-        got = {t.table: t for t in environments.diff(lake, "dev").tables}
+    got = {t.table: t for t in environments.diff(env.lake, "dev").tables}
     mine = {f"{env.s}.base", f"{env.s}.top", f"{env.s}_plain"}
     assert mine <= set(got)
     for name in mine:
