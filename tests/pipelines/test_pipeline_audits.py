@@ -13,7 +13,6 @@ import pytest
 from ducklake_kit.lake import Lake
 from ducklake_kit.pipelines import dag, flow
 from ducklake_kit.pipelines.sqlfile import PipelineError
-from ducklake_kit.workers import plane
 from ducklake_kit.workers.config import PlaneConfig
 
 S = "pipeline_audits"
@@ -29,31 +28,34 @@ CASES = {
 
 
 class Audited:
-    def __init__(self, stack, folder: Path):
+    """The module's folder, its one lake connection (each statement reads the newest snapshot), and runs."""
+
+    def __init__(self, stack, folder: Path, lake: Lake):
         self.ep = stack.platform.endpoints()
         self.address = PlaneConfig.of(stack.state, None).address
         self.folder = folder
+        self.lake = lake
 
     def sql(self, text: str):
-        with Lake(self.ep) as lake:
-            return lake.con.execute(text).fetchall()
+        return self.lake.con.execute(text).fetchall()
+
+    def run(self, path: Path) -> flow.RunOutcome:
+        outcome = flow.run(path, self.address, self.ep)
+        # the module's connection reads the lake as the run left it (else a rolled-back table would be read old)
+        assert self.sql(f"SELECT count(*) FROM main.pipeline_runs WHERE run_id = '{outcome.run.run_id}'") == [(1,)]
+        return outcome
 
     def snapshots(self) -> int:
-        with Lake(self.ep) as lake:
-            return lake.con.execute(f"SELECT count(*) FROM ducklake_snapshots('{lake.alias}')").fetchone()[0]
+        return self.lake.con.execute(f"SELECT count(*) FROM ducklake_snapshots('{self.lake.alias}')").fetchone()[0]
 
     def last_snapshot(self) -> int:
-        with Lake(self.ep) as lake:
-            return lake.current_snapshot()
+        return self.lake.current_snapshot()
 
 
 @pytest.fixture(scope="module")
-def audited(stack, tmp_path_factory):
-    ep = stack.platform.endpoints()
-    plane.up(stack.state, ep, 2)
-    with Lake(ep) as lake:
-        lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}")
-    return Audited(stack, tmp_path_factory.mktemp("audits"))
+def audited(stack, workers, lake, tmp_path_factory):
+    lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}")
+    return Audited(stack, tmp_path_factory.mktemp("audits"), lake)
 
 
 @pytest.mark.parametrize("audit", list(CASES))
@@ -71,7 +73,7 @@ def test_each_audit_passes_on_clean_data_and_fails_on_data_that_breaks_it(audite
     plan = flow.plan(path, audited.address, audited.ep).as_dict()
     assert plan["nodes"][0]["audits"][0]["audit"] == audit and plan["nodes"][0]["audited"] == built
 
-    good = flow.run(path, audited.address, audited.ep)
+    good = audited.run(path)
     assert {n.id: n.status for n in good.run.nodes} == {"build": "ok", "child": "ok"}, good.run.nodes
     assert good.run.node("build").audits == [{"audit": audit, "table": built, "status": "passed", "error": None}]
     rows = audited.sql(f"SELECT * FROM {built} ORDER BY ALL")
@@ -79,7 +81,7 @@ def test_each_audit_passes_on_clean_data_and_fails_on_data_that_breaks_it(audite
 
     audited.sql(f"CREATE OR REPLACE TABLE {src} AS {CASES[audit]}")
     before = audited.snapshots()
-    bad = flow.run(path, audited.address, audited.ep)
+    bad = audited.run(path)
     build = bad.run.node("build")
     assert (build.status, bad.run.node("child").status) == ("failed", "skipped"), bad.run.nodes
     assert f"audit {audit} failed on {built}: " in build.error and build.error.endswith("(rolled back)"), build.error
@@ -96,7 +98,7 @@ def test_each_audit_passes_on_clean_data_and_fails_on_data_that_breaks_it(audite
 
     # the data fixed, the audit passes again and the child runs
     audited.sql(f"CREATE OR REPLACE TABLE {src} AS {GOOD}")
-    fixed = flow.run(path, audited.address, audited.ep)
+    fixed = audited.run(path)
     assert {n.id: n.status for n in fixed.run.nodes} == {"build": "ok", "child": "ok"}
 
 
@@ -106,10 +108,10 @@ def test_audits_run_in_order_and_a_new_audit_runs_an_unchanged_node_again(audite
     path = tmp_path / "order.sql"
     body = f"CREATE OR REPLACE TABLE {built} AS SELECT * FROM {src};\n"
     path.write_text("-- id: build\n-- audit: not_null(k)\n" + body)
-    assert flow.run(path, audited.address, audited.ep).run.node("build").status == "ok"
-    assert flow.run(path, audited.address, audited.ep).run.node("build").status == "unchanged"
+    assert audited.run(path).run.node("build").status == "ok"
+    assert audited.run(path).run.node("build").status == "unchanged"
     path.write_text("-- id: build\n-- audit: not_null(k), unique(k)\n-- audit: accepted_values(s, 'a')\n" + body)
-    node = flow.run(path, audited.address, audited.ep).run.node("build")
+    node = audited.run(path).run.node("build")
     assert node.why == "its audits are new or changed"
     assert [(a["audit"], a["status"]) for a in node.audits] == [
         ("not_null(k)", "passed"),
@@ -169,14 +171,14 @@ def test_a_sql_file_audit_orders_its_node_after_the_tables_it_reads_and_their_ch
         f"CREATE OR REPLACE TABLE {S}.fa_src AS SELECT * FROM (VALUES (1), (3), (9)) v(k); "
         f"CREATE OR REPLACE TABLE {S}.fa_known AS SELECT * FROM (VALUES (1), (3)) v(k)"
     )
-    first = flow.run(path, audited.address, audited.ep).run
+    first = audited.run(path).run
     assert {n.id: n.status for n in first.nodes} == {"build": "ok", "made": "ok"}, first.nodes
-    again = flow.run(path, audited.address, audited.ep).run
+    again = audited.run(path).run
     assert {n.id: n.status for n in again.nodes} == {"build": "unchanged", "made": "unchanged"}, again.nodes
 
     # the audit's table changes (3 is no longer known), nothing the node's statement reads does: it runs, and fails
     audited.sql(f"DELETE FROM {S}.fa_known WHERE k = 3")
-    third = flow.run(path, audited.address, audited.ep).run
+    third = audited.run(path).run
     build = third.node("build")
     assert build.status == "failed" and build.why.startswith(f"its input {S}.fa_known changed"), build
     assert "audit sql_file('audits/known.sql') failed" in build.error and "1 offending row(s)" in build.error
@@ -194,10 +196,10 @@ def test_an_incremental_nodes_audits_are_told_apart_though_its_write_is_two_stat
         "-- id: build\n-- kind: incremental_by_time(day)\n-- audit: not_null(k), unique(k), accepted_values(s, 'a')\n"
         f"CREATE OR REPLACE TABLE {built} AS SELECT k, s, day FROM {src};\n"
     )
-    first = flow.run(path, audited.address, audited.ep).run.node("build")
+    first = audited.run(path).run.node("build")
     assert first.status == "ok" and [a["status"] for a in first.audits] == ["passed"] * 3, first
     audited.sql(f"INSERT INTO {src} VALUES (1, 'a', DATE '2024-02-01')")  # a newer day that repeats key 1
-    node = flow.run(path, audited.address, audited.ep).run.node("build")
+    node = audited.run(path).run.node("build")
     assert [s.statement_type for s in node.statements[:2]] == ["DELETE", "INSERT"], node.statements  # incremental
     assert [(a["audit"], a["status"]) for a in node.audits] == [
         ("not_null(k)", "passed"),
