@@ -51,8 +51,9 @@ ALL = {"wide", "reads_v", "reads_w", "other", "mk_local", "use_local", "drop_loc
 class Lab:
     """One schema, its source tables, the pipeline file over them, and the ways to run it."""
 
-    def __init__(self, stack, folder: Path, schema: str):
+    def __init__(self, stack, folder: Path, schema: str, lake: Lake):
         self.ep = stack.platform.endpoints()
+        self.lake = lake  # the module's one connection (each statement reads the newest snapshot)
         self.env = stack.env
         self.address = PlaneConfig.of(stack.state, None).address
         self.s = schema
@@ -68,18 +69,20 @@ class Lab:
         self.path.write_text(text.format(s=self.s))
 
     def sql(self, text: str) -> None:
-        with Lake(self.ep) as lake:
-            lake.run(text)
+        self.lake.run(text)
 
     def run(self, **kw) -> PipelineRun:
-        return flow.run(self.path, self.address, self.ep, flow.Options(**kw)).run
+        run = flow.run(self.path, self.address, self.ep, flow.Options(**kw)).run
+        # the module's connection reads the lake as the run left it, or the oracle would compare older rows
+        seen = self.lake.con.execute("SELECT count(*) FROM main.pipeline_runs WHERE run_id = ?", [run.run_id])
+        assert seen.fetchall() == [(1,)], run.run_id
+        return run
 
     def plan(self) -> dict[str, changes.Decision]:
         return flow.plan(self.path, self.address, self.ep).decisions
 
     def contents(self) -> dict[str, list[tuple]]:
-        with Lake(self.ep) as lake:
-            return {t: lake.con.execute(f"SELECT * FROM {self.s}.{t} ORDER BY ALL").fetchall() for t in TABLES}
+        return {t: self.lake.con.execute(f"SELECT * FROM {self.s}.{t} ORDER BY ALL").fetchall() for t in TABLES}
 
     def equals_full_rebuild(self) -> None:
         """The lake's answers after a change-aware run equal those of a run that rebuilds every node."""
@@ -99,8 +102,8 @@ def ran(run: PipelineRun) -> set[str]:
 
 
 @pytest.fixture
-def lab(stack, workers, tmp_path, request):
-    return Lab(stack, tmp_path, f"pc_{request.node.name.removeprefix('test_')[:20]}")
+def lab(stack, workers, lake, tmp_path, request):
+    return Lab(stack, tmp_path, f"pc_{request.node.name.removeprefix('test_')[:20]}", lake)
 
 
 def test_a_second_run_leaves_every_node_unchanged_and_so_does_a_layout_edit(lab):
@@ -121,10 +124,9 @@ def test_a_second_run_leaves_every_node_unchanged_and_so_does_a_layout_edit(lab)
     )
     third = lab.run()
     assert statuses(third) == dict.fromkeys(ALL, "unchanged"), third.nodes
-    with Lake(lab.ep) as lake:  # the history says why, with each node's fingerprint
-        rows = lake.con.execute(
-            "SELECT node_id, status, why, fingerprint, inputs FROM pipeline_nodes WHERE run_id = ?", [third.run_id]
-        ).fetchall()
+    rows = lab.lake.con.execute(  # the history says why, with each node's fingerprint
+        "SELECT node_id, status, why, fingerprint, inputs FROM pipeline_nodes WHERE run_id = ?", [third.run_id]
+    ).fetchall()
     assert {r[0]: (r[1], r[2]) for r in rows}["reads_v"] == ("unchanged", f"unchanged since run {first.run_id}")
     assert all(r[3] for r in rows)
     assert set(json.loads({r[0]: r[4] for r in rows}["wide"])) == {f"{lab.s}.src"}
@@ -154,7 +156,8 @@ def test_an_sql_edit_reruns_the_node_and_only_the_readers_of_the_columns_it_chan
             "FROM {s}.src GROUP", "FROM {s}.src WHERE v > 3 GROUP"
         )
     )
-    assert lab.plan()["wide"].change.breaking and lab.plan()["wide"].change.every
+    change = lab.plan()["wide"].change
+    assert change.breaking and change.every
     run = lab.run()
     assert ran(run) == {"wide", "reads_v", "reads_w"}, run.nodes
     lab.equals_full_rebuild()
@@ -177,7 +180,8 @@ def test_an_outside_write_reruns_the_readers_of_that_table(lab):
 
 
 def test_an_output_changed_or_dropped_outside_is_rebuilt(lab):
-    lab.run()
+    first = lab.run()
+    assert first.ok, first.nodes  # the outputs are there to change
     lab.sql(f"DELETE FROM {lab.s}.reads_v WHERE k = 1; DROP TABLE {lab.s}.reads_w")
     plan = lab.plan()
     assert plan["reads_v"].reason.startswith(f"its output {lab.s}.reads_v was changed outside this pipeline")
@@ -254,9 +258,9 @@ def test_a_change_is_categorised_by_the_columns_it_touches(after, text):
     )
 
 
-def test_a_node_that_drops_a_lake_table_is_left_unchanged_while_the_table_stays_away(stack, workers, tmp_path):
+def test_a_node_that_drops_a_lake_table_is_left_unchanged_while_the_table_stays_away(stack, workers, lake, tmp_path):
     s = "pc_drop"
-    lab = Lab(stack, tmp_path, s)
+    lab = Lab(stack, tmp_path, s, lake)
     lab.sql(f"CREATE TABLE {s}.old AS SELECT 1 AS x")
     lab.path.write_text(f"-- id: tidy\nDROP TABLE {s}.old;\n")
     assert statuses(lab.run()) == {"tidy": "ok"}
