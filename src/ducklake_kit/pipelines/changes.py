@@ -185,7 +185,7 @@ def _projections(query: exp.Select) -> dict[str, str] | None:
     return out
 
 
-@dataclass
+@dataclass(frozen=True)  # shared by the deciders of one plan or run (flow._decider): read only
 class Previous:
     """A node's last decided run, as the history recorded it."""
 

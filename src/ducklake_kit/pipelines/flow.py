@@ -123,9 +123,10 @@ def plan(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, options:
         with Lake(endpoints) as lake:
             if pipeline.env is not None:
                 pipeline = environments.rewrite(pipeline, environments.built(lake, pipeline.env), selected)
-            decider = _decider(lake, pipeline)
+            previous = history.previous(lake, pipeline.name)
+            decider = _decider(lake, pipeline, previous)
             decisions = decider.plan([n for wave in waves for n in wave], force=force)
-            fresh = _decider(lake, pipeline)  # the tables as they are, not as the plan's runs would leave them
+            fresh = _decider(lake, pipeline, previous)  # the tables as they are, not as the plan's runs leave them
             for node_id, d in decisions.items():  # what an incremental node that would run would do
                 node = pipeline.nodes[node_id]
                 if d.run and node.kind is not None:
@@ -142,10 +143,12 @@ def plan(source: Path | Pipeline, scheduler: str, endpoints: Endpoints, options:
     return Plan(pipeline, waves, selected, workers, warnings, decisions)
 
 
-def _decider(lake: Lake, pipeline: Pipeline) -> changes.Decider:
+def _decider(lake: Lake, pipeline: Pipeline, previous: dict[str, changes.Previous]) -> changes.Decider:
+    """`previous`: history.previous of the pipeline, read once for the deciders of one plan or run (they only read
+    it)."""
     return changes.Decider(
         pipeline,
-        history.previous(lake, pipeline.name),
+        previous,
         lambda: changes.versions(lake),
         lambda: history.current_schema(lake),
     )
@@ -216,9 +219,10 @@ def run(
         else:
             _not_promoted(lake, pipeline, only)
         # the nodes that share a worker-local table run together or not at all: decided up front from the plan
-        planned = _decider(lake, pipeline)
+        previous = history.previous(lake, pipeline.name)
+        planned = _decider(lake, pipeline, previous)
         planned.plan([n for wave in pipeline.waves(only) for n in wave], force=force)
-        decider = _decider(lake, pipeline)
+        decider = _decider(lake, pipeline, previous)
         decider.local_plan = planned.local_plan
 
         how: dict[str, incremental.Choice] = {}  # incremental nodes: what their run does
