@@ -46,22 +46,22 @@ class Books:
 
 
 @pytest.fixture(scope="module")
-def books(stack, tmp_path_factory):
+def lake(stack):
+    """One connection for the module's reads (each statement reads the newest snapshot): a Lake per test attached
+    the lake again each time."""
+    with Lake(stack.platform.endpoints()) as lk:
+        yield lk
+
+
+@pytest.fixture(scope="module")
+def books(stack, lake, tmp_path_factory):
     ep = stack.platform.endpoints()
     status = plane.up(stack.state, ep, 2)
     assert [w.name for w in status.workers] == ["w1", "w2"], status
-    with Lake(ep) as lake:
-        lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}")
+    lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}")
     with WorkerPlane(status.address, ep) as wp:
         yield Books(stack, tmp_path_factory.mktemp("steps"), wp)
-    with Lake(ep) as lake:
-        lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE")
-
-
-@pytest.fixture
-def lake(stack):
-    with Lake(stack.platform.endpoints()) as lk:
-        yield lk
+    lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE")
 
 
 def step(run: PlaybookRun, name: str):
