@@ -92,7 +92,7 @@ def _commits(ep, count: int, timeout: float = 120) -> dict[int, dict]:
             found = {info.get("iteration", i): info for i, info in enumerate(infos)}
             if len(found) >= count:
                 return found
-            time.sleep(0.005)
+            time.sleep(0.05)  # well inside the workers' 10 s pause after a commit, and 10x fewer catalog reads
     raise AssertionError(f"fewer than {count} iterations committed")
 
 
@@ -211,8 +211,10 @@ def test_the_scheduler_lost_mid_loop_is_one_line_and_resume_runs_what_did_not_co
         assert its[other]["status"] == "error" and "is not in the lake" in its[other]["error"]["message"], its[other]
         after = next(s for s in envelope["result"]["steps"] if s["step"] == "after")
         assert after["status"] == "skipped" and after["reason"].startswith("not run: the worker plane's scheduler")
-    else:
+    else:  # what the text run says; the resume that follows does not depend on how the run printed, so once
         assert "ABORTED: playbook faults" in out, out
+        assert _rows(ep) == [(i + 1, N_ROWS) for i in sorted(landed)]  # only what committed is in the lake
+        return
     again = _iterations(
         _resume(fresh_stack, cli, monkeypatch, playbook, run_id, "--set", "ids=[1,2,3]", "--set", f"n={N}")
     )
