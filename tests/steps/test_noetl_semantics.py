@@ -24,21 +24,26 @@ S = "steps_policy"
 
 
 @pytest.fixture(scope="module")
-def wp(stack):
+def lake(stack):
+    """One connection for the module's own reads and writes (each statement reads the newest snapshot): a Lake per
+    call attached the lake again each time."""
+    with Lake(stack.platform.endpoints()) as lk:
+        yield lk
+
+
+@pytest.fixture(scope="module")
+def wp(stack, lake):
     ep = stack.platform.endpoints()
     status = plane.up(stack.state, ep, 2)
-    with Lake(ep) as lake:
-        lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}")
+    lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE; CREATE SCHEMA {S}")
     with WorkerPlane(status.address, ep) as p:
         yield p
         p.client.run(retries.set_test_hooks)  # the hooks off again on every worker
-    with Lake(ep) as lake:
-        lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE")
+    lake.run(f"DROP SCHEMA IF EXISTS {S} CASCADE")
 
 
-def _table(stack, name: str) -> None:
-    with Lake(stack.platform.endpoints()) as lake:
-        lake.run(f"CREATE OR REPLACE TABLE {S}.{name} (id INTEGER)")
+def _table(lake: Lake, name: str) -> None:
+    lake.run(f"CREATE OR REPLACE TABLE {S}.{name} (id INTEGER)")
 
 
 def _run(stack, wp, tmp_path: Path, body: str, overrides: dict | None = None) -> PlaybookRun:
@@ -51,9 +56,8 @@ def _why(run: PlaybookRun) -> list[tuple[str, str, list[str]]]:
     return [(s.step, s.error.line(), s.policy) for s in run.steps if s.error]
 
 
-def _count(stack, table: str) -> list[tuple]:
-    with Lake(stack.platform.endpoints()) as lake:
-        return lake.con.execute(f"SELECT id, count(*) FROM {S}.{table} GROUP BY id ORDER BY id").fetchall()
+def _count(lake: Lake, table: str) -> list[tuple]:
+    return lake.con.execute(f"SELECT id, count(*) FROM {S}.{table} GROUP BY id ORDER BY id").fetchall()
 
 
 WRITE = """\
@@ -74,8 +78,8 @@ WRITE = """\
     """
 
 
-def test_a_retry_rule_lands_a_transaction_once_after_a_transient_conflict(stack, wp, tmp_path):
-    _table(stack, "once")
+def test_a_retry_rule_lands_a_transaction_once_after_a_transient_conflict(stack, wp, lake, tmp_path):
+    _table(lake, "once")
     wp.client.run(retries.set_test_hooks, conflicts=1, disabled=True)
     run = _run(stack, wp, tmp_path, WRITE.replace("NAME", "once").replace("TRANSACTION", "true"))
     step = next(s for s in run.steps if s.step == "write")
@@ -85,27 +89,27 @@ def test_a_retry_rule_lands_a_transaction_once_after_a_transient_conflict(stack,
     assert 1 <= len(step.attempt.tries) <= 2, step.attempt.tries
     assert all("did not land" in t and "nothing of it committed" in t for t in step.attempt.tries)
     assert any("retry 2 of 3" in p for p in step.policy)
-    assert _count(stack, "once") == [(1, 1), (2, 1), (3, 1), (4, 1)]  # 0 lost, 0 duplicated
+    assert _count(lake, "once") == [(1, 1), (2, 1), (3, 1), (4, 1)]  # 0 lost, 0 duplicated
 
 
-def test_without_the_policy_the_same_conflict_fails_the_step_and_commits_nothing(stack, wp, tmp_path):
-    _table(stack, "none")
+def test_without_the_policy_the_same_conflict_fails_the_step_and_commits_nothing(stack, wp, lake, tmp_path):
+    _table(lake, "none")
     wp.client.run(retries.set_test_hooks, conflicts=1, disabled=True)
     body = WRITE.replace("NAME", "none").replace("TRANSACTION", "true").split("          spec:")[0]
     run = _run(stack, wp, tmp_path, body)
     assert not run.ok
-    assert _count(stack, "none") == []  # the conflict was real: the transaction committed nothing
+    assert _count(lake, "none") == []  # the conflict was real: the transaction committed nothing
     wp.client.run(retries.set_test_hooks)
 
 
-def test_statements_that_autocommit_one_by_one_are_not_retried_by_a_policy(stack, wp, tmp_path):
-    _table(stack, "auto")
+def test_statements_that_autocommit_one_by_one_are_not_retried_by_a_policy(stack, wp, lake, tmp_path):
+    _table(lake, "auto")
     wp.client.run(retries.set_test_hooks, conflicts=1, disabled=True)
     run = _run(stack, wp, tmp_path, WRITE.replace("NAME", "auto").replace("TRANSACTION", "false"))
     step = next(s for s in run.steps if s.step == "write")
     assert not run.ok
     assert any("not retried" in p and "autocommit one by one" in p for p in step.policy)
-    rows = _count(stack, "auto")
+    rows = _count(lake, "auto")
     assert all(n == 1 for _, n in rows)  # whatever committed, committed once
     wp.client.run(retries.set_test_hooks)
 
@@ -199,8 +203,8 @@ def test_an_else_rule_never_hides_a_failure(stack, wp, tmp_path):
     assert run.ctx == {}
 
 
-def test_a_sub_playbook_runs_with_its_inputs_and_returns_its_steps_data(stack, wp, tmp_path):
-    _table(stack, "sub")
+def test_a_sub_playbook_runs_with_its_inputs_and_returns_its_steps_data(stack, wp, lake, tmp_path):
+    _table(lake, "sub")
     (tmp_path / "child").mkdir()
     (tmp_path / "child" / "playbook.yaml").write_text(
         textwrap.dedent(
@@ -236,16 +240,16 @@ def test_a_sub_playbook_runs_with_its_inputs_and_returns_its_steps_data(stack, w
     assert run.ok, _why(run)
     assert steps["start"].data == [{"n": 3, "s": 6}]
     assert steps["check"].status == "ok"  # the route read the sub-playbook's data
-    assert _count(stack, "sub") == [(1, 1), (2, 1), (3, 1)]
+    assert _count(lake, "sub") == [(1, 1), (2, 1), (3, 1)]
     assert steps["start"].attempt.details["execution_id"] != run.execution_id
     lost = _run(stack, wp, tmp_path, body.replace("path: child, return_step: total", "path: nowhere"))
     assert not lost.ok and "no playbook at nowhere" in lost.steps[0].error.line()
 
 
-def test_a_cursor_loop_claims_rows_until_none_is_left_each_landing_once(stack, wp, tmp_path):
+def test_a_cursor_loop_claims_rows_until_none_is_left_each_landing_once(stack, wp, lake, tmp_path):
     import psycopg
 
-    _table(stack, "cur")
+    _table(lake, "cur")
     pg = stack.platform.endpoints().pg
     with psycopg.connect(pg.libpq("postgres"), autocommit=True) as con:
         con.execute("DROP DATABASE IF EXISTS steps_tasks WITH (FORCE)")
@@ -281,7 +285,7 @@ def test_a_cursor_loop_claims_rows_until_none_is_left_each_landing_once(stack, w
         run = _run(stack, wp, tmp_path, body)
         assert run.ok, _why(run)
         assert [it.element for it in run.steps[0].iterations] == [{"id": i} for i in range(1, 7)]
-        assert _count(stack, "cur") == [(i, 1) for i in range(1, 7)]  # each claimed row landed once
+        assert _count(lake, "cur") == [(i, 1) for i in range(1, 7)]  # each claimed row landed once
         with psycopg.connect(pg.libpq("steps_tasks"), autocommit=True) as con:
             assert con.execute("SELECT count(*) FROM tasks WHERE status = 'pending'").fetchone() == (0,)
     finally:
@@ -290,8 +294,8 @@ def test_a_cursor_loop_claims_rows_until_none_is_left_each_landing_once(stack, w
             con.execute("DROP DATABASE IF EXISTS steps_tasks WITH (FORCE)")
 
 
-def test_a_tool_pipeline_runs_its_tasks_in_order_with_jumps_for_pages(stack, wp, tmp_path):
-    _table(stack, "pages")
+def test_a_tool_pipeline_runs_its_tasks_in_order_with_jumps_for_pages(stack, wp, lake, tmp_path):
+    _table(lake, "pages")
     body = """\
         apiVersion: noetl.io/v2
         kind: Playbook
@@ -326,7 +330,7 @@ def test_a_tool_pipeline_runs_its_tasks_in_order_with_jumps_for_pages(stack, wp,
     assert steps["start"].status == "ok", _why(run)
     assert steps["start"].attempt.details["tasks"] == {"page": "ok", "store": "ok"}
     assert run.ctx == {"pages": 2}  # the pages before the last one jumped on
-    assert _count(stack, "pages") == [(3, 1), (2026, 1)]  # the last page, stored once
+    assert _count(lake, "pages") == [(3, 1), (2026, 1)]  # the last page, stored once
     assert steps["broken"].status == "error" and steps["broken"].error.line().startswith("task bad: RuntimeError")
     assert steps["broken"].attempt.details["tasks"] == {"fine": "ok", "bad": "error"}  # `never` did not run
 
