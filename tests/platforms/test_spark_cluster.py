@@ -273,9 +273,9 @@ def test_a_connect_server_killed_mid_load_ends_it_with_one_line_and_the_lake_unc
     r = kit(stack.env, "spark", "up", "--mode", "connect", "--json")  # after `spark down`: on local[*]
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     snapshots = lake_snapshots(stack)
-    # the retries of a call end RETRY_S after its first failure: 60 s by default (a minute of the suite's time), 15 s
+    # the retries of a call end RETRY_S after its first failure: 60 s by default (a minute of the suite's time), 5 s
     # here, so the load must end well before the default would have let it
-    load = RunningLoad(stack, "2019-08", "connect", rows=200000, extra_env={"DUCKLAKE_SPARK_CONNECT_RETRY_S": "15"})
+    load = RunningLoad(stack, "2019-08", "connect", rows=200000, extra_env={"DUCKLAKE_SPARK_CONNECT_RETRY_S": "5"})
     load.wait_for_line("Spark: conform")  # the load's job has started on the server
     connect_server(cluster).kill()
     # PySpark's own retries kept such a load silent for 14.6 minutes, Ctrl-C or not
