@@ -65,6 +65,13 @@ def all_rows_per_month() -> int:
     return int(os.environ.get("DUCKLAKE_ALL_ROWS_PER_MONTH") or ALL_ROWS_PER_MONTH)
 
 
+ALL_BENCH_OPS = 100  # inserts per writer in the bench stage; overridable with DUCKLAKE_ALL_BENCH_OPS
+
+
+def all_bench_ops() -> int:
+    return int(os.environ.get("DUCKLAKE_ALL_BENCH_OPS") or ALL_BENCH_OPS)
+
+
 @dataclass
 class AllResult:
     """Every stage's typed result (the checks themselves are in the CheckRun, grouped by stage)."""
@@ -182,12 +189,14 @@ def _load_twice(kit: Kit, checks: CheckRun, *, source: str, mode: str) -> LoadRe
 
 
 def _bench(kit: Kit, checks: CheckRun) -> bench_concurrency.ConcurrencyRun:
+    ops = all_bench_ops()
     kit.say(
-        "a short benchmark: 3 writers x 100 inserts into DuckLake (processes, worker plane tasks) and into one DuckDB file"
+        f"a short benchmark: 3 writers x {ops} inserts into DuckLake (processes, worker plane tasks) and into one "
+        "DuckDB file"
     )
-    figures = bench_concurrency.bench_concurrency(kit, writers=3, ops=100)
+    figures = bench_concurrency.bench_concurrency(kit, writers=3, ops=ops)
     for mode, label in (("ducklake", "DuckLake"), ("workers", "DuckLake from the worker plane")):
         lake_side = figures.results[mode]
-        checks.equal(f"bench: {label} lost no rows (3 x 100 inserts)", lake_side.rows_lost, 0)
+        checks.equal(f"bench: {label} lost no rows (3 x {ops} inserts)", lake_side.rows_lost, 0)
         checks.equal(f"bench: {label} reported no errors", lake_side.errors, 0)
     return figures
