@@ -138,9 +138,11 @@ def test_timetravel_json_every_figure_checked(module_stack, cli):
 def test_bench_concurrency_out_file(module_stack, cli, tmp_path):
     out = tmp_path / "bench" / "concurrency.json"
     out.parent.mkdir()
+    # the two modes this test reads (the others, and their figures, are tests/bench/test_bench.py's)
     result = cli(
-        module_stack.env, "bench", "--suite", "concurrency", "--writers", "2", "--ops", "5", "--out", str(out), "--json"
-    )
+        module_stack.env, "bench", "--suite", "concurrency", "--writers", "2", "--ops", "5", "--modes", "file,ducklake",
+        "--out", str(out), "--json",
+    )  # fmt: skip
     assert result.exit_code == 0, result.output
     # --json: stdout is the envelope alone (the table and progress went to stderr); --out: the same figures in a file
     envelope = _json(result)
@@ -149,6 +151,7 @@ def test_bench_concurrency_out_file(module_stack, cli, tmp_path):
     doc = json.loads(out.read_text())
     assert envelope["result"]["results"]["ducklake"]["actual_rows"] == doc["results"]["ducklake"]["actual_rows"] == 10
     assert (doc["suite"], doc["writers"], doc["ops_per_writer"]) == ("concurrency", 2, 5)
+    assert list(doc["results"]) == ["file", "ducklake"]
     lake, file = doc["results"]["ducklake"], doc["results"]["file"]
     assert (lake["expected_rows"], lake["actual_rows"], lake["rows_lost"], lake["errors"]) == (10, 10, 0, 0)
     assert file["rows_lost"] == file["errors"] and file["succeeded"] + file["errors"] == 10
