@@ -154,7 +154,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """- and every Spark driver JVM maps Spark's classes from one archive made before the first test that may start
-    one (tests/spark_classes.py: made once per machine; a small load's JVM then takes about a third less CPU)."""
+    one (tests/spark_classes.py: made once per machine; a small load's JVM then takes about a quarter less CPU)."""
     if os.environ.get("SPARK_SUBMIT_OPTS") != JVM_OPTS:  # a user's own JVM options: left as they are
         return
     if not any(item.get_closest_marker("service") for item in session.items):  # the fast tier starts no JVM

@@ -5,7 +5,7 @@ A Spark driver JVM reads, parses and verifies some ten thousand classes from Spa
 suite starts such a JVM for every load it runs in a CLI process, lab or notebook. The JVM's own class-data sharing
 (dynamic CDS, `-XX:ArchiveClassesAtExit`, JDK 13+) writes the classes a JVM loaded into an archive when it exits; a JVM
 started with `-XX:SharedArchiveFile` maps them from it instead. The archive is made once per machine (and JDK,
-PySpark and JVM flags) by `python tests/spark_classes.py ARCHIVE`: a driver that runs a small load's Spark work
+PySpark, virtual environment and JVM flags) by `python tests/spark_classes.py ARCHIVE`: a driver that runs a small load's Spark work
 (read a synthetic month, conform, flag, derive, hand the rows to Python with mapInArrow) and stops.
 
 The JVM checks an archive against its own build and classpath before it maps anything: a JVM of another JDK, or with
@@ -31,8 +31,9 @@ def _key(opts: str) -> str:
     import pyspark
 
     java = subprocess.run(["java", "-version"], capture_output=True, text=True, timeout=60).stderr
-    jars = sorted(p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar"))
-    return hashlib.sha256("\n".join([java, pyspark.__version__, opts, *jars]).encode()).hexdigest()[:16]
+    folder = Path(pyspark.__file__).parent / "jars"  # the JVM checks the classpath itself: one archive per venv
+    jars = sorted(p.name for p in folder.glob("*.jar"))
+    return hashlib.sha256("\n".join([java, pyspark.__version__, opts, str(folder), *jars]).encode()).hexdigest()[:16]
 
 
 def archive(opts: str) -> Path | None:
