@@ -18,7 +18,7 @@ from tests.dynamic_tables.test_refresh import S
 FACTS = f"lake.{S}.cfacts"
 GROUPS, TOUCHED = 50, 20  # each append touches 20 of the 50 groups: > DuckLake's inlining limit (10), so each merge
 # writes a data file, and deletes part of older ones (a file whose rows are all deleted is dropped whole)
-APPENDS = 8  # without compaction the table would reach 9 files
+APPENDS = 12  # without compaction the table would reach 13 files
 
 
 @pytest.fixture(scope="module")

@@ -261,6 +261,9 @@ def counted(
     return Work(INCREMENTAL, reason), statements
 
 
+MATCHED_COUNTER = "__dt_matched"  # a temporary sequence: the rows a MERGE updated (`merge`)
+
+
 def merge(r: Runner, d: Definition, plan: planner.Plan, terms: list[exp.Select], temps: list[str]) -> tuple[Work, list]:
     """Insert-only changes to a SUM/COUNT/MIN/MAX aggregate: each touched group's new value from its old row
     and the aggregates of the new rows alone."""
@@ -278,21 +281,42 @@ def merge(r: Runner, d: Definition, plan: planner.Plan, terms: list[exp.Select],
         "max": "greatest(__o.{c}, __d.{c})",
     }
     how = {m.column: merged[m.function] for m in plan.merge}
-    select = ", ".join(
-        f"{how[c].format(c=quote_ident(c)) if c in how else f'__d.{quote_ident(c)}'} AS {quote_ident(c)}"
-        for c in plan.columns
-    )
-    # the new rows' aggregates and each touched group's old row, in one statement (one temporary table)
-    new = (
-        f"SELECT {select} FROM (SELECT {cols} FROM ({union}) AS __n GROUP BY ALL) AS __d "
-        f"LEFT JOIN {target(r.lake, d.name)} AS __o ON {on}"
-    )
-    groups = r.temp("__dt_merged", new)
+    if not plan.merge:  # keys alone: nothing to update (rare; the groups are deleted and inserted)
+        select = ", ".join(f"__d.{quote_ident(c)} AS {quote_ident(c)}" for c in plan.columns)
+        new = (
+            f"SELECT {select} FROM (SELECT {cols} FROM ({union}) AS __n GROUP BY ALL) AS __d "
+            f"LEFT JOIN {target(r.lake, d.name)} AS __o ON {on}"
+        )
+        groups = r.temp("__dt_merged", new)
+        temps.append("__dt_merged")
+        return (
+            Work(INCREMENTAL, f"inserts merged into {groups} groups"),
+            [
+                ("delete_keys", ("__dt_merged", [(k.column, k.column) for k in plan.keys])),
+                ("insert", "SELECT * FROM temp.main.__dt_merged"),
+            ],
+        )
+    # the new rows' aggregates alone (no read of the table), then one MERGE: it reads the table's rows once and
+    # updates the touched groups (DuckLake: their old rows deleted, the new ones written) and inserts the new ones.
+    # (The DELETE ... USING and INSERT it replaces read the table twice: ~85 ms of a 0.22 s refresh at 12M rows.)
+    # Its count is the groups written; MATCHED_COUNTER counts those updated (DuckLake's MERGE has no RETURNING).
+    groups = r.temp("__dt_merged", f"SELECT {cols} FROM ({union}) AS __n GROUP BY ALL")
     temps.append("__dt_merged")
-    return (
-        Work(INCREMENTAL, f"inserts merged into {groups} groups"),
-        [
-            ("delete_keys", ("__dt_merged", [(k.column, k.column) for k in plan.keys])),
-            ("insert", "SELECT * FROM temp.main.__dt_merged"),
-        ],
+    first, *rest = plan.merge
+    # the MERGE computes its SET for every row it joins (matched or not): the counter only for those matched (CASE
+    # evaluates a THEN only for the rows its WHEN selects; an unmatched row has no row id)
+    counted = (
+        f"CASE WHEN __o.rowid IS NULL THEN NULL WHEN nextval('temp.main.{MATCHED_COUNTER}') > 0 "
+        f"THEN {how[first.column]} END"
     )
+    sets = ", ".join(
+        f"{quote_ident(m.column)} = {(counted if m is first else how[m.column]).format(c=quote_ident(m.column))}"
+        for m in [first, *rest]
+    )
+    names = ", ".join(quote_ident(c) for c in plan.columns)
+    values = ", ".join(f"__d.{quote_ident(c)}" for c in plan.columns)
+    statement = (
+        f"MERGE INTO {target(r.lake, d.name)} AS __o USING temp.main.__dt_merged AS __d ON {on} "
+        f"WHEN MATCHED THEN UPDATE SET {sets} WHEN NOT MATCHED THEN INSERT ({names}) VALUES ({values})"
+    )
+    return Work(INCREMENTAL, f"inserts merged into {groups} groups"), [("merge", statement)]
