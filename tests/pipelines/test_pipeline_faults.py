@@ -171,10 +171,13 @@ def test_a_node_whose_worker_or_scheduler_dies_after_its_commit_is_ok_and_never_
     # the workers wait there, the kill lands in it (the test kills within milliseconds of the commit showing); every
     # commit pauses, the next node's too, so the pause is a floor on the test's time: 10 s, as for the steps
     monkeypatch.setenv("DUCKLAKE_FAULT", "pause-after-commit=10")
+    resume = fresh_stack.home / "resume"  # the pause ends once it exists (the home is one the workers can read)
+    monkeypatch.setenv("DUCKLAKE_FAULT_RESUME_FILE", str(resume))
     ep, path = _once_stack(fresh_stack, tmp_path, 1000)
     proc = _start(fresh_stack, "pipeline", "run", str(path), "--json")
     snapshot = _wait_for_commit(ep, "ins")
     os.kill(_pid_of(fresh_stack, victim), signal.SIGKILL)
+    resume.touch()  # the kill has landed in the pause: the rest of the run need not wait out its 10 s
     out, err = proc.communicate(timeout=180)
     ins = {n["id"]: n for n in json.loads(out)["result"]["nodes"]}["ins"]
     assert (ins["status"], ins["snapshot_id"]) == ("ok", snapshot), (ins, err)
@@ -182,6 +185,7 @@ def test_a_node_whose_worker_or_scheduler_dies_after_its_commit_is_ok_and_never_
     if victim == "scheduler":  # the rest of the run was lost with the plane
         assert proc.returncode == 1
     monkeypatch.delenv("DUCKLAKE_FAULT")
+    monkeypatch.delenv("DUCKLAKE_FAULT_RESUME_FILE")
     plane.up(fresh_stack.state, ep, 2)  # replaces what was killed
     again = cli(fresh_stack.env, "pipeline", "run", str(path), "--from-failed", "--json")
     assert again.exit_code == 0, again.output

@@ -113,6 +113,7 @@ def _iterations(envelope: dict) -> list[dict]:
 def _resume(stack, cli, monkeypatch, playbook: Path, run_id: str, *extra: str) -> dict:
     """Replace what was killed (without the fault hook), run the run again; the envelope."""
     monkeypatch.delenv("DUCKLAKE_FAULT", raising=False)  # the new workers inherit the environment: no pause for them
+    monkeypatch.delenv("DUCKLAKE_FAULT_RESUME_FILE", raising=False)
     plane.up(stack.state, stack.platform.endpoints(), 2)
     again = cli(stack.env, "steps", "run", str(playbook), "--resume", run_id, "--json", *extra)
     assert again.exit_code == 0, again.output
@@ -121,15 +122,25 @@ def _resume(stack, cli, monkeypatch, playbook: Path, run_id: str, *extra: str) -
     return envelope
 
 
+def _resume_file(stack, monkeypatch) -> Path:
+    """The file whose appearance ends the workers' pause after a commit (in the stack's home: the workers, another
+    user when the tests run as root, can see it there)."""
+    resume = stack.home / "resume"
+    monkeypatch.setenv("DUCKLAKE_FAULT_RESUME_FILE", str(resume))
+    return resume
+
+
 def test_an_iteration_whose_worker_dies_after_its_commit_is_ok_and_never_run_again(
     fresh_stack, cli, playbook, monkeypatch
 ):
     monkeypatch.setenv("DUCKLAKE_FAULT", "pause-after-commit=10")  # the workers wait there: the kill lands in it
+    resume = _resume_file(fresh_stack, monkeypatch)
     ep = _plane(fresh_stack)
     proc = _start(fresh_stack, str(playbook), "--json")
     first = _commits(ep, 1)
     iteration, commit = next(iter(first.items()))
     _kill(fresh_stack, f"worker-{commit.get('worker', 'w1')}")
+    resume.touch()  # the kill has landed in the pause: the other worker need not wait out its 10 s
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, (out, err)  # the lake says it committed: the run did all it had to
     envelope = json.loads(out)
@@ -182,6 +193,7 @@ def test_the_scheduler_lost_mid_loop_is_one_line_and_resume_runs_what_did_not_co
     fresh_stack, cli, playbook, monkeypatch, as_json
 ):
     monkeypatch.setenv("DUCKLAKE_FAULT", "pause-after-commit=10")
+    resume = _resume_file(fresh_stack, monkeypatch)
     ep = _plane(fresh_stack)
     # each INSERT takes about a second: the run is still busy when the first two have committed
     proc = _start(
@@ -189,6 +201,7 @@ def test_the_scheduler_lost_mid_loop_is_one_line_and_resume_runs_what_did_not_co
     )
     landed = _commits(ep, 2)  # two iterations committed and waiting on their workers; the third is queued
     _kill(fresh_stack, "scheduler")
+    resume.touch()  # the kill has landed in the pause: the workers need not wait out its 10 s
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 1, (out, err)
     assert "Traceback" not in err + out and "distributed." not in err + out, err

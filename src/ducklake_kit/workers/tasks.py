@@ -293,10 +293,14 @@ def _run_transaction(
 
 def _fault_after_commit() -> None:
     """Test hook (DUCKLAKE_FAULT=pause-after-commit=SECONDS, in the worker's environment): the window in which the
-    transaction has landed but its result has not reached the client, where a test kills the worker."""
+    transaction has landed but its result has not reached the client, where a test kills the worker. The pause ends
+    early once the file DUCKLAKE_FAULT_RESUME_FILE names exists (the test has made its kill)."""
     fault = os.environ.get("DUCKLAKE_FAULT", "")
     if fault.startswith("pause-after-commit="):
-        time.sleep(float(fault.split("=", 1)[1]))
+        deadline = time.monotonic() + float(fault.split("=", 1)[1])
+        resume = os.environ.get("DUCKLAKE_FAULT_RESUME_FILE")
+        while time.monotonic() < deadline and not (resume and os.path.exists(resume)):
+            time.sleep(0.05)
 
 
 def end_open_transaction(lake: Lake) -> bool:
