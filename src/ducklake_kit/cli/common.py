@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import errno
 import functools
+import sys
 from collections.abc import Callable
 from typing import Annotated, Any
 
 import duckdb
-import psycopg
 import typer
-from botocore.exceptions import BotoCoreError, ClientError
 
 from ducklake_kit.cli.output import console, print_json
 from ducklake_kit.errors import KitError, first_line
@@ -38,7 +37,7 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
             return fn(*args, **kwargs)
         except KitError as exc:
             _fail(exc, kwargs.get("as_json") is True)
-        except (duckdb.Error, psycopg.Error, BotoCoreError, ClientError) as exc:
+        except _service_errors() as exc:
             # a service failed in a place without its own explanation: still one line, not a traceback
             first = first_line(exc)
             _fail(
@@ -51,6 +50,13 @@ def command(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(_cannot_write(exc, args, kwargs), kwargs.get("as_json") is True)
 
     return wrapper
+
+
+def _service_errors() -> tuple[type[BaseException], ...]:
+    """The libraries' errors the edge turns into one line. psycopg's and botocore's only once imported (a command that
+    opened no PostgreSQL connection or S3 client cannot raise them), so the commands that use neither import neither."""
+    pg, boto = sys.modules.get("psycopg"), sys.modules.get("botocore.exceptions")
+    return (duckdb.Error, *((pg.Error,) if pg else ()), *((boto.BotoCoreError, boto.ClientError) if boto else ()))
 
 
 # a file or folder the command had to create or write, and could not: one line, not a traceback

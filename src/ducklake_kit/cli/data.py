@@ -115,11 +115,17 @@ def _storage_down(exc: StatementFailed, ep: Endpoints) -> KitError | None:
 
 def _dynamic_sql(c: Kit, ep: Endpoints, query: str, expect: str | None) -> SqlRun | None:
     """`sql` text with dynamic-table statements, run in order (None when it has none)."""
-    from ducklake_kit.dynamic_tables import ddl, manage
-    from ducklake_kit.dynamic_tables.metadata import Metadata
+    if "dynamic" not in query.lower():
+        # every dynamic-table statement has the keyword DYNAMIC: text without the word holds none, and needs no
+        # tokenizing (sqlglot's import is ~45 ms of a `sql` call); text with it is read by ddl.has_dynamic
+        return None
+    from ducklake_kit.dynamic_tables import ddl
 
     if not ddl.has_dynamic(query):
         return None
+    from ducklake_kit.dynamic_tables import manage  # the refresher and its catalog: only for dynamic-table statements
+    from ducklake_kit.dynamic_tables.metadata import Metadata
+
     with Lake(ep) as lake, Metadata(ep) as meta:
         lake.autocommit_tag = {"run": "sql", "id": uuid.uuid4().hex}  # its plain writes, as run_sql tags them
         results = manage.run_text(lake, meta, query)

@@ -6,10 +6,6 @@ import shutil
 import sys
 from pathlib import Path
 
-import boto3
-from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError
-
 from ducklake_kit.errors import KitError
 from ducklake_kit.platforms.base import BUCKETS, S3Endpoint
 
@@ -41,7 +37,14 @@ def server_argv(rclone: Path, data: Path, port: int, config_file: Path) -> list[
     ]
 
 
+# boto3 and botocore are imported where a client is made or its errors are read, not with this module: every command
+# imports it through its platform, and most (`sql`, `status`) never make a client (boto3 is ~60 ms of a CLI's start)
+
+
 def client(ep: S3Endpoint, *, timeout: float = 5.0):
+    import boto3
+    from botocore.config import Config
+
     return boto3.client(
         "s3",
         endpoint_url=ep.url,
@@ -58,6 +61,8 @@ def client(ep: S3Endpoint, *, timeout: float = 5.0):
 
 
 def explain(ep: S3Endpoint, exc: Exception) -> KitError:
+    from botocore.exceptions import ClientError, EndpointConnectionError
+
     where = f"S3 at {ep.url}"
     if isinstance(exc, EndpointConnectionError):
         return KitError(f"{where} is not reachable", "run `up` (or `status` to see what is down)")
@@ -71,6 +76,8 @@ def explain(ep: S3Endpoint, exc: Exception) -> KitError:
 
 def list_buckets(ep: S3Endpoint) -> list[str]:
     """A real round trip (ListBuckets, signed)."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
     try:
         return sorted(b["Name"] for b in client(ep, timeout=2).list_buckets().get("Buckets", []))
     except (BotoCoreError, ClientError) as exc:
@@ -79,6 +86,8 @@ def list_buckets(ep: S3Endpoint) -> list[str]:
 
 def ensure_buckets(ep: S3Endpoint, names: tuple[str, ...] = BUCKETS) -> list[str]:
     """Create the buckets that are missing. Idempotent; returns the ones it created."""
+    from botocore.exceptions import ClientError
+
     existing = set(list_buckets(ep))
     created = []
     s3 = client(ep)
