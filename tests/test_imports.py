@@ -17,6 +17,7 @@ PACKAGE = "ducklake_kit"
 LAYERS = {
     "errors": 0,
     "checks": 0,
+    "faults": 0,
     "platforms": 1,
     "lake": 2,
     "taxi": 3,

@@ -25,6 +25,7 @@ import duckdb
 from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import BotoCoreError, ClientError
 
+from ducklake_kit import faults
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, load_statements, secret_statements
 from ducklake_kit.lake.locks import (
@@ -364,14 +365,6 @@ class LoadInput:
     source_note: str = ""
 
 
-def _test_pause(seconds: float, resume_file: str | None) -> None:
-    """The pause of the test hook: `seconds`, or less when `resume_file` appears (the test that paused the load has
-    seen what it came for: a fixed pause long enough for the slowest machine cost every run its whole length)."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not (resume_file and os.path.exists(resume_file)):
-        time.sleep(0.1)
-
-
 def run_load(
     kit: Kit, what: LoadInput, *, mode: str = "skip", schema_name: str = "main", spark_log: Path | None = None
 ) -> LoadResult:
@@ -457,7 +450,7 @@ def run_load(
         if fault.startswith("pause-before-commit="):  # a load that is alive with its files written, uncommitted
             pause = float(fault.split("=", 1)[1])
             report.say(f"test hook: every file written, pausing {pause:g} s before the commit")  # a test waits for this
-            _test_pause(pause, os.environ.get("DUCKLAKE_FAULT_RESUME_FILE"))
+            faults.pause(pause)
         report.say(f"registering {len(written)} data files in one DuckLake transaction")
         t = time.perf_counter()
         with commit_lock(ep):

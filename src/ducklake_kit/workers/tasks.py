@@ -16,6 +16,7 @@ from typing import Any
 
 from distributed import get_worker
 
+from ducklake_kit import faults
 from ducklake_kit.errors import first_line
 from ducklake_kit.lake import Lake, StatementFailed, StatementResult
 from ducklake_kit.lake.transactions import CommitTag, commit, snapshot_of_token
@@ -297,10 +298,7 @@ def _fault_after_commit() -> None:
     early once the file DUCKLAKE_FAULT_RESUME_FILE names exists (the test has made its kill)."""
     fault = os.environ.get("DUCKLAKE_FAULT", "")
     if fault.startswith("pause-after-commit="):
-        deadline = time.monotonic() + float(fault.split("=", 1)[1])
-        resume = os.environ.get("DUCKLAKE_FAULT_RESUME_FILE")
-        while time.monotonic() < deadline and not (resume and os.path.exists(resume)):
-            time.sleep(0.05)
+        faults.pause(float(fault.split("=", 1)[1]))
 
 
 def end_open_transaction(lake: Lake) -> bool:
