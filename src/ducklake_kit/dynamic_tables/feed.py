@@ -104,8 +104,8 @@ def from_rows(made_list: list[str | None], start: int, end: int) -> Changed:
 @dataclass(frozen=True)
 class Size:
     """The catalog's estimate of a change against its sources, from file counts (no data read): `changed` rows
-    added or removed in the range (files written, files and rows deleted; every inlined change counted at the
-    inlining limit), `rows` the sources' live rows now."""
+    added or removed in the range (files written, files and rows deleted; every inlined change counted at its
+    table's inlining limit), `rows` the sources' live rows in files now."""
 
     changed: int
     rows: int
@@ -116,11 +116,12 @@ class Size:
 
 
 INLINED_ROWS = 10  # DuckLake's default data-inlining limit: an inlined change holds at most this many rows
+# (a dynamic table's own limit is refresh.INLINE_ROWS)
 
 
 def size(lake: Lake, table_ids: list[int], start: int, end: int, inlined: int = 0) -> Size:
     """How big the change of snapshots start..end to tables `table_ids` is against them (one catalog query);
-    `inlined`: how many inlined changes the range holds for them (`Changed.inlined_changes`)."""
+    `inlined`: the rows its inlined changes may hold (`Changed.inlined_changes` x each table's inlining limit)."""
     if not table_ids:
         return Size(0, 0)
     meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
@@ -138,4 +139,4 @@ def size(lake: Lake, table_ids: list[int], start: int, end: int, inlined: int = 
             FROM {meta}.ducklake_delete_file WHERE table_id IN ({ids}))""",
         [start, end],
     ).fetchone()
-    return Size(int(row[0]) + inlined * INLINED_ROWS, max(int(row[1]), 0))
+    return Size(int(row[0]) + inlined, max(int(row[1]), 0))

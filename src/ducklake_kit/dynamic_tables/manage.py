@@ -27,6 +27,7 @@ from ducklake_kit.dynamic_tables.metadata import (
 )
 from ducklake_kit.dynamic_tables.refresh import (
     FULL,
+    INLINE_ROWS,
     LOCK_WAIT_S,
     Refresher,
     lock_key,
@@ -39,7 +40,7 @@ from ducklake_kit.dynamic_tables.refresh import (
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.lake import Lake, StatementResult
 from ducklake_kit.lake.locks import advisory_lock
-from ducklake_kit.lake.sql import quote_ident, schema_exists
+from ducklake_kit.lake.sql import quote_ident, quote_literal, schema_exists
 from ducklake_kit.lake.transactions import commit_with
 
 SUSPEND_AFTER_FAILURES = 5  # consecutive failed refreshes that suspend a table (ALTER ... RESUME starts it again)
@@ -204,6 +205,12 @@ def _create(lake: Lake, meta: Metadata, stmt: ddl.CreateDynamicTable) -> Refresh
         extra={"dynamic_table": name, "definition": d.definition_id, "read": read, "mode": FULL, "trigger": "create"},
     )
     try:
+        # its own data-inlining limit (refresh.INLINE_ROWS): a setting in the catalog, no snapshot (DuckLake refuses
+        # it for a table made in the same transaction)
+        lake.con.execute(
+            f"CALL {quote_ident(lake.alias)}.set_option('data_inlining_row_limit', {INLINE_ROWS}, "
+            f"schema => {quote_literal(schema)}, table_name => {quote_literal(_table)})"
+        )
         meta.create(d, replace=old is not None)
     except Exception:  # a table nobody knows is a dynamic table would block the name: take it back
         commit_with(

@@ -87,6 +87,21 @@ COPY_ROWS = 100_000
 # tables (bench --suite dynamic --rows 1000000 --months 12,48) were compacted in most refreshes (0.25-0.4 s each),
 # and uncompacted the same merge grew slowly with the files (0.17, 0.15, 0.20, 0.26, 0.37 s, ~4 files more each)
 COMPACT_FILES = 9
+# a dynamic table is made with this data-inlining limit (DuckLake's `data_inlining_row_limit`, set on the table
+# alone; the lake's default is 10): a refresh that deletes and inserts at most this many rows writes them into the
+# catalog (inlined rows and inlined deletes: PostgreSQL rows at commit, no Parquet file or delete file on S3), so a
+# merge of a few hundred groups leaves no file behind and the next one reads only the table's file and those rows.
+# Measured (a merge of 250 groups into a table of 3,869 rows, load 4-5): DELETE + INSERT 30 ms all told where the
+# MERGE that writes a Parquet file for its updates took 136-239 ms (and one more file each time). Not more: inlined
+# inserts grow faster than their rows here (250 rows 12 ms, 1,000 rows 37 ms, 4,000 rows 184 ms, 16,000 rows
+# 1.5 s; a Parquet file of any of them ~20 ms)
+INLINE_ROWS = 1000
+# ... and its rows in the catalog (live or not) are flushed into a file and the table compacted past this many
+COMPACT_INLINED = 10 * INLINE_ROWS
+# a refresh that wrote only inlined rows counts the table's files and inlined rows (three catalog queries, ~5 ms)
+# only once the rows this Refresher wrote into it since it last counted reach this many (a refresh that may have
+# written a file always counts)
+COMPACT_CHECK = INLINE_ROWS
 LOCK_NAMESPACE = int.from_bytes(b"D\x00", "big") << 48
 LOCK_WAIT_S = 600
 PRE, POST = ("delete", "update_preimage"), ("insert", "update_postimage")
@@ -121,6 +136,17 @@ class Copy:
 
     name: str
     through: int
+
+
+@dataclass
+class Kept:
+    """A small dynamic table's own rows in temporary table `name` (`Refresher.kept`): right at snapshot `through`
+    and, with the refresh's changes applied to it too, at `commit`, that refresh's commit (None before it commits).
+    Right at a later snapshot when no snapshot after `through` but `commit` touched the table."""
+
+    name: str
+    through: int
+    commit: int | None = None
 
 
 # the phases of one refresh, in the order they run (`Refresh.phases`, milliseconds each)
@@ -185,6 +211,11 @@ class Refresher:
         self._copies: dict[int, Copy] = {}
         self._pending: dict[int, Copy] = {}  # made in the current refresh's transaction: gone if it rolls back
         self._too_big: set[int] = set()
+        # small dynamic tables' own rows, by table id (`kept`): a merge reads them there, not from the lake
+        self._kept: dict[int, Kept] = {}
+        self._kept_pending: tuple[int, Kept] | None = None  # the one the current refresh reads and changes
+        self._span: tuple[int, list] | None = None  # the current refresh's snapshot and the snapshots it saw
+        self._written: dict[int, int] = {}  # table id -> inlined rows written into it since its files were counted
         self._plans: dict[tuple[str, int], tuple[exp.Expression, planner.Plan]] = {}
 
     # ---- the lake side ---------------------------------------------------------------------------------------
@@ -277,6 +308,38 @@ class Refresher:
             return None
         copy = self._pending[table_id] = Copy(name, now)
         return copy
+
+    # ---- small dynamic tables' own rows kept in memory ----------------------------------------------------------
+
+    def kept(self, d: Definition) -> str | None:
+        """A temporary table holding dynamic table `d`'s rows at the current refresh's snapshot, for a rule that would
+        read them from the lake and then change them (`rules.merge`): kept from this Refresher's last refresh of it
+        while no other commit touched the table since (its own refresh commit is known by its snapshot; a compaction
+        is another commit, after which the rows are read again), else read now (one read of the table, as the rule
+        would have done). None for a table of more than COPY_ROWS rows. The rule changes the copy as it changes the
+        table, in the same transaction; `_refresh` marks it right at the commit, `_forget_pending` drops it when the
+        transaction rolls back."""
+        if self._span is None:
+            return None
+        now, seen = self._span
+        table_id = self._table_id(d.name, now)
+        if table_id is None or table_id in self._too_big:
+            return None
+        copy = self._kept.pop(table_id, None)
+        if copy is not None and not _still_right(copy, table_id, now, seen):
+            self._drop_temps([copy.name])
+            copy = None
+        if copy is None:
+            name = f"__dt_kept_{self._tag}_{table_id}"
+            rows = self.temp(name, f"SELECT * FROM {target(self.lake, d.name)} LIMIT {COPY_ROWS + 1}")
+            if rows > COPY_ROWS:
+                self._drop_temps([name])
+                self._too_big.add(table_id)
+                return None
+            copy = Kept(name, now)
+        copy.through, copy.commit = now, None
+        self._kept_pending = (table_id, copy)
+        return copy.name
 
     def _drop_temps(self, names: list[str]) -> None:
         """Drop those of temporary tables `names` this Refresher made (a name never made costs no statement)."""
@@ -389,6 +452,12 @@ class Refresher:
 
     def close(self) -> None:
         """Ends the session that holds the refreshes' locks (none is held between refreshes) and drops the copies."""
+        for copy in list(self._kept.values()):
+            try:
+                self._drop_temps([copy.name])
+            except duckdb.Error:  # the lake's connection is closed already: the copies went with it
+                break
+        self._kept.clear()
         for table_id in list(self._copies):
             try:
                 self._drop_copy(table_id)
@@ -419,6 +488,10 @@ class Refresher:
         for copy in self._pending.values():
             self._made.discard(copy.name)
         self._pending.clear()
+        if self._kept_pending is not None:  # made in the transaction (gone) or changed in it (back as it was): dropped
+            name = self._kept_pending[1].name
+            self._kept_pending = None
+            self._drop_temps([name])
 
     def full(self, query: exp.Expression, snapshot: int, reason: str) -> tuple[Work, list]:
         new = sql(rewrite.pinned(query, self.lake.alias, snapshot))
@@ -464,13 +537,16 @@ class Refresher:
         note = None
         if adaptive(d.refresh_mode):  # the choice, made from the catalog before any change feed is read
             tables = [i for i in ids.values() if i is not None]
-            inlined = changed.inlined_changes(tables) * feed.INLINED_ROWS
+            # an inlined change holds at most the table's inlining limit: the lake's default, INLINE_ROWS for a
+            # dynamic table (made with it)
+            limit = {ids[s]: INLINE_ROWS if s in d.depends_on else feed.INLINED_ROWS for s in plan.sources}
+            inlined = sum(changed.inlined_changes([t]) * limit[t] for t in tables)
             if changed.inlined_only(tables) and inlined <= self.small_change:  # no file changed: no need to count
                 note = f"ADAPTIVE chose incremental: the change (~{inlined:,} rows, inlined) is at most "
                 note += f"{self.small_change:,} rows"
             else:
                 with self.clock.phase("change_feed"):
-                    size = feed.size(self.lake, tables, prev + 1, now, changed.inlined_changes(tables))
+                    size = feed.size(self.lake, tables, prev + 1, now, inlined)
                 # one delta term per changed source (each term joins one source's change with the others)
                 terms = sum(1 for t in tables if changed.of(t) != feed.NONE)
                 est = self.cost.estimate(size.changed, size.rows, terms)
@@ -599,7 +675,7 @@ class Refresher:
 
         def write(con: duckdb.DuckDBPyConnection) -> None:
             for kind, arg in statements:
-                if kind == "side":  # the side table of multiplicity counts: not the table's rows
+                if kind in ("side", "kept"):  # the side table of multiplicity counts, the copy: not the table's rows
                     con.execute(arg)
                     continue
                 if kind == "merge":  # rules.merge's MERGE: its count is the rows written, the counter's those updated
@@ -727,6 +803,7 @@ class Refresher:
         temps: list[str] = []
         clock = self.clock = Clock()
         self.terms = self.copied = 0
+        self._span = None
         try:
             busy = KitError(
                 f"dynamic table {d.name} is being refreshed by another process for over {LOCK_WAIT_S} s",
@@ -783,6 +860,7 @@ class Refresher:
         if changed is None or not changed.same_schema:  # a column renamed or dropped: the query may not bind
             with clock.phase("bind"):
                 self._bind(d, query, now)
+        self._span = (now, seen)
         fed = clock.ms.get("change_feed", 0.0)
         with clock.phase("delta"):
             decided = None if prev == now else self.decide(d, query, plan, (prev, now), temps, changed)
@@ -798,42 +876,87 @@ class Refresher:
             out.commit_snapshot = self.apply(d, work, statements, now, trigger)
         self._copies.update(self._pending)  # committed: the copies made in its transaction are there to stay
         self._pending.clear()
+        if self._kept_pending is not None:  # the table's own rows, right at the commit too
+            table_id, kept = self._kept_pending
+            kept.commit, self._kept[table_id], self._kept_pending = out.commit_snapshot, kept, None
         clock.ms["commit"] -= clock.ms.get("write", 0.0) - write
         out.status, out.mode, out.reason = SUCCEEDED, work.mode, work.reason
         out.rows_inserted, out.rows_deleted = work.inserted, work.deleted
-        if any(kind in ("delete_keys", "merge") for kind, _ in statements) and work.inserted > feed.INLINED_ROWS:
+        if (
+            any(kind in ("delete_keys", "merge") for kind, _ in statements)
+            and work.inserted
+            and self._count_due(d, now, work, statements)
+        ):
             with clock.phase("compact"):
                 merged = self.compact(d, now)
             if merged:
-                out.reason += f"; then its {merged} data files compacted"
+                out.reason += f"; then its {merged}"
 
-    def compact(self, d: Definition, now: int) -> int:
-        """Merge the table's data files when it has more than COMPACT_FILES live ones (after the refresh's commit,
-        under its lock): the files merged, 0 when none were. A failure leaves the table as it was (and is no
-        failure of the refresh, which has committed)."""
+    def _count_due(self, d: Definition, now: int, work: Work, statements: list) -> bool:
+        """Whether a refresh that deleted and inserted rows counts the table's files and inlined rows now: after a
+        write that may have made a file (a MERGE, more than INLINE_ROWS rows inserted or deleted), the first time
+        this Refresher writes into the table, and once COMPACT_CHECK rows were written since it last counted."""
+        table_id = self._table_id(d.name, now)
+        written = self._written.get(table_id, COMPACT_CHECK) + work.inserted + work.deleted
+        files = any(kind == "merge" for kind, _ in statements) or max(work.inserted, work.deleted) > INLINE_ROWS
+        due = files or written >= COMPACT_CHECK
+        self._written[table_id] = 0 if due else written
+        return due
+
+    def compact(self, d: Definition, now: int) -> str:
+        """Merge the table's data files when it has more than COMPACT_FILES live ones, or more than COMPACT_INLINED
+        rows in the catalog (inlined rows, live or not, flushed into a file first), after the refresh's commit, under
+        its lock: what was compacted ('' when nothing was). A failure leaves the table as it was (and is no failure
+        of the refresh, which has committed)."""
         table_id = self._table_id(d.name, now)
         if table_id is None:
-            return 0
+            return ""
         meta = quote_ident(f"__ducklake_metadata_{self.lake.alias}")
-        files = self.con.execute(
-            f"SELECT count(*) FROM {meta}.ducklake_data_file WHERE table_id = ? AND end_snapshot IS NULL", [table_id]
-        ).fetchone()[0]
-        if files <= COMPACT_FILES:
-            return 0
+        files, names = self.con.execute(
+            f"SELECT (SELECT count(*) FROM {meta}.ducklake_data_file WHERE table_id = $1 AND end_snapshot IS NULL), "
+            f"(SELECT list(table_name) FROM {meta}.ducklake_inlined_data_tables WHERE table_id = $1)",
+            [table_id],
+        ).fetchone()
+        inlined = 0
+        if names:  # the table's inlined rows, every version (each schema version of the table has its own table)
+            inlined = self.con.execute(
+                " + ".join(f"(SELECT count(*) FROM {meta}.{quote_ident(n)})" for n in names)
+            ).fetchone()[0]
+        if files <= COMPACT_FILES and inlined <= COMPACT_INLINED:
+            return ""
         schema, table = d.name.split(".")
 
+        args = [self.lake.alias, table, schema]
+
+        def flush(con: duckdb.DuckDBPyConnection) -> None:
+            con.execute("CALL ducklake_flush_inlined_data(?, table_name => ?, schema_name => ?)", args)
+
         def merge(con: duckdb.DuckDBPyConnection) -> None:
-            args = [self.lake.alias, table, schema]
             con.execute("CALL ducklake_rewrite_data_files(?, ?, schema => ?, delete_threshold => 0)", args)
             con.execute("CALL ducklake_merge_adjacent_files(?, ?, schema => ?)", args)
 
+        what = (f"{inlined} inlined rows and " if inlined > COMPACT_INLINED else "") + f"{files} data files"
         extra = {"dynamic_table": d.name, "definition": d.definition_id, "compacted": int(files)}
         try:
+            if inlined > COMPACT_INLINED:  # its own commit: the files it writes are compacted by the next one
+                commit_with(self.lake, flush, f"dynamic table {d.name}: its inlined rows flushed", extra=extra)
             commit_with(self.lake, merge, f"dynamic table {d.name}: its data files compacted", extra=extra)
         except (duckdb.Error, KitError):
             self._restart()
-            return 0
-        return int(files)
+            return ""
+        return f"{what} compacted"
+
+
+def _still_right(copy: Kept, table_id: int, now: int, seen: list) -> bool:
+    """Whether `copy` of table `table_id` is right at snapshot `now`: every snapshot after `copy.through` up to `now`
+    is in `seen` (`snapshots_since`, oldest first) and none but `copy.commit` touched the table."""
+    if copy.commit is None or copy.through > now:
+        return False
+    later = [s for s in seen if s.id > copy.through]
+    if [s.id for s in later] != list(range(copy.through + 1, now + 1)):
+        return False
+    made = ["" if s.id == copy.commit else s.changes for s in later]
+    return feed.from_rows(made, copy.through + 1, now).of(table_id) == feed.NONE
 
 
 def _qualified(condition: str, lake_alias: str, name: str) -> str:

@@ -35,6 +35,8 @@ class Runner(Protocol):
 
     def full(self, query: exp.Expression, snapshot: int, reason: str) -> tuple[Work, list]: ...
 
+    def kept(self, d: Definition) -> str | None: ...
+
 
 def positional(query: exp.Expression, names: list[str], alias: str = "__b") -> exp.Select:
     """The query's rows under the table's column names, by position (a union's branches name theirs as they like)."""
@@ -294,6 +296,31 @@ def merge(r: Runner, d: Definition, plan: planner.Plan, terms: list[exp.Select],
             [
                 ("delete_keys", ("__dt_merged", [(k.column, k.column) for k in plan.keys])),
                 ("insert", "SELECT * FROM temp.main.__dt_merged"),
+            ],
+        )
+    # a small table's rows kept in memory (`Refresher.kept`): each touched group's old row read there, the groups
+    # deleted and inserted (the table read once, by the DELETE; the deletes and the inserts inlined in the catalog
+    # when there are at most refresh.INLINE_ROWS of them: no file written), and the copy changed the same way
+    kept = r.kept(d)
+    if kept is not None:
+        select = ", ".join(
+            f"{how[c].format(c=quote_ident(c)) if c in how else f'__d.{quote_ident(c)}'} AS {quote_ident(c)}"
+            for c in plan.columns
+        )
+        copy = f"temp.main.{quote_ident(kept)}"
+        groups = r.temp(
+            "__dt_merged",
+            f"SELECT {select} FROM (SELECT {cols} FROM ({union}) AS __n GROUP BY ALL) AS __d LEFT JOIN {copy} AS __o "
+            f"ON {on}",
+        )
+        temps.append("__dt_merged")
+        return (
+            Work(INCREMENTAL, f"inserts merged into {groups} groups"),
+            [
+                ("delete_keys", ("__dt_merged", [(k.column, k.column) for k in plan.keys])),
+                ("insert", "SELECT * FROM temp.main.__dt_merged"),
+                ("kept", f"DELETE FROM {copy} AS __o USING temp.main.__dt_merged AS __d WHERE {on}"),
+                ("kept", f"INSERT INTO {copy} SELECT * FROM temp.main.__dt_merged"),
             ],
         )
     # the new rows' aggregates alone (no read of the table), then one MERGE: it reads the table's rows once and
