@@ -12,6 +12,7 @@ import json
 import pytest
 
 from ducklake_kit.dynamic_tables import manage, refresh
+from ducklake_kit.dynamic_tables.cost import Cost
 from ducklake_kit.dynamic_tables.metadata import SUCCEEDED
 from ducklake_kit.dynamic_tables.refresh import COMPACT_FILES, INCREMENTAL, INLINE_ROWS, Refresher
 from tests.dynamic_tables.oracle import schema_env
@@ -132,5 +133,32 @@ def test_two_refreshers_take_turns_merging_into_one_table(env):
             [r] = manage.refresh_many(env.lake, env.meta, [f"{S}.t_agg"], refresher=refresher).refreshes
             assert r.status == SUCCEEDED and r.mode == INCREMENTAL and "merged" in r.reason, (r.reason, r.error)
             env.equal(f"{S}.t_agg")
+    env.drop_all()
+    env.sql(f"DROP TABLE {FACTS}")
+
+
+def test_a_full_refresh_after_merges_leaves_one_file(env):
+    """Merges leave inlined deletes on the table's file; a full refresh then deletes every row, and DuckLake keeps
+    that file, all its rows deleted: the refresh compacts it away (no file from before it, no delete file after)."""
+    env.sql(f"CREATE OR REPLACE TABLE {FACTS} AS SELECT i % 40 AS k, i AS v FROM range(200) AS t(i)")
+    env.create(
+        f"CREATE DYNAMIC TABLE {S}.f_agg TARGET_LAG = '1 hour' AS "
+        f"SELECT k, sum(v) AS s, count(*) AS n FROM {S}.cfacts GROUP BY k"
+    )
+    name = f"{S}.f_agg"
+    for i in range(3):  # merged (ADAPTIVE, forced incremental): inlined rows and inlined deletes of its file
+        env.sql(f"INSERT INTO {FACTS} SELECT (j * 3 + {i}) % 40, j FROM range(15) AS t(j)")
+        [r] = env.refresh(name).refreshes
+        assert r.mode == INCREMENTAL and "merged" in r.reason, (r.reason, r.error)
+    env.sql(f"INSERT INTO {FACTS} SELECT j % 40, j FROM range(15) AS t(j)")
+    with Refresher(env.lake, env.meta, cost=Cost.at(0), small_change=0) as full:  # ADAPTIVE chooses full
+        [r] = manage.refresh_many(env.lake, env.meta, [name], refresher=full).refreshes
+    assert r.status == SUCCEEDED and r.mode == "FULL" and "data files compacted" in r.reason, (r.reason, r.error)
+    deletes = env.sql(
+        f"SELECT count(*) FROM ducklake_list_files('lake', 'f_agg', schema => '{S}') WHERE delete_file IS NOT NULL"
+    )[0][0]
+    # the old file rewritten away (its inlined deletes read by the rewrite); the refresh's 40 rows are inlined
+    assert (live_files(env, "f_agg"), deletes) == (0, 0)
+    env.equal(name)
     env.drop_all()
     env.sql(f"DROP TABLE {FACTS}")
