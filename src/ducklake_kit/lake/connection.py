@@ -10,7 +10,9 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import os
 import random
+import sys
 import time
 import uuid
 from contextlib import nullcontext
@@ -65,6 +67,79 @@ def extension_path(name: str) -> Path | None:
         / f"{name}.duckdb_extension"
     )
     return path if path.exists() else None
+
+
+# DuckDB checks an extension's signature at every LOAD into a new database by hashing the whole file: the kit's three
+# are 100 MB, 0.15 s of CPU for every Lake (so for every CLI command), the same files each time. The kit runs that
+# check once per file version: DuckDB's own LOAD, signatures enforced, in a scratch database; then it remembers each
+# file by what changes when it is written or replaced (device, inode, size, mtime and ctime, which cannot be set
+# back) in a record in the virtual environment, beside the files, and opens connections with
+# allow_unsigned_extensions only while all three still match it. A file that changed is checked again; one that fails
+# is loaded with the check on, and DuckDB refuses it with its own error. Whoever can write the record can write the
+# extension files and DuckDB's own library too: the record adds no way in. Such a connection would also LOAD an
+# unsigned file a statement names; the kit never LOADs another (docs/guarantees.md, Security).
+VERIFIED_RECORD = Path(sys.prefix) / "ducklake-kit-extensions-verified.json"
+_verified_now: set[str] = set()  # the records this process checked or read
+
+
+def _extension_stamps(names: tuple[str, ...]) -> dict[str, list[int]] | None:
+    """What identifies these extension files now, by path; None when one is not a wheel's file."""
+    stamps = {}
+    for name in names:
+        path = extension_path(name)
+        if path is None:
+            return None
+        st = path.stat()
+        stamps[str(path)] = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    return stamps
+
+
+def extensions_verified(names: tuple[str, ...] = tuple(EXTENSIONS), record_file: Path | None = None) -> bool:
+    """Whether these extension files, as they are now, passed DuckDB's signature check (checked now when unknown)."""
+    stamps = _extension_stamps(names)
+    if stamps is None:
+        return False
+    now = {json.dumps([duckdb.__version__, path, stamp]) for path, stamp in stamps.items()}
+    if now <= _verified_now:
+        return True
+    record_file = record_file or VERIFIED_RECORD
+    try:
+        known = json.loads(record_file.read_text())
+        files = known["files"] if known["duckdb"] == duckdb.__version__ else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        files = {}
+    if all(files.get(path) == stamp for path, stamp in stamps.items()):
+        _verified_now.update(now)
+        return True
+    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    try:
+        for stmt in load_statements(names):
+            con.execute(stmt)  # the signature is checked: allow_unsigned_extensions is off here
+    except duckdb.Error:
+        return False
+    finally:
+        con.close()
+    _verified_now.update(now)
+    _write_record(record_file, json.dumps({"duckdb": duckdb.__version__, "files": {**files, **stamps}}, indent=1))
+    return True
+
+
+def _write_record(record_file: Path, text: str) -> None:
+    tmp = record_file.with_name(f".{record_file.name}.{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        tmp.replace(record_file)  # whole or not at all, also with another process writing it
+    except OSError:
+        tmp.unlink(missing_ok=True)  # not ours to write (the worker plane's user): this process remembers it
+
+
+def connect_config(names: tuple[str, ...] = tuple(EXTENSIONS), **config: Any) -> dict[str, Any]:
+    """DuckDB's config for a connection that loads these extensions from their wheels: no downloads, and no
+    second signature check of files that passed it (`extensions_verified`)."""
+    base: dict[str, Any] = {"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    if extensions_verified(names):
+        base["allow_unsigned_extensions"] = True
+    return {**base, **config}
 
 
 def load_statements(names: tuple[str, ...] = tuple(EXTENSIONS)) -> list[str]:
@@ -294,8 +369,8 @@ class Lake:
         # set (e.g. {"run": "sql", "id": ...}): each autocommit write commits as its own transaction whose commit
         # carries a token and this in its commit_extra_info (`write`), so its fate can be asked of the lake
         self.autocommit_tag: dict[str, Any] | None = None
-        # no automatic downloads: extensions come from the pinned wheels
-        self.con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+        # no automatic downloads: extensions come from the pinned wheels, their signatures checked once per file
+        self.con = duckdb.connect(config=connect_config())
         for stmt in setup_statements(endpoints, alias, settings, catalog_settings):
             try:
                 self.con.execute(stmt)

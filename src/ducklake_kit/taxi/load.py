@@ -27,7 +27,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from ducklake_kit import faults
 from ducklake_kit.errors import KitError, first_line
-from ducklake_kit.lake import Lake, load_statements, secret_statements
+from ducklake_kit.lake import Lake, connect_config, load_statements, secret_statements
 from ducklake_kit.lake.locks import (
     commit_lock,
     data_file_prefix,
@@ -210,9 +210,7 @@ def make_writer(
         import pyarrow.compute as pc
         from pyspark import TaskContext
 
-        con = duckdb.connect(
-            config={"autoinstall_known_extensions": False, "autoload_known_extensions": False, "threads": 1}
-        )  # Spark already runs one task per core
+        con = duckdb.connect(config=connect_config(WRITER_EXTENSIONS, threads=1))  # Spark runs one task per core
         # extension paths are resolved here, on the executor: its Python environment may live elsewhere. httpfs only:
         # the writer never reads the catalog, and loading ducklake and postgres_scanner too cost 0.16 s a task
         for stmt in [*load_statements(WRITER_EXTENSIONS), s3_secret]:

@@ -13,7 +13,7 @@ import re
 import duckdb
 
 from ducklake_kit.errors import KitError, first_line
-from ducklake_kit.lake import load_statements, secret_statements
+from ducklake_kit.lake import connect_config, load_statements, secret_statements
 from ducklake_kit.lake.sql import quote_literal as _sql_str
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.taxi import schema
@@ -166,7 +166,7 @@ def source_select(
 
 def reference_connection(endpoints: Endpoints) -> duckdb.DuckDBPyConnection:
     """A private in-memory DuckDB with httpfs and the S3 secret only: it cannot see the lake."""
-    con = duckdb.connect(config={"autoinstall_known_extensions": False, "autoload_known_extensions": False})
+    con = duckdb.connect(config=connect_config())
     for stmt in [*load_statements(), secret_statements(endpoints)[0]]:
         con.execute(stmt)
     return con
