@@ -311,7 +311,7 @@ class Refresher:
 
     # ---- small dynamic tables' own rows kept in memory ----------------------------------------------------------
 
-    def kept(self, d: Definition) -> str | None:
+    def kept(self, d: Definition, rows: int) -> str | None:
         """A temporary table holding dynamic table `d`'s rows at the current refresh's snapshot, for a rule that would
         read them from the lake and then change them (`rules.merge`): kept from this Refresher's last refresh of it
         while no other commit touched the table since (its own refresh commit is known by its snapshot; a compaction
@@ -319,7 +319,7 @@ class Refresher:
         would have done). None for a table of more than COPY_ROWS rows. The rule changes the copy as it changes the
         table, in the same transaction; `_refresh` marks it right at the commit, `_forget_pending` drops it when the
         transaction rolls back."""
-        if self._span is None:
+        if self._span is None or rows > INLINE_ROWS:  # more rows than inlined: a file either way, one MERGE is cheaper
             return None
         now, seen = self._span
         table_id = self._table_id(d.name, now)
