@@ -180,9 +180,9 @@ def test_a_month_loads_through_a_two_worker_standalone_cluster(stack, local_only
     r = kit(stack.env, "spark", "up", "--mode", "connect", "--json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert json.loads(r.stdout)["result"]["connect_master"] == cluster.master_url
-    # the server's readiness query ran on an executor of its own, which it gives back once idle (15 s, 30 s with
-    # shuffle files): a load started before then gets the other worker's core only, and may end before the first is
-    # free. Wait for both to be free, so the load can run on both (and the server has shown that it gives cores back).
+    # the server's readiness query ran on an executor of its own, which it gives back once idle (15 s: the query
+    # leaves no shuffle files): a load started before then gets the other worker's core only, and may end before the
+    # first is free. Wait for both to be free, so the load can run on both (and the server has shown that it gives cores back).
     deadline = time.monotonic() + 90
     while any(w["coresused"] for w in cluster._master_json()["workers"]):
         assert time.monotonic() < deadline, "the Connect server still holds a worker's core after 90 s idle"
