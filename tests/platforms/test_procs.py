@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from ducklake_kit.errors import KitError
@@ -45,6 +47,30 @@ def test_start_and_stop_a_real_process(tmp_path):
     assert procs.stop(pid_file).startswith("stopped")
     proc.wait(5)
     assert procs.live_pid(pid_file) is None
+
+
+def test_a_stopped_process_counts_as_exited_before_init_reaps_it():
+    # a process started by an earlier command is init's child; here PID 1 reaps ~1.8 s after the exit, and a stop
+    # that waited for the pid to vanish paid that every time: the zombie holds no port or file, so it has exited
+    started = subprocess.run(["bash", "-c", "sleep 60 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True)
+    proc = psutil.Process(int(started.stdout))
+    assert proc.ppid() != os.getpid()
+    t = time.monotonic()
+    proc.terminate()
+    procs.wait_exited(proc, 10)
+    assert time.monotonic() - t < 1.0
+    assert not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+
+
+def test_waiting_reaps_our_own_child_and_gives_up_on_a_live_process():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc = psutil.Process(child.pid)
+    with pytest.raises(psutil.TimeoutExpired):
+        procs.wait_exited(proc, 0.2)  # still running
+    proc.terminate()
+    procs.wait_exited(proc, 10)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(child.pid, os.WNOHANG)  # already reaped: no zombie left behind
 
 
 def test_wait_until_reports_an_exited_process_with_its_log(tmp_path):

@@ -6,6 +6,7 @@ ours (a stale pid file is replaced, and `down` stops exactly the processes the k
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -249,15 +250,39 @@ def stop_all(pid_files: list[Path], *, sig: int = signal.SIGTERM, timeout: float
         msg = "not running (stale pid file removed)"
         if proc is not None:
             try:
-                proc.wait(timeout)
+                wait_exited(proc, timeout)
                 msg = f"stopped (pid {rec.pid})"
             except psutil.TimeoutExpired:
                 proc.kill()
-                proc.wait(5)
+                wait_exited(proc, 5)
                 msg = f"killed after {timeout:.0f}s (pid {rec.pid})"
         pid_file.unlink(missing_ok=True)
         msgs.append(msg)
     return msgs
+
+
+def wait_exited(proc: psutil.Process, timeout: float) -> None:
+    """Wait until `proc` has exited: gone, or a zombie its parent has not reaped yet (it holds no port and no file
+    then). A process the kit started in an earlier command is init's child, and an init that reaps late (PID 1 of
+    some containers, and of the machine this was measured on: ~1.8 s after the exit) would otherwise add that to
+    every stop, as `psutil.Process.wait` sees the zombie as running. Our own child is reaped. Raises
+    psutil.TimeoutExpired."""
+    deadline = time.monotonic() + timeout
+    delay = 0.002
+    while True:
+        try:
+            if not proc.is_running():  # gone (is_running also notices another process now holding its pid)
+                return
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                with contextlib.suppress(psutil.Error):
+                    proc.wait(0)  # reaps it if it is our child; else its parent will
+                return
+        except psutil.NoSuchProcess:
+            return
+        if time.monotonic() >= deadline:
+            raise psutil.TimeoutExpired(timeout, proc.pid)
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 class GiveUp(Exception):
