@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ducklake_kit.dynamic_tables import feed
-from ducklake_kit.dynamic_tables.catalog import table_ids_at
+from ducklake_kit.dynamic_tables.catalog import snapshots_since, table_ids_at
 from ducklake_kit.dynamic_tables.cost import Cost
 from ducklake_kit.dynamic_tables.metadata import ADAPTIVE, NO_DATA, SUCCEEDED
 from ducklake_kit.dynamic_tables.refresh import FULL, Refresher, lock_key
@@ -122,6 +122,12 @@ def test_the_catalog_tells_inserts_from_other_changes_and_a_join_reads_only_chan
     start = e.lake.current_snapshot() + 1
     e.sql(f"DELETE FROM {FACTS} WHERE id >= 1000")
     assert feed.size(e.lake, tables, start, e.lake.current_snapshot()).changed == 50  # removed: counted too
+    # the same size read by PostgreSQL in the refresh's first catalog query (`snapshots_since`), from `start` on
+    now = e.lake.current_snapshot()
+    seen, folded = snapshots_since(e.lake, start - 1, now, tables)
+    assert [s.id for s in seen] == list(range(start, now + 1))
+    assert folded == feed.size(e.lake, tables, start, now) and folded.changed == 50
+    assert snapshots_since(e.lake, start - 1, now)[1] is None
     refresh_and_prove(e, float("inf"))
     # a delete, an update, and a column added: each is another kind of change
     start = e.lake.current_snapshot() + 1

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from ducklake_kit.dynamic_tables import manage, refresh
+from ducklake_kit.dynamic_tables.catalog import table_ids_at
 from ducklake_kit.dynamic_tables.cost import Cost
 from ducklake_kit.dynamic_tables.metadata import SUCCEEDED
 from ducklake_kit.dynamic_tables.refresh import COMPACT_FILES, INCREMENTAL, INLINE_ROWS, Refresher
@@ -108,6 +109,15 @@ def test_small_merges_are_inlined_then_flushed_and_compacted(env, monkeypatch):
         compacted.append("inlined rows and" in agg.reason)
         files.append(live_files(env, "i_agg"))
         inlined.append(inlined_rows(env, "i_agg"))
+        # the counts the refresh reads in its commit's catalog query (`refresh.counts_sql`, PostgreSQL's own), with
+        # the inlined-data tables it knows and with none: those of DuckDB's listing and of the catalog read here
+        now = env.lake.current_snapshot()
+        table_id = table_ids_at(env.lake, names[0], (now, now))[1]
+        for known in (env.refresher._inlined_tables.get(table_id, []), []):
+            env.refresher._inlined_tables[table_id] = known
+            row = env.refresher._catalog(f"SELECT {refresh.counts_sql(table_id, now, known)}")
+            counted = env.refresher._counts(table_id, now, row)
+            assert (counted[0], counted[2]) == (files[-1], inlined[-1]), (known, counted, files, inlined)
         for name in names:
             env.equal(name)
     # each merge adds 20 rows to the catalog and ends 20: without the flush they would reach 8 x 20 = 160 (plus the

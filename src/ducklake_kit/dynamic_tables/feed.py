@@ -119,24 +119,32 @@ INLINED_ROWS = 10  # DuckLake's default data-inlining limit: an inlined change h
 # (a dynamic table's own limit is refresh.INLINE_ROWS)
 
 
+def size_sql(meta: str, table_ids: list[int], start: int, end: int) -> str:
+    """The query of `size` (rows changed, live rows) over the catalog's tables in schema `meta` (quoted): the same
+    text runs in DuckDB over the attached catalog and in PostgreSQL itself (`catalog.snapshots_since`)."""
+    ids = ", ".join(str(int(i)) for i in table_ids)
+    a, b = int(start), int(end)
+    return f"""
+        SELECT coalesce(sum(changed), 0) AS changed, coalesce(sum(live), 0) AS live FROM (
+            SELECT record_count * ((begin_snapshot BETWEEN {a} AND {b})::INT
+                                   + coalesce(end_snapshot BETWEEN {a} AND {b}, false)::INT) AS changed,
+                   CASE WHEN end_snapshot IS NULL THEN record_count ELSE 0 END AS live
+            FROM {meta}.ducklake_data_file WHERE table_id IN ({ids})
+            UNION ALL
+            SELECT CASE WHEN begin_snapshot BETWEEN {a} AND {b} THEN delete_count ELSE 0 END,
+                   CASE WHEN end_snapshot IS NULL THEN -delete_count ELSE 0 END
+            FROM {meta}.ducklake_delete_file WHERE table_id IN ({ids})) AS __size"""
+
+
 def size(lake: Lake, table_ids: list[int], start: int, end: int, inlined: int = 0) -> Size:
     """How big the change of snapshots start..end to tables `table_ids` is against them (one catalog query);
     `inlined`: the rows its inlined changes may hold (`Changed.inlined_changes` x each table's inlining limit)."""
     if not table_ids:
         return Size(0, 0)
-    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
-    ids = ", ".join(str(int(i)) for i in table_ids)
-    row = lake.con.execute(
-        f"""
-        SELECT coalesce(sum(changed), 0), coalesce(sum(live), 0) FROM (
-            SELECT record_count * ((begin_snapshot BETWEEN $1 AND $2)::INT
-                                   + coalesce(end_snapshot BETWEEN $1 AND $2, false)::INT) AS changed,
-                   CASE WHEN end_snapshot IS NULL THEN record_count ELSE 0 END AS live
-            FROM {meta}.ducklake_data_file WHERE table_id IN ({ids})
-            UNION ALL
-            SELECT CASE WHEN begin_snapshot BETWEEN $1 AND $2 THEN delete_count ELSE 0 END,
-                   CASE WHEN end_snapshot IS NULL THEN -delete_count ELSE 0 END
-            FROM {meta}.ducklake_delete_file WHERE table_id IN ({ids}))""",
-        [start, end],
-    ).fetchone()
+    row = lake.con.execute(size_sql(quote_ident(f"__ducklake_metadata_{lake.alias}"), table_ids, start, end)).fetchone()
+    return sized(row, inlined)
+
+
+def sized(row: tuple, inlined: int = 0) -> Size:
+    """A Size from `size_sql`'s row (rows changed, live rows) and the rows the inlined changes may hold."""
     return Size(int(row[0]) + inlined, max(int(row[1]), 0))

@@ -98,7 +98,8 @@ COMPACT_FILES = 9
 INLINE_ROWS = 1000
 # ... and its rows in the catalog (live or not) are flushed into a file and the table compacted past this many
 COMPACT_INLINED = 10 * INLINE_ROWS
-# a refresh that wrote only inlined rows counts the table's files and inlined rows (three catalog queries, ~5 ms)
+# a refresh that wrote only inlined rows counts the table's files and inlined rows (in its commit's catalog query:
+# `counts_sql`; three catalog queries, ~5 ms, before)
 # only once the rows this Refresher wrote into it since it last counted reach this many (a refresh that may have
 # written a file always counts)
 COMPACT_CHECK = INLINE_ROWS
@@ -216,6 +217,11 @@ class Refresher:
         self._kept_pending: tuple[int, Kept] | None = None  # the one the current refresh reads and changes
         self._span: tuple[int, list] | None = None  # the current refresh's snapshot and the snapshots it saw
         self._written: dict[int, int] = {}  # table id -> inlined rows written into it since its files were counted
+        # ADAPTIVE's size query, made in the refresh's first catalog query: (table ids, start, now, the size)
+        self._size: tuple[list[int], int, int, feed.Size] | None = None
+        # the compaction's counts, made in the refresh commit's own catalog query (`apply`): (full, the counts)
+        self._counted: tuple[bool, tuple[int, int, int] | None] | None = None
+        self._inlined_tables: dict[int, list[str]] = {}  # table id -> the names of its inlined-data tables last seen
         self._plans: dict[tuple[str, int], tuple[exp.Expression, planner.Plan]] = {}
 
     # ---- the lake side ---------------------------------------------------------------------------------------
@@ -516,6 +522,7 @@ class Refresher:
         else:
             both = {s: table_ids_at(self.lake, s, (prev, now)) for s in plan.sources}
             ids = {s: at_now for s, (_, at_now) in both.items()}
+            self._ids.update({(s, self._version): i for s, i in ids.items()})  # `_table_id`'s, read anyway
             replaced = [s for s, (at_prev, at_now) in both.items() if at_prev != at_now]
         if replaced:  # dropped and created again: its change feed knows nothing of the old table's rows
             return self.full(
@@ -545,8 +552,11 @@ class Refresher:
                 note = f"ADAPTIVE chose incremental: the change (~{inlined:,} rows, inlined) is at most "
                 note += f"{self.small_change:,} rows"
             else:
-                with self.clock.phase("change_feed"):
-                    size = feed.size(self.lake, tables, prev + 1, now, inlined)
+                if self._size is not None and self._size[:3] == (tables, prev + 1, now):  # read with the snapshots
+                    size = feed.Size(self._size[3].changed + inlined, self._size[3].rows)
+                else:
+                    with self.clock.phase("change_feed"):
+                        size = feed.size(self.lake, tables, prev + 1, now, inlined)
                 # one delta term per changed source (each term joins one source's change with the others)
                 terms = sum(1 for t in tables if changed.of(t) != feed.NONE)
                 est = self.cost.estimate(size.changed, size.rows, terms)
@@ -726,14 +736,42 @@ class Refresher:
             "CALL ducklake_set_commit_message(?, ?, ?, extra_info => ?)", [self.lake.alias, AUTHOR, message, info]
         )
         self.lake.commit()  # through the lake's commit gate
-        # the snapshot that carries this commit's extra info: one catalog query (after the snapshot it read)
-        meta = quote_ident(f"__ducklake_metadata_{self.lake.alias}")
-        row = self.con.execute(
-            f"SELECT max(snapshot_id) FROM {meta}.ducklake_snapshot_changes WHERE snapshot_id > ? "
-            "AND commit_extra_info = ?",
-            [read, info],
-        ).fetchone()
-        return int(row[0]) if row and row[0] is not None else snapshot_of_token(self.lake, token)
+        # the snapshot that carries this commit's extra info: one catalog query (after the snapshot it read), which
+        # also counts the table's files and inlined rows when the compaction asks (`_compact_due`; ~5 ms alone)
+        full = self._compact_due(d, read, work, statements)
+        table_id = self._table_id(d.name, read) if full is not None else None
+        lookup = (
+            "SELECT (SELECT max(snapshot_id) FROM public.ducklake_snapshot_changes "
+            f"WHERE snapshot_id > {int(read)} AND commit_extra_info = {quote_literal(info)}) AS commit"
+        )
+        row = None
+        if table_id is not None:
+            try:
+                names = self._inlined_tables.get(table_id, [])
+                row = self._catalog(f"{lookup}, {counts_sql(table_id, read, names)}")
+                self._counted = (full, self._counts(table_id, read, row[1:]))
+            except duckdb.Error:  # an inlined-data table gone since: `compact` counts them itself
+                self._inlined_tables.pop(table_id, None)
+                self._counted, row = (full, None), None
+        if row is None:
+            row = self._catalog(lookup)
+        return int(row[0]) if row[0] is not None else snapshot_of_token(self.lake, token)
+
+    def _catalog(self, text: str) -> tuple:
+        """The one row of PostgreSQL query `text` on the lake's catalog (one round trip)."""
+        alias = quote_literal(f"__ducklake_metadata_{self.lake.alias}")
+        return self.con.execute(f"SELECT * FROM postgres_query({alias}, {quote_literal(text)})").fetchone()
+
+    def _counts(self, table_id: int, now: int, row: tuple) -> tuple[int, int, int]:
+        """(live files, those from `now` or before, inlined rows) from `counts_sql`'s items: its inlined rows counted
+        again, by a query of their own, when the catalog names inlined-data tables it did not count."""
+        files, stale, listed, inlined = row
+        names = listed.split(",") if listed else []
+        if names != self._inlined_tables.get(table_id, []):
+            counted = " + ".join(f"(SELECT count(*) FROM public.{quote_ident(x)})" for x in names) or "0"
+            inlined = self._catalog(f"SELECT {counted}")[0]
+            self._inlined_tables[table_id] = names
+        return int(files), int(stale), int(inlined)
 
     def recover(self, d: Definition, sources: list[str], commits: list[tuple[int, dict]]) -> list[Refresh]:
         """Record the refreshes that landed in the lake but not in the history (the process died, or PostgreSQL
@@ -803,7 +841,7 @@ class Refresher:
         temps: list[str] = []
         clock = self.clock = Clock()
         self.terms = self.copied = 0
-        self._span = None
+        self._span = self._size = self._counted = None
         try:
             busy = KitError(
                 f"dynamic table {d.name} is being refreshed by another process for over {LOCK_WAIT_S} s",
@@ -843,8 +881,12 @@ class Refresher:
         if self.after_read is not None:
             self.after_read(now)
         with clock.phase("catalog"):  # one round trip: now's time and schema version, commits and changes since
-            seen = snapshots_since(self.lake, d.data_snapshot, now)
+            version, tables = self._version, self._sources_known(d)
+            seen, size = snapshots_since(self.lake, d.data_snapshot, now, tables)
             out.data_timestamp, self._version = seen[-1].time, seen[-1].version
+            # the sources' ids were those of the last schema version: right when it is still the lake's
+            if size is not None and self._version == version and d.data_snapshot is not None:
+                self._size = (tables, d.data_snapshot + 1, now, size)
         with clock.phase("bind"):
             query, plan = self._plan(d)
         with clock.phase("catalog"):
@@ -861,7 +903,7 @@ class Refresher:
             with clock.phase("bind"):
                 self._bind(d, query, now)
         self._span = (now, seen)
-        fed = clock.ms.get("change_feed", 0.0)
+        fed = clock.ms.setdefault("change_feed", 0.0)  # an ALWAYS phase: 0 when no feed or size query is read
         with clock.phase("delta"):
             decided = None if prev == now else self.decide(d, query, plan, (prev, now), temps, changed)
         clock.ms["delta"] -= clock.ms.get("change_feed", 0.0) - fed
@@ -882,13 +924,34 @@ class Refresher:
         clock.ms["commit"] -= clock.ms.get("write", 0.0) - write
         out.status, out.mode, out.reason = SUCCEEDED, work.mode, work.reason
         out.rows_inserted, out.rows_deleted = work.inserted, work.deleted
+        if self._counted is not None:  # counted with the commit's snapshot (`apply`)
+            full, counts = self._counted
+            with clock.phase("compact"):
+                merged = self.compact(d, now, full, counts)
+            if merged:
+                out.reason += f"; then its {merged}"
+
+    def _sources_known(self, d: Definition) -> list[int] | None:
+        """The table ids of an ADAPTIVE table's sources at the lake's last schema version this Refresher read (its
+        plan and their ids known then, the table refreshed before), for its size query to ride on the refresh's
+        first catalog query; None when not all are known."""
+        if not adaptive(d.refresh_mode) or d.data_snapshot is None:
+            return None
+        planned = self._plans.get((d.definition_id, self._version))
+        if planned is None or any((s, self._version) not in self._ids for s in planned[1].sources):
+            return None
+        ids = [self._ids[(s, self._version)] for s in planned[1].sources]
+        return [i for i in ids if i is not None] or None
+
+    def _compact_due(self, d: Definition, now: int, work: Work, statements: list) -> bool | None:
+        """After a committed refresh: None when the table's files and inlined rows are not counted (nothing to
+        compact for sure), else whether the refresh was a full one (it deleted every row: its files from before are
+        stale). Counted after a full refresh, and after one that deleted and inserted rows when `_count_due`."""
         kinds = {kind for kind, _ in statements}
         full = "delete_all" in kinds and work.deleted > 0
         if full or (kinds & {"delete_keys", "merge"} and work.inserted and self._count_due(d, now, work, statements)):
-            with clock.phase("compact"):
-                merged = self.compact(d, now, full)
-            if merged:
-                out.reason += f"; then its {merged}"
+            return full
+        return None
 
     def _count_due(self, d: Definition, now: int, work: Work, statements: list) -> bool:
         """Whether a refresh that deleted and inserted rows counts the table's files and inlined rows now: after a
@@ -901,30 +964,23 @@ class Refresher:
         self._written[table_id] = 0 if due else written
         return due
 
-    def compact(self, d: Definition, now: int, full: bool = False) -> str:
+    def compact(self, d: Definition, now: int, full: bool = False, counts: tuple[int, int, int] | None = None) -> str:
         """Merge the table's data files when it has more than COMPACT_FILES live ones, or more than COMPACT_INLINED
         rows in the catalog (inlined rows, live or not, flushed into a file first), after the refresh's commit, under
         its lock: what was compacted ('' when nothing was). After a `full` refresh, when a file from before it is
         still live: a full refresh deletes every row, and DuckLake drops a file whole only when it had no deletes
         before; one that had (a merge's) stays, its rows deleted by a delete file or inlined deletes, and every later
         read reads it too (the bench's stream: ~30 ms more per refresh after ADAPTIVE refreshed in full). A failure
-        leaves the table as it was (and is no failure of the refresh, which has committed)."""
+        leaves the table as it was (and is no failure of the refresh, which has committed). `counts`: (live files,
+        those from snapshot `now` or before, inlined rows), when the caller has read them (`apply`: `counts_sql`)."""
         table_id = self._table_id(d.name, now)
         if table_id is None:
             return ""
-        meta = quote_ident(f"__ducklake_metadata_{self.lake.alias}")
-        files, stale, names = self.con.execute(
-            f"SELECT count(*), count(*) FILTER (WHERE begin_snapshot <= $2), (SELECT list(table_name) FROM "
-            f"{meta}.ducklake_inlined_data_tables WHERE table_id = $1) FROM {meta}.ducklake_data_file "
-            "WHERE table_id = $1 AND end_snapshot IS NULL",
-            [table_id, now],
-        ).fetchone()
+        if counts is None:
+            names = self._inlined_tables.get(table_id, [])
+            counts = self._counts(table_id, now, self._catalog(f"SELECT {counts_sql(table_id, now, names)}"))
+        files, stale, inlined = counts
         stale = stale if full else 0  # after a full refresh, the files from before it hold no live row
-        inlined = 0
-        if names:  # the table's inlined rows, every version (each schema version of the table has its own table)
-            inlined = self.con.execute(
-                " + ".join(f"(SELECT count(*) FROM {meta}.{quote_ident(n)})" for n in names)
-            ).fetchone()[0]
         if files <= COMPACT_FILES and inlined <= COMPACT_INLINED and not stale:
             return ""
         schema, table = d.name.split(".")
@@ -948,6 +1004,21 @@ class Refresher:
             self._restart()
             return ""
         return f"{what} compacted"
+
+
+def counts_sql(table_id: int, now: int, names: list[str]) -> str:
+    """PostgreSQL select items for `Refresher.compact`: table `table_id`'s live data files, those of them from
+    snapshot `now` or before, the names of its inlined-data tables in the catalog (one per schema version of the
+    table, comma-separated, sorted), and the rows (live or not) of those of them named in `names` (the ones the
+    caller knows: a name is found only in the catalog, and PostgreSQL has no query of a name computed in SQL here)."""
+    t, n = int(table_id), int(now)
+    files = f"FROM public.ducklake_data_file WHERE table_id = {t} AND end_snapshot IS NULL"
+    inlined = " + ".join(f"(SELECT count(*) FROM public.{quote_ident(x)})" for x in names) or "0"
+    return (
+        f"(SELECT count(*) {files}) AS files, (SELECT count(*) {files} AND begin_snapshot <= {n}) AS stale, "
+        "(SELECT coalesce(string_agg(table_name, ',' ORDER BY table_name), '') FROM public.ducklake_inlined_data_tables "
+        f"WHERE table_id = {t}) AS names, {inlined} AS inlined"
+    )
 
 
 def _still_right(copy: Kept, table_id: int, now: int, seen: list) -> bool:
