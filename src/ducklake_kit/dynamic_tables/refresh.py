@@ -307,13 +307,19 @@ class Refresher:
         name = f"__dt_copy_{self._tag}_{table_id}"
         schema, table = source.split(".")
         pinned = f"{quote_ident(self.lake.alias)}.{quote_ident(schema)}.{quote_ident(table)} AT (VERSION => {now})"
-        rows = self.temp(name, f"SELECT * FROM {pinned} LIMIT {COPY_ROWS + 1}")
-        if rows > COPY_ROWS:
-            self._drop_temps([name])
-            self._too_big.add(table_id)
+        if not self._small_temp(name, pinned, table_id):
             return None
         copy = self._pending[table_id] = Copy(name, now)
         return copy
+
+    def _small_temp(self, name: str, relation: str, table_id: int) -> bool:
+        """Temporary table `name` with `relation`'s rows when it has at most COPY_ROWS of them; else none, and table
+        `table_id` is remembered as too big to copy."""
+        if self.temp(name, f"SELECT * FROM {relation} LIMIT {COPY_ROWS + 1}") <= COPY_ROWS:
+            return True
+        self._drop_temps([name])
+        self._too_big.add(table_id)
+        return False
 
     # ---- small dynamic tables' own rows kept in memory ----------------------------------------------------------
 
@@ -337,10 +343,7 @@ class Refresher:
             copy = None
         if copy is None:
             name = f"__dt_kept_{self._tag}_{table_id}"
-            rows = self.temp(name, f"SELECT * FROM {target(self.lake, d.name)} LIMIT {COPY_ROWS + 1}")
-            if rows > COPY_ROWS:
-                self._drop_temps([name])
-                self._too_big.add(table_id)
+            if not self._small_temp(name, target(self.lake, d.name), table_id):
                 return None
             copy = Kept(name, now)
         copy.through, copy.commit = now, None
@@ -768,8 +771,7 @@ class Refresher:
         files, stale, listed, inlined = row
         names = listed.split(",") if listed else []
         if names != self._inlined_tables.get(table_id, []):
-            counted = " + ".join(f"(SELECT count(*) FROM public.{quote_ident(x)})" for x in names) or "0"
-            inlined = self._catalog(f"SELECT {counted}")[0]
+            inlined = self._catalog(f"SELECT {_rows_of(names)}")[0]
             self._inlined_tables[table_id] = names
         return int(files), int(stale), int(inlined)
 
@@ -1013,12 +1015,16 @@ def counts_sql(table_id: int, now: int, names: list[str]) -> str:
     caller knows: a name is found only in the catalog, and PostgreSQL has no query of a name computed in SQL here)."""
     t, n = int(table_id), int(now)
     files = f"FROM public.ducklake_data_file WHERE table_id = {t} AND end_snapshot IS NULL"
-    inlined = " + ".join(f"(SELECT count(*) FROM public.{quote_ident(x)})" for x in names) or "0"
     return (
         f"(SELECT count(*) {files}) AS files, (SELECT count(*) {files} AND begin_snapshot <= {n}) AS stale, "
         "(SELECT coalesce(string_agg(table_name, ',' ORDER BY table_name), '') FROM public.ducklake_inlined_data_tables "
-        f"WHERE table_id = {t}) AS names, {inlined} AS inlined"
+        f"WHERE table_id = {t}) AS names, {_rows_of(names)} AS inlined"
     )
+
+
+def _rows_of(names: list[str]) -> str:
+    """A PostgreSQL expression: the rows of the catalog's tables `names` (inlined-data tables), 0 for none."""
+    return " + ".join(f"(SELECT count(*) FROM public.{quote_ident(x)})" for x in names) or "0"
 
 
 def _still_right(copy: Kept, table_id: int, now: int, seen: list) -> bool:
