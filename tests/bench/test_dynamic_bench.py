@@ -2,8 +2,8 @@
 as `--months 1,3` does), each refresh of the INCREMENTAL table and of the FULL table full (the suite raises otherwise), both tables equal to their query run in full
 (the suite raises otherwise), the figures and ratios computed from the same run, and the suite's tables dropped
 afterwards. Nothing here is timed against a goal, so each part repeats fewer times than the suite's (the fixed cost
-5 refreshes, the stream 6 changes with its replace at the middle, the star join and the chain 3 each): the shape
-and the checks are the suite's, only the medians are of fewer runs."""
+5 refreshes, the stream 6 changes with its replace at the middle and 2 tables per mode, the star join and the chain 3
+each): the shape and the checks are the suite's, only the medians are of fewer runs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import json
 import pytest
 
 from ducklake_kit.bench import dynamic, dynamic_joins, reports, suites
-from ducklake_kit.bench.dynamic import INC, SMALL, TRIPS, bases_of, bench_dynamic
+from ducklake_kit.bench.dynamic import ADAPT, INC, SMALL, TRIPS, bases_of, bench_dynamic, replicas
 from ducklake_kit.bench.dynamic_joins import CHAIN, FACTS, JOINED
 from ducklake_kit.dynamic_tables.refresh import ADAPTIVE_CROSSOVER, ALWAYS, PHASES
 from ducklake_kit.errors import EXIT_USAGE, KitError
@@ -20,7 +20,7 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.lake.sql import table_exists
 from ducklake_kit.platforms.kit import Kit
 
-FIXED_RUNS, STREAM, STAR_RUNS, CHAIN_RUNS = 5, 6, 3, 3
+FIXED_RUNS, STREAM, REPLICAS, STAR_RUNS, CHAIN_RUNS = 5, 6, 2, 3, 3
 
 
 def test_months_are_the_first_base_or_both():
@@ -43,6 +43,7 @@ def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp
     for module, name, runs in (
         (dynamic, "FIXED_RUNS", FIXED_RUNS),
         (dynamic, "STREAM", STREAM),
+        (dynamic, "REPLICAS", REPLICAS),
         (dynamic_joins, "STAR_RUNS", STAR_RUNS),
         (dynamic_joins, "CHAIN_RUNS", CHAIN_RUNS),
     ):
@@ -118,7 +119,27 @@ def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp
         assert set(ALWAYS) <= set(s.incremental_phases) and set(ALWAYS) <= set(s.adaptive_phases)
         if s.adaptive_mode == "INCREMENTAL":
             assert s.gap["delta"] == pytest.approx(s.adaptive_phases["delta"] - s.incremental_phases["delta"], abs=0.1)
+    # each mode's REPLICAS tables refreshed after every change, in rounds of one per mode whose order turns with the
+    # step and the round; a step's time per mode is the (lower) median of its tables', the noise their spread
+    turns = ("IFA", "FAI", "AIF")
+    for i, s in enumerate(st.steps):
+        assert s.order == "".join(turns[(i + k) % 3] for k in range(REPLICAS)), (i, s.order)
+        for median, times in (
+            (s.incremental_s, s.incremental_tables_s),
+            (s.full_s, s.full_tables_s),
+            (s.adaptive_s, s.adaptive_tables_s),
+        ):
+            assert len(times) == REPLICAS and median == sorted(times)[(REPLICAS - 1) // 2]
+        assert s.adaptive_modes == [s.adaptive_mode] * REPLICAS  # the same change, the same choice in every table
+    one = [s.adaptive_tables_s[0] / min(s.incremental_tables_s[0], s.full_tables_s[0]) for s in st.steps]
+    assert per["one_table"]["worst"] == pytest.approx(max(one), abs=0.001)
+    assert per["one_table"]["over_goal"] == sum(x > 1.1 for x in one)
+    spreads = [
+        max(t) / min(t) for s in st.steps for t in (s.incremental_tables_s, s.full_tables_s, s.adaptive_tables_s)
+    ]
+    assert per["noise_worst"] == pytest.approx(max(spreads), abs=0.001) and per["noise_worst"] >= 1
     assert any(n.startswith(f"stream of {STREAM} refreshes") for n in report.notes)
+    assert any(f"each mode's time the median of its {REPLICAS} tables" in n for n in report.notes)
     # the star join: one delta term per fact append (the refresher's own count; the dimensions did not change), the
     # ratio from the same refreshes; the chain: three INCREMENTAL refreshes, upstream first, per row
     sj = r.star
@@ -131,6 +152,6 @@ def test_dynamic_bench_refreshes_both_ways_at_two_bases_and_cleans_up(stack, tmp
     assert any(n.startswith("star join (1 fact of 2,000 rows + 3 dimensions)") for n in report.notes)
     assert any(n.startswith("one row through a chain of 3 DOWNSTREAM tables") for n in report.notes)
     with Lake(stack.platform.endpoints()) as lake:
-        for name in (TRIPS, INC, SMALL, FACTS, JOINED, CHAIN[-1]):
+        for name in (TRIPS, *replicas(INC), *replicas(ADAPT), SMALL, FACTS, JOINED, CHAIN[-1]):
             schema, table = name.split(".")
             assert not table_exists(lake.con, lake.alias, schema, table)

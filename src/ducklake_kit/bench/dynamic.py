@@ -22,11 +22,14 @@ Then two more measurements (issue 30):
 - **The fixed cost of a refresh**: one row inserted into a small table (`bench.dt_small`, 1,000 rows), its ADAPTIVE
   aggregate refreshed, FIXED_RUNS times: the median wall time and the median of each phase the refresh times itself
   (`Refresh.phases`: lock, bind, catalog, change feed, delta, write, commit, history). Goal: under 50 ms.
-- **ADAPTIVE against both fixed modes**: on the first base again, three tables of the same query (INCREMENTAL, FULL,
-  ADAPTIVE) through a stream of STREAM changes: appends of 1 % of the base, and at STREAM // 2 one whole month
-  replaced (its rows deleted and loaded again in one commit, as `load --mode replace` does), each change followed by
-  a refresh of every table, timed. Goals: ADAPTIVE's total at most 1.1 x the better of the other two, and at no
-  step more than 1.1 x the better (`Stream.per_step`); the crossover (the change's share of the base where an
+- **ADAPTIVE against both fixed modes**: on the first base again, REPLICAS tables of the same query in each mode
+  (INCREMENTAL, FULL, ADAPTIVE) through a stream of STREAM changes: appends of 1 % of the base, and at STREAM // 2 one
+  whole month replaced (its rows deleted and loaded again in one commit, as `load --mode replace` does), each change
+  followed by a refresh of every table, timed, in REPLICAS rounds of one table per mode whose order turns with the
+  step and the round (so no mode always follows the FULL tables' heavy query). A mode's time in a step is the median
+  of its tables' (the same statements on the same change: their spread is the machine's noise, printed). Goals:
+  ADAPTIVE's total at most 1.1 x the better of the other two, and at no step more than 1.1 x the better
+  (`Stream.per_step`; the same computed from one table per mode is printed beside it); the crossover (the change's share of the base where an
   incremental refresh costs what a full one does) measured from the same refreshes, and the constants of ADAPTIVE's
   cost estimate (`dynamic_tables/cost.py`) they imply (`Stream.cost`), printed beside the kit's.
 - **A star join and a DOWNSTREAM chain** (`dynamic_joins`): a 1-fact + 3-dimension join refreshed after a fact
@@ -67,6 +70,7 @@ GOAL_FIXED_MS = 50  # a one-row change into a small table, refreshed
 GOAL_ADAPTIVE = 1.1  # ADAPTIVE's total over the better of always-incremental and always-full
 FIXED_RUNS, SMALL_ROWS = 15, 1000
 STREAM, APPEND_SHARE = 20, 0.01
+REPLICAS = 3  # the stream's tables per mode, refreshed after every change: a step's time is their median
 FIRST_YEAR = 2021  # base months from January of this year; the appended months follow the largest base
 TRIPS, ZONES = f"{BENCH_SCHEMA}.dt_trips", f"{BENCH_SCHEMA}.dt_zones"
 INC, FULL_TABLE = f"{BENCH_SCHEMA}.dt_revenue_incremental", f"{BENCH_SCHEMA}.dt_revenue_full"
@@ -178,6 +182,13 @@ class StreamStep:
     adaptive_mode: str
     adaptive_reason: str
     rows_before: int = 0  # the base's rows before the change
+    # each table's time (s), per mode, in the tables' order (the step's times above are their medians), and the
+    # order the step refreshed them in (I, F, A: the modes' initials, one round of three per table)
+    incremental_tables_s: list[float] = field(default_factory=list)
+    full_tables_s: list[float] = field(default_factory=list)
+    adaptive_tables_s: list[float] = field(default_factory=list)
+    adaptive_modes: list[str] = field(default_factory=list)
+    order: str = ""
     # the phases (ms) of the INCREMENTAL and the ADAPTIVE tables' refreshes: where a step's gap between them went
     incremental_phases: dict[str, float] = field(default_factory=dict)
     adaptive_phases: dict[str, float] = field(default_factory=dict)
@@ -215,9 +226,12 @@ class Stream:
         return Cost(round(max(full, 0.0), 4), round(per_row, 3), round(max(inc_ms - per_row * rows / 1000, 0.0), 1))
 
     def per_step(self) -> dict[str, Any]:
-        """Each step's ADAPTIVE time over the better of the other two: the median, the worst, how many over 1.1;
-        in how many steps ADAPTIVE chose the mode whose table refreshed faster in that step (of all, and of those
-        over 1.1); and whether no step is over 1.1 (`met`)."""
+        """Each step's ADAPTIVE time over the better of the other two (each mode's time the median of its tables'):
+        the median, the worst, how many over 1.1; in how many steps ADAPTIVE chose the mode whose tables refreshed
+        faster in that step (of all, and of those over 1.1); whether no step is over 1.1 (`met`); the same ratios
+        from the first table of each mode alone (`one_table`: one sample per mode and step, as a single run of each
+        would measure); and the noise: the worst, over steps and modes, of a mode's slowest table over its fastest
+        (the same statements on the same change; ADAPTIVE's counted where its tables chose alike)."""
         ratios = [s.adaptive_s / max(min(s.incremental_s, s.full_s), 1e-9) for s in self.steps]
         faster = [s.adaptive_mode == (INCREMENTAL if s.incremental_s <= s.full_s else FULL) for s in self.steps]
         if not ratios:
@@ -234,6 +248,8 @@ class Stream:
             "over_both_incremental": len(gaps),
             "over_gap_ms": {p: round(sum(g[p] for g in gaps), 1) for p in PHASES} if gaps else {},
             "met": not any(over),
+            "one_table": _one_table(self.steps),
+            "noise_worst": _noise(self.steps),
         }
 
     def total(self, which: str) -> float:
@@ -279,6 +295,37 @@ class Stream:
             "crossover_of_cost_measured": round(measured.crossover_at(self.base_rows), 4) if measured else None,
             "cost_used": asdict(DEFAULT_COST),
         }
+
+
+def _one_table(steps: list[StreamStep]) -> dict[str, Any]:
+    """`Stream.per_step`'s ratios from each mode's first table alone: median, worst, steps over 1.1."""
+    ratios = [
+        s.adaptive_tables_s[0] / max(min(s.incremental_tables_s[0], s.full_tables_s[0]), 1e-9)
+        for s in steps
+        if s.adaptive_tables_s and s.incremental_tables_s and s.full_tables_s
+    ]
+    if not ratios:
+        return {"median": None, "worst": None, "over_goal": 0}
+    return {
+        "median": round(statistics.median(ratios), 3),
+        "worst": round(max(ratios), 3),
+        "over_goal": sum(r > GOAL_ADAPTIVE for r in ratios),
+    }
+
+
+def _noise(steps: list[StreamStep]) -> float | None:
+    """The worst slowest-over-fastest of one mode's tables in one step (ADAPTIVE's where its tables chose alike)."""
+    spreads = [
+        max(times) / max(min(times), 1e-9)
+        for s in steps
+        for times in (
+            s.incremental_tables_s,
+            s.full_tables_s,
+            s.adaptive_tables_s if len(set(s.adaptive_modes)) == 1 else [],
+        )
+        if len(times) > 1
+    ]
+    return round(max(spreads), 3) if spreads else None
 
 
 @dataclass
@@ -390,8 +437,13 @@ def _month_rows(path: Path) -> str:
     )
 
 
+def replicas(name: str) -> list[str]:
+    """The stream's REPLICAS tables of one mode: `name` itself, then `name_2`, `name_3`..."""
+    return [name, *(f"{name}_{k}" for k in range(2, REPLICAS + 1))]
+
+
 def _drop(lake: Lake, meta: Metadata) -> None:
-    for name in (INC, FULL_TABLE, ADAPT, SMALL_SUM):
+    for name in (*replicas(INC), *replicas(FULL_TABLE), *replicas(ADAPT), SMALL_SUM):
         manage.drop(lake, meta, name, if_exists=True)
 
 
@@ -434,9 +486,13 @@ def fixed_cost(lake: Lake, meta: Metadata, refresher: Refresher, say: Callable[[
 
 
 def _stream(lake: Lake, meta: Metadata, refresher: Refresher, files: dict[int, Path], months: int, say) -> Stream:
-    """The stream on a base of `months` months (already written): STREAM changes, three tables refreshed after each."""
-    for name, mode in ((INC, "INCREMENTAL"), (FULL_TABLE, "FULL"), (ADAPT, "ADAPTIVE")):
-        _create(lake, meta, name, mode)
+    """The stream on a base of `months` months (already written): STREAM changes, REPLICAS tables per mode refreshed
+    after each, in rounds of one table per mode whose order turns with the step and the round."""
+    modes = ((INC, INCREMENTAL), (FULL_TABLE, FULL), (ADAPT, None))  # None: ADAPTIVE, whichever it chooses
+    initial = {INC: "I", FULL_TABLE: "F", ADAPT: "A"}
+    for name, mode in modes:
+        for table in replicas(name):
+            _create(lake, meta, table, mode or "ADAPTIVE")
     base = int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}"))
     out = Stream(base)
     per = max(1, int(base * APPEND_SHARE))
@@ -455,16 +511,35 @@ def _stream(lake: Lake, meta: Metadata, refresher: Refresher, files: dict[int, P
             src = _month_rows(files[i % months])
             commit(lake, f"INSERT INTO lake.{TRIPS} {src} LIMIT {per} OFFSET {per * (i // months)}", "bench: append")
             kind, change = "append", int(lake.scalar(f"SELECT count(*) FROM lake.{TRIPS}")) - before
-        ri, inc_s = _timed(refresher, meta, INC, INCREMENTAL)
-        _, full_s = _timed(refresher, meta, FULL_TABLE, FULL)
-        r, ada_s = _timed(refresher, meta, ADAPT)
-        share = round(change / before, 4)
-        step = StreamStep(kind, change, share, inc_s, full_s, ada_s, r.mode, r.reason, before)
+        done: dict[str, list[tuple[float, Any]]] = {name: [] for name, _ in modes}
+        order = []
+        for k in range(REPLICAS):
+            turn = (i + k) % len(modes)
+            for name, mode in modes[turn:] + modes[:turn]:
+                r, took = _timed(refresher, meta, replicas(name)[k], mode)
+                done[name].append((took, r))
+                order.append(initial[name])
+        (inc_s, ri), (full_s, _), (ada_s, r) = (_median(done[name]) for name, _ in modes)
+        step = StreamStep(kind, change, round(change / before, 4), inc_s, full_s, ada_s, r.mode, r.reason, before)
         step.incremental_phases, step.adaptive_phases = ri.phases or {}, r.phases or {}
+        step.incremental_tables_s, step.full_tables_s, step.adaptive_tables_s = (
+            [t for t, _ in done[name]] for name, _ in modes
+        )
+        step.adaptive_modes, step.order = [x.mode for _, x in done[ADAPT]], "".join(order)
         out.steps.append(step)
-        say(f"  {kind} of {change:,} rows: incremental {inc_s} s, full {full_s} s, adaptive {ada_s} s ({r.mode})")
-    checked(lake, meta, (INC, FULL_TABLE, ADAPT))
+        say(
+            f"  {kind} of {change:,} rows: incremental {inc_s} s, full {full_s} s, adaptive {ada_s} s ({r.mode}); "
+            f"median of {REPLICAS} tables each"
+        )
+    checked(lake, meta, [t for name, _ in modes for t in replicas(name)])
     return out
+
+
+def _median(timed: list[tuple[float, Any]]) -> tuple[float, Any]:
+    """The median of one mode's (seconds, refresh) in a step, with that table's refresh (the lower middle one of
+    an even count)."""
+    ordered = sorted(timed, key=lambda x: x[0])
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def _base(lake: Lake, meta: Metadata, refresher: Refresher, base: str, added: list[tuple[str, str]], say):
@@ -556,7 +631,10 @@ def bench_dynamic(
                 bases[-1].months = n
                 say(f"base of {n} months: {bases[-1].base_rows:,} trips")
             _drop(lake, meta)
-            say(f"stream: {STREAM} changes on a base of {first} months, three tables (INCREMENTAL, FULL, ADAPTIVE)")
+            say(
+                f"stream: {STREAM} changes on a base of {first} months, {REPLICAS} tables each INCREMENTAL, FULL "
+                "and ADAPTIVE"
+            )
             lake.con.execute(
                 f"CREATE OR REPLACE TABLE lake.{TRIPS} AS "
                 + " UNION ALL ".join(_month_rows(files[i]) for i in range(first))
@@ -566,7 +644,9 @@ def bench_dynamic(
             say(
                 f"per step, ADAPTIVE over the better of the other two: median {per['median']}, worst {per['worst']}, "
                 f"{per['over_goal']} of {len(stream.steps)} steps over {GOAL_ADAPTIVE} ({per['over_chose_faster']} of "
-                f"them with the faster mode chosen); ADAPTIVE chose the faster mode in {per['chose_faster']} steps"
+                f"them with the faster mode chosen); ADAPTIVE chose the faster mode in {per['chose_faster']} steps; "
+                f"from one table per mode: worst {per['one_table']['worst']}, {per['one_table']['over_goal']} over; "
+                f"noise (a mode's slowest table over its fastest, one step): worst {per['noise_worst']}"
             )
             _drop(lake, meta)
             fixed = fixed_cost(lake, meta, refresher, say)

@@ -430,7 +430,11 @@ def dynamic_report(r: DynamicBench) -> Report:
             f"per step, ADAPTIVE over the better of the other two: median {per['median']}, worst {per['worst']}, "
             f"{per['over_goal']} of {len(st.steps)} steps over {g['adaptive_goal']} (goal: none: "
             f"{_met(g['adaptive_per_step_met'])}); ADAPTIVE chose the mode that was faster in {per['chose_faster']} "
-            f"of {len(st.steps)} steps ({per['over_chose_faster']} of the steps over {g['adaptive_goal']})"
+            f"of {len(st.steps)} steps ({per['over_chose_faster']} of the steps over {g['adaptive_goal']}); each "
+            f"mode's time the median of its {len(st.steps[0].incremental_tables_s) if st.steps else 0} tables; "
+            f"from one table per mode: median {per['one_table']['median']}, worst {per['one_table']['worst']}, "
+            f"{per['one_table']['over_goal']} over; the noise, a mode's slowest table over its fastest in one step: "
+            f"worst {per['noise_worst']}"
             + (
                 f"; in the {per['over_both_incremental']} steps over where both merged, ADAPTIVE's refreshes took "
                 "more than the INCREMENTAL table's by (ms, summed): "
