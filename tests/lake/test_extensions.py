@@ -1,6 +1,7 @@
 """The extensions' signatures are checked once per file version, not at every connection: a file that passed DuckDB's
 own check is remembered by its device, inode, size, mtime and ctime; a file that changed after it passed, or never
-passed, is checked again and refused by DuckDB."""
+passed, is checked again and refused by DuckDB. A connection opened without the check loads the kit's own files and
+then has it back on for good: another unsigned file a statement LOADs is refused."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import duckdb
 import pytest
 
 from ducklake_kit.lake import connection
-from ducklake_kit.lake.connection import connect_config, extension_path, extensions_verified
+from ducklake_kit.lake.connection import connect_config, extension_path, extensions_verified, load_statements
 
 
 @pytest.fixture(autouse=True)
@@ -80,3 +81,35 @@ def test_a_file_that_never_passed_is_not_recorded(tmp_path, httpfs_copy):
     record = tmp_path / "verified.json"
     assert not extensions_verified(("httpfs",), record_file=record)
     assert not record.exists()
+
+
+def test_after_the_kits_loads_a_statement_cannot_load_an_unsigned_file(tmp_path):
+    """A connection opened as the kit opens one (no second check of the verified files) and loaded: an httpfs copy
+    with a broken signature (its last byte: the code is intact, so without the check it would load) is refused by
+    DuckDB's check, and the check cannot be turned off again."""
+    names = ("ducklake", "postgres_scanner")  # httpfs not loaded, so the copy is a new extension to this database
+    config = connect_config(names)
+    assert config["allow_unsigned_extensions"] is True
+    unsigned = tmp_path / "httpfs.duckdb_extension"
+    shutil.copyfile(extension_path("httpfs"), unsigned)
+    with unsigned.open("r+b") as f:
+        f.seek(-1, 2)
+        b = f.read(1)
+        f.seek(-1, 2)
+        f.write(bytes([b[0] ^ 0xFF]))
+    con = duckdb.connect(config=config)
+    try:
+        for stmt in load_statements(names):
+            con.execute(stmt)
+        assert {
+            r[0] for r in con.execute("SELECT extension_name FROM duckdb_extensions() WHERE loaded").fetchall()
+        } >= {
+            "ducklake",
+            "postgres_scanner",
+        }
+        with pytest.raises(duckdb.Error, match="signature"):
+            con.execute(f"LOAD '{unsigned}'")
+        with pytest.raises(duckdb.Error, match="allow_unsigned_extensions"):
+            con.execute("SET allow_unsigned_extensions = true")
+    finally:
+        con.close()

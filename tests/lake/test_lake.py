@@ -219,8 +219,11 @@ def test_a_refused_s3_credential_is_said_plainly(stack):
 
 def test_the_lake_connection_does_not_check_the_extensions_signatures_again(lake):
     # they passed DuckDB's check once for these files (lake/connection.py: extensions_verified): the connection is
-    # opened without a second one, and has all three loaded from the wheels
-    assert lake.scalar("SELECT current_setting('allow_unsigned_extensions')") is True
+    # opened without a second one (connect_config), has all three loaded from the wheels, and the check is on again
+    from ducklake_kit.lake.connection import connect_config
+
+    assert connect_config()["allow_unsigned_extensions"] is True
+    assert lake.scalar("SELECT current_setting('allow_unsigned_extensions')") is False
     loaded = lake.con.execute(
         "SELECT extension_name, install_path FROM duckdb_extensions() WHERE loaded AND extension_name IN "
         "('ducklake', 'httpfs', 'postgres_scanner') ORDER BY 1"

@@ -76,8 +76,10 @@ def extension_path(name: str) -> Path | None:
 # back) in a record in the virtual environment, beside the files, and opens connections with
 # allow_unsigned_extensions only while all three still match it. A file that changed is checked again; one that fails
 # is loaded with the check on, and DuckDB refuses it with its own error. Whoever can write the record can write the
-# extension files and DuckDB's own library too: the record adds no way in. Such a connection would also LOAD an
-# unsigned file a statement names; the kit never LOADs another (docs/guarantees.md, Security).
+# extension files and DuckDB's own library too: the record adds no way in. Right after the kit's own LOADs the
+# connection turns the setting off (`load_statements`' last), which DuckDB then refuses to turn on again while the
+# database runs: a statement from a playbook, a pipeline or the console that LOADs (or INSTALLs) another file is
+# checked as in any DuckDB (docs/guarantees.md, Security).
 VERIFIED_RECORD = Path(sys.prefix) / "ducklake-kit-extensions-verified.json"
 _verified_now: set[str] = set()  # the records this process checked or read
 
@@ -142,13 +144,18 @@ def connect_config(names: tuple[str, ...] = tuple(EXTENSIONS), **config: Any) ->
     return {**base, **config}
 
 
+UNSIGNED_OFF = "SET allow_unsigned_extensions = false"  # for good: DuckDB refuses to set it on while running
+
+
 def load_statements(names: tuple[str, ...] = tuple(EXTENSIONS)) -> list[str]:
-    """LOAD each extension (all by default) from its wheel; INSTALL from the internet only when a wheel is absent."""
+    """LOAD each extension (all by default) from its wheel; INSTALL from the internet only when a wheel is absent;
+    then UNSIGNED_OFF, so a connection opened with `allow_unsigned_extensions` (`connect_config`) loads no other
+    unsigned file."""
     out = []
     for name in names:
         path = extension_path(name)
         out.append(f"LOAD {_sql_str(str(path))}" if path else f"INSTALL {name}; LOAD {name}")
-    return out
+    return [*out, UNSIGNED_OFF]
 
 
 def secret_statements(ep: Endpoints) -> list[str]:
