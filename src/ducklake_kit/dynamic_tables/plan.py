@@ -6,7 +6,8 @@ Shapes (`Plan.kind`):
   Incremental: the groups any source's changes touch (the affected keys, from the pre-images read against the
   old snapshot and the post-images against the new one) are deleted and computed again. When every change is an
   insert and every aggregate is SUM/COUNT/MIN/MAX (no HAVING), the groups are instead merged with the aggregates
-  of the new rows alone, without reading the base tables' old rows.
+  of the new rows alone, without reading the base tables' old rows; over inner joins, the new rows of a table whose
+  columns alone the aggregates read are aggregated before the joins (`eager`).
 - `rows`: projections and filters over inner joins, no aggregate. Inserts are appended; otherwise the affected
   output rows (compared whole, null-safely) are deleted and read again.
 - `union`: a UNION ALL or UNION of branches, each a `rows` or `aggregate` shape, or one SELECT DISTINCT. Each
@@ -109,6 +110,10 @@ class Plan:
     semi: list[exp.Expression] = field(default_factory=list)  # the WHERE's [NOT] EXISTS / [NOT] IN conjuncts
     derived: bool = False  # ROWS/AGGREGATE over one derived table, whose UNION ALL branches (or one) are `branches`
     swapped: bool = False  # the query's first join was a RIGHT JOIN, planned as the LEFT JOIN of its tables swapped
+    # AGGREGATE with `merge`, over inner joins: per occurrence whose columns alone the aggregates read, the columns of
+    # it the rest of the query names (join conditions, WHERE, group keys): its inserted rows are grouped by them before
+    # the joins (`rewrite.eager`), the aggregates combined after (SUM/COUNT summed, MIN/MAX again)
+    eager: dict[int, list[str]] = field(default_factory=dict)
 
     @property
     def sources(self) -> list[str]:
@@ -172,6 +177,9 @@ class Plan:
             if self.merge is not None
             else f"inserts recompute their groups ({self.merge_reason})"
         )
+        if self.eager:
+            tables = ", ".join(self.occurrences[i].ref for i in sorted(self.eager))
+            how += f"; inserts into {tables} aggregated before the joins"
         over = f" over {self.joins_named()}" if self.outer else ""
         if self.kind == WINDOW:
             return (
@@ -451,6 +459,7 @@ def analyze(
         checked = _check_shape(query)
         out = _select_plan(checked, names, lake_alias, types, source_columns)
         out.read, out.swapped = read, checked is not query
+        out.eager = _eager(checked, out, schema)
         return out
     except _Full as full:
         return Plan(FULL, full.reason, [], names, read=read)
@@ -501,6 +510,70 @@ def _select_plan(
         two_sided=two_sided,
         semi=semi,
     )
+
+
+class _Unresolved(Exception):
+    """A column whose table cannot be told for sure (`_owner`)."""
+
+
+def _owner(column: exp.Column, plan: Plan, schema: dict[str, dict[str, str]] | None) -> int | None:
+    """The occurrence a column of the query belongs to: by its qualifier, or (unqualified) the one occurrence whose
+    source has a column of that name; None for a name no source has (an alias of the select list). _Unresolved when
+    that cannot be told: a dotted name, a qualifier that is no table of the query, a name two occurrences' sources
+    have (a self join), a table's name used as a value, or an unqualified name without the sources' columns."""
+    if column.args.get("db") or column.args.get("catalog") or not isinstance(column.this, exp.Identifier):
+        raise _Unresolved
+    refs = {o.ref: o.index for o in plan.occurrences}
+    name = column.name.lower()
+    if column.table:
+        if column.table.lower() not in refs:
+            raise _Unresolved
+        return refs[column.table.lower()]
+    if schema is None or name in refs:
+        raise _Unresolved
+    having = [o.index for o in plan.occurrences if name in {c.lower() for c in schema.get(o.source, {})}]
+    if len(having) > 1:
+        raise _Unresolved
+    return having[0] if having else None
+
+
+def _eager(select: exp.Select, plan: Plan, schema: dict[str, dict[str, str]] | None) -> dict[int, list[str]]:
+    """`Plan.eager`: the occurrences whose inserted rows can be aggregated before the joins, and the columns of each
+    its rows are grouped by. Exact over inner joins: a group of rows equal in every column the joins, the WHERE and
+    the keys read matches the same rows of the other tables as each of its rows does, so each partial SUM or COUNT
+    counts as often as its rows would have (a dimension's duplicate id doubles both), and MIN/MAX do not care.
+    Only for the insert merge's aggregates (plain SUM/COUNT/MIN/MAX, no DISTINCT, no HAVING, no floating SUM) whose
+    arguments read one occurrence's columns; none for a single table (nothing to aggregate before)."""
+    if plan.kind != AGGREGATE or plan.merge is None or plan.outer or len(plan.occurrences) < 2 or plan.semi:
+        return {}
+    if any(j.args.get("using") or j.args.get("method") for j in select.args.get("joins") or []):
+        return {}
+    keys = {k.column for k in plan.keys}
+    aggregates = [s.unalias() for n, s in zip(plan.columns, select.selects) if n not in keys]
+    try:
+        read = {_owner(c, plan, schema) for a in aggregates for c in a.find_all(exp.Column)}
+        outside = [
+            (c, _owner(c, plan, schema))
+            for c in select.find_all(exp.Column)
+            if not any(_inside(c, a) for a in aggregates)
+        ]
+    except _Unresolved:
+        return {}
+    if None in read or any(
+        isinstance(n, (exp.Star, exp.Dot)) and not isinstance(n.parent, exp.Count) for n in select.walk()
+    ):
+        return {}
+    out = {}
+    for o in plan.occurrences:
+        if read - {o.index}:
+            continue
+        named: dict[str, str] = {}
+        for c, owner in outside:
+            if owner == o.index:
+                named.setdefault(c.name.lower(), c.name)
+        if named:  # none: a table joined by no condition of its own columns (grouped by nothing, one row)
+            out[o.index] = list(named.values())
+    return out
 
 
 def _derived_from(query: exp.Expression) -> exp.Subquery | None:

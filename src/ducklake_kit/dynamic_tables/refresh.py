@@ -626,14 +626,20 @@ class Refresher:
 
         same: dict[int, exp.Table] = {}  # the unchanged sources read from copies, made when a term first needs them
 
-        def terms(images: dict[str, str], before: int, after: int) -> list[exp.Select]:
+        eager: list[str] = []  # the occurrences whose inserted rows were aggregated before the joins
+
+        def terms(images: dict[str, str], before: int, after: int, merged: bool = False) -> list[exp.Select]:
             if not same:
                 same.update(self._copies_for(plan, select, counts, ids, now))
             out = []
             for o in plan.occurrences:
                 if counts[o.source][0 if images is pre else 1]:
                     bound = {o.index: rewrite.temp_table(images[o.source], o.ref)}
-                    out.append(rewrite.term(select, self.lake.alias, bound, before, after, same))
+                    t = rewrite.term(select, self.lake.alias, bound, before, after, same)
+                    grouped = rewrite.eager(t, plan, o.index) if merged else None
+                    if grouped is not None:
+                        eager.append(o.ref)
+                    out.append(grouped or t)
             return out
 
         if plan.kind == planner.ROWS and insert_only and not plan.outer and not plan.derived:
@@ -642,9 +648,12 @@ class Refresher:
             new = " UNION ALL ".join(sql(t) for t in gained)
             return Work(INCREMENTAL, "inserts appended"), [("insert", new)]
         if plan.kind == planner.AGGREGATE and insert_only and plan.merge is not None and not d.immutable_where:
-            gained = terms(post, prev, now)
+            gained = terms(post, prev, now, merged=True)
             self.terms = len(gained)
-            return rules.merge(self, d, plan, gained, temps)
+            work, statements = rules.merge(self, d, plan, gained, temps)
+            if eager:
+                work.reason += f" (inserts into {', '.join(eager)} aggregated before the joins)"
+            return work, statements
         # affected keys: pre-images against the old snapshot, post-images against the new one
         keys = plan.keys if plan.keyed else [planner.Key(c, exp.column(c, "__q", quoted=True)) for c in plan.columns]
         if plan.derived:  # the query over the derived rows a change touches, as they were and are

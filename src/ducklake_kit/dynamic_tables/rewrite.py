@@ -106,6 +106,38 @@ def _pin_subqueries(select: exp.Select, lake_alias: str, at: int, skip: exp.Expr
                 t.replace(_pinned_table(t, lake_alias, at))
 
 
+# how a partial aggregate of the rows grouped before the joins is combined after them (`eager`)
+COMBINED = {exp.Sum: exp.Sum, exp.Count: exp.Sum, exp.Min: exp.Min, exp.Max: exp.Max}
+
+
+def eager(term_select: exp.Select, plan: Plan, index: int) -> exp.Select | None:
+    """A delta term (`term`) whose occurrence `index` reads a temporary table of inserted rows, with those rows
+    aggregated before the joins (`Plan.eager`): the table becomes `(SELECT its named columns, each aggregate over
+    them AS __dt_p<i> FROM the table GROUP BY those columns)` under the same name, and each aggregate of the select
+    list combines the partial ones (SUM and COUNT summed, MIN/MAX again). The same groups and values; None when the
+    plan has no such grouping for that occurrence."""
+    columns = plan.eager.get(index)
+    if columns is None:
+        return None
+    out = term_select.copy()
+    table = _from_tables(out)[index]
+    ref = table.alias_or_name
+    inner_table = table.copy()
+    keys = {k.column for k in plan.keys}
+    grouped = [exp.column(c, ref, quoted=True) for c in columns]
+    partial = [exp.alias_(g.copy(), c, quoted=True) for g, c in zip(grouped, columns)]
+    for i, (name, item) in enumerate(zip(plan.columns, out.selects)):
+        if name in keys:
+            continue
+        agg = item.unalias()
+        part = f"__dt_p{i}"
+        partial.append(exp.alias_(agg.copy(), part, quoted=True))
+        agg.replace(COMBINED[type(agg)](this=exp.column(part, ref, quoted=True)))
+    inner = exp.select(*partial).from_(inner_table).group_by(*grouped)
+    table.replace(exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(ref))))
+    return out
+
+
 def one_sided(select: exp.Select, side: str) -> exp.Select:
     """The query with its FULL JOIN made a LEFT (the first table's rows kept) or RIGHT one (the second's)."""
     out = select.copy()

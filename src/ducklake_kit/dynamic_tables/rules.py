@@ -298,8 +298,10 @@ def merge(r: Runner, d: Definition, plan: planner.Plan, terms: list[exp.Select],
                 ("insert", "SELECT * FROM temp.main.__dt_merged"),
             ],
         )
-    # the new rows' aggregates alone (no read of the table)
-    groups = r.temp("__dt_delta", f"SELECT {cols} FROM ({union}) AS __n GROUP BY ALL")
+    # the new rows' aggregates alone (no read of the table); one term's rows are one per group already (the query
+    # groups by its keys, every one of them a column of the result): its groups are not grouped again
+    delta = sql(terms[0]) if len(terms) == 1 else f"SELECT {cols} FROM ({union}) AS __n GROUP BY ALL"
+    groups = r.temp("__dt_delta", delta)
     temps.append("__dt_delta")
     # a small table's rows kept in memory (`Refresher.kept`), for a change of groups few enough to be inlined: each
     # touched group's old row read there, the groups deleted and inserted (the table read once, by the DELETE; the
