@@ -34,6 +34,9 @@ TABLES = {
     # COUNT(*) alone: either table's inserts can be aggregated first (the dimension's too)
     "e_count": f"SELECT d.region, count(*) AS n FROM {S}.ufacts AS f JOIN {S}.udims AS d ON f.d = d.id "
     "GROUP BY d.region",
+    # a self join: one insert gives two terms, only the one whose rows the SUM reads (b) aggregated first
+    "e_self": f"SELECT a.w, count(*) AS n, sum(b.v) AS s FROM {S}.umore AS a JOIN {S}.umore AS b ON a.k = b.k "
+    "GROUP BY a.w",
 }
 NAMES = [f"{S}.{n}" for n in TABLES]
 join_keys = st.one_of(st.none(), st.integers(0, 4))  # 4: no dimension row has it
@@ -88,6 +91,7 @@ def test_the_path_is_planned_for_the_tables_whose_aggregates_read_one_table(star
     assert plans[f"{S}.e_star"].endswith("; inserts into f aggregated before the joins")
     assert plans[f"{S}.e_plain_names"].endswith("; inserts into ufacts aggregated before the joins")
     assert plans[f"{S}.e_count"].endswith("; inserts into f, d aggregated before the joins")
+    assert plans[f"{S}.e_self"].endswith("; inserts into b aggregated before the joins")
 
 
 @settings(max_examples=20, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -116,7 +120,7 @@ def test_fact_inserts_take_the_path_and_stay_right(star):
     apply(star, ("insert", f"lake.{S}.ufacts", rows))
     used.clear()
     refresh_and_prove(star)
-    assert sorted(used) == sorted(NAMES)
+    assert sorted(used) == sorted(set(NAMES) - {f"{S}.e_self"})  # umore got no insert
 
 
 def test_the_rewrite_groups_before_the_joins_and_combines_after():
