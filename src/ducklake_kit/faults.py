@@ -2,7 +2,7 @@
 
 A fixed pause long enough for the slowest machine would cost every run its whole length, so the pause ends early
 once the file DUCKLAKE_FAULT_RESUME_FILE names exists: the test creates it when it has seen what it came for (its
-kill has landed). The load pauses before its commit, a worker-plane task after its commit."""
+kill has landed). The load pauses before its commit (or after it), a worker-plane task after its commit."""
 
 from __future__ import annotations
 

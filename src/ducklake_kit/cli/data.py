@@ -156,6 +156,13 @@ def load(
             "or SPARK_REMOTE), or standalone / connect: the cluster `spark up` started."
         ),
     ] = None,
+    load_id: Annotated[
+        str | None,
+        typer.Option(
+            help="The load's id, 12 hex digits the lake has not seen (default: a new one): a caller that must find "
+            "out afterwards whether the load committed (the console's Load page) chooses it."
+        ),
+    ] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Load NYC taxi trips through PySpark into the lake: one load, one snapshot; re-running is a no-op."""
@@ -163,7 +170,13 @@ def load(
 
     kit = replace(ctx.obj, spark_master=spark_master, reporter=reporter(as_json))
     spec = taxi_flow.LoadSpec(
-        source=source, months=months, paths=path or [], rows_per_month=rows_per_month, seed=seed, mode=mode
+        source=source,
+        months=months,
+        paths=path or [],
+        rows_per_month=rows_per_month,
+        seed=seed,
+        mode=mode,
+        load_id=load_id,
     )
     result, run = taxi_flow.load_checked(kit, spec)
     if as_json:

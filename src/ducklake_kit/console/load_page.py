@@ -1,7 +1,8 @@
 """The Load page (Sord's management tab): a CSV or Parquet file of trips, or a folder of them, into the lake through
 the kit's own PySpark `load` (console.loading runs it in the background, one at a time), its progress while it runs
-and its result (the snapshot it made, each file's rows, every check it computed). Leave the page and come back: the
-running load, or the last one, is shown again."""
+and its result (the snapshot it made, each file's rows, every check it computed). Cancel (confirmed) ends a running
+load; the page then says what the lake holds of it. Leave the page and come back: the running load, or the last one,
+is shown again."""
 
 from __future__ import annotations
 
@@ -32,13 +33,31 @@ def _summary(job: LoadJob) -> str:
     return f"load {r.get('load_id')}: {snap}; {rows} rows loaded, {bad} quarantined; {checks} · {job.seconds()} s"
 
 
+def _state(job: LoadJob) -> str:
+    if job.running:
+        return "cancelling" if job.cancelled else "running"
+    if job.cancelled and job.envelope is None:
+        return "cancelled"
+    return "done" if job.ok else "failed"
+
+
 def _draw(job: LoadJob) -> None:
-    state = "running" if job.running else ("done" if job.ok else "failed")
-    head = f"load of {len(job.files)} file(s), mode {job.mode}: {state} ({job.seconds()} s)"
+    head = f"load {job.id} of {len(job.files)} file(s), mode {job.mode}: {_state(job)} ({job.seconds()} s)"
     tid(ui.label(head), "load-state").classes("text-subtitle1")
     tid(ui.code("\n".join(job.lines) or "starting the load", language="text"), "load-progress").classes("w-full")
     if job.running:
+        if job.cancelled:
+            tid(
+                ui.label(
+                    "cancelling: ending the load's processes (Spark's JVM with them), then asking the lake whether it "
+                    "committed"
+                ),
+                "load-cancelling",
+            ).classes("text-caption")
         tid(ui.spinner(), "load-running")
+        return
+    if job.stopped:  # no envelope: what the lake holds of it, found by its id
+        tid(ui.label(job.stopped), "load-stopped").classes("font-bold" if job.cancelled else "text-negative")
         return
     if job.error:
         error(job.error, "load-error")
@@ -84,22 +103,40 @@ def register(backend: Backend) -> None:
                 path = tid(ui.input("file or folder", placeholder="/data/trips/"), "load-path").classes("w-[40rem]")
                 mode = tid(ui.select(list(MODES), value="skip", label="mode"), "load-mode").classes("w-32")
                 button = tid(ui.button("Load"), "load-run")
+                cancel = tid(ui.button("Cancel load…", color="negative"), "load-cancel").props("outline")
+                cancel.set_visibility(False)
             ui.label().bind_text_from(mode, "value", lambda v: MODE_HELP.get(v, "")).classes("text-caption")
             refused = ui.column().classes("w-full")
             shown = ui.column().classes("w-full")
-        drawn: dict[str, object] = {"job": None, "lines": -1, "running": None}
+        with ui.dialog() as confirm, ui.card():
+            ui.label(
+                "Cancel the running load? Its processes end, Spark's JVM with them. A load commits one snapshot or "
+                "nothing: the page then says which, as the lake has it."
+            )
+            with ui.row():
+                really = tid(ui.button("Cancel the load", color="negative"), "load-cancel-confirm")
+                tid(ui.button("Keep it running", on_click=confirm.close), "load-cancel-keep").props("flat")
+        drawn: dict[str, object] = {"seen": None}
 
         def redraw() -> None:
             job = loads.current() if loads else None
+            cancel.set_visibility(job is not None and job.running and not job.cancelled)
             if job is None:
                 return
-            seen = (job.id, len(job.lines), job.running)
-            if seen == (drawn["job"], drawn["lines"], drawn["running"]):
+            seen = (job.id, len(job.lines), job.running, job.cancelled)
+            if seen == drawn["seen"]:
                 return
-            drawn.update(job=job.id, lines=len(job.lines), running=job.running)
+            drawn["seen"] = seen
             shown.clear()
             with shown:
                 _draw(job)
+
+        async def halt() -> None:
+            confirm.close()
+            cancel.set_visibility(False)
+            if loads is not None:
+                await run.io_bound(loads.cancel)  # returns at once: the processes end on a thread of their own
+            redraw()
 
         async def go() -> None:
             refused.clear()
@@ -121,5 +158,7 @@ def register(backend: Backend) -> None:
             redraw()
 
         button.on_click(go)
+        cancel.on_click(confirm.open)
+        really.on_click(halt)
         redraw()
         ui.timer(0.5, redraw)

@@ -11,6 +11,11 @@ the load's own `sources.user_files`), so a bad path never starts Spark. The load
 with the lake's endpoints in `<console>/load/external.toml` (0600, the console's user's): no secret in its arguments
 or environment. Its reporter's lines (stderr under --json) are the page's progress; its JSON envelope (stdout) is the
 page's result: the load's id, its snapshot, each file's rows, and every check the load computed.
+
+The console chooses the load's id (`--load-id`): a load that ends without its envelope (cancelled from the page,
+killed, crashed) is then asked of the lake, not guessed: once its processes are gone and PostgreSQL holds no session
+of it (PGAPPNAME names them; a COMMIT it had sent could still be landing until then), its id in a snapshot's
+commit_extra_info says it committed that snapshot, and its absence that it committed nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ducklake_kit.errors import KitError
+import duckdb
+import psycopg
+
+from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.platforms.base import Endpoints
 from ducklake_kit.platforms.state import write_private
 
@@ -35,6 +43,9 @@ MODES = ("skip", "append", "replace")  # taxi.load.MODES (that module imports Sp
 SUFFIXES = (".csv", ".parquet")
 ZONES_FILE = "taxi_zone_lookup.csv"  # next to the trips files: the load's zones, not a trips file
 RUN_CLI = "from ducklake_kit.cli import main; main()"
+GRACE_S = 10.0  # a cancelled load's processes have this long after SIGTERM (Spark's JVM shuts down), then SIGKILL
+SESSIONS_GONE_S = 30.0  # how long PostgreSQL may take to end a dead load's sessions before the lake is asked
+FAULT_ENV = ("DUCKLAKE_FAULT", "DUCKLAKE_FAULT_RESUME_FILE")  # the test hooks (faults.py) reach the load
 
 
 def _user() -> str:
@@ -93,16 +104,21 @@ def check_files(files: list[Path]) -> None:
 
 @dataclass
 class LoadJob:
-    """One load the page started: its lines of progress as they come, then its envelope (or its one-line error)."""
+    """One load the page started: its lines of progress as they come, then its envelope (or its one-line error).
+    `id`: the load's own id (`load --load-id`), which its commit carries. A load that ended without its envelope has
+    `stopped`: one line saying what the lake found (`committed`: its snapshot, or None: nothing)."""
 
     files: list[str]
     mode: str
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     started: float = field(default_factory=time.time)
     ended: float | None = None
     lines: list[str] = field(default_factory=list)
     envelope: dict[str, Any] | None = None
     error: str | None = None
+    cancelled: bool = False  # the page's Cancel was pressed while it ran
+    stopped: str | None = None
+    committed: int | None = None
 
     @property
     def running(self) -> bool:
@@ -170,18 +186,23 @@ class Loads:
         return job
 
     def stop(self) -> None:
-        """End a running load with the console (`down`, a restart): SIGTERM to its process group, its Spark with it.
-        The load commits one snapshot or nothing, so the lake stays as it was; its unregistered files are a dead
-        load's (`maintain --dead-loads`)."""
+        """End a running load with the console (`down`, a restart): its process group, its Spark with it (see
+        `end_group`). The load commits one snapshot or nothing, so the lake stays as it was; its unregistered files
+        are a dead load's (`maintain --dead-loads`)."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait(20)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            end_group(proc.pid)
+
+    def cancel(self) -> bool:
+        """The page's Cancel: end the running load's process group (see `end_group`) on a thread of its own, and
+        return at once; the load's follower then finds out from the lake whether it committed. False when no load
+        runs."""
+        job, proc = self._job, self._proc
+        if job is None or proc is None or not job.running or proc.poll() is not None:
+            return False
+        job.cancelled = True
+        threading.Thread(target=end_group, args=(proc.pid,), name=f"cancel {job.id}", daemon=True).start()
+        return True
 
     def _busy(self) -> KitError:
         job = self._job
@@ -202,11 +223,13 @@ class Loads:
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_private(self.folder / "external.toml", external_toml(self.endpoints))
         argv = [sys.executable, "-c", RUN_CLI, "--platform", "external", "--home", str(self.folder), "load"]
-        argv += ["--source", "files", *[a for f in job.files for a in ("--path", f)], "--mode", job.mode, "--json"]
-        # the kit's environment without its DUCKLAKE_* settings (the lake is the one in external.toml); a wide
-        # terminal, so that Rich does not wrap the reporter's lines
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DUCKLAKE_")}
-        env.update(COLUMNS="1000", PYTHONUNBUFFERED="1")
+        argv += ["--source", "files", *[a for f in job.files for a in ("--path", f)], "--mode", job.mode]
+        argv += ["--load-id", job.id, "--json"]
+        # the kit's environment without its DUCKLAKE_* settings (the lake is the one in external.toml) but its test
+        # hooks; a wide terminal, so that Rich does not wrap the reporter's lines; the load's PostgreSQL sessions
+        # named for it (libpq's PGAPPNAME), so that the console can see them end
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DUCKLAKE_") or k in FAULT_ENV}
+        env.update(COLUMNS="1000", PYTHONUNBUFFERED="1", PGAPPNAME=app_name(job.id))
         return subprocess.Popen(
             argv,
             stdout=subprocess.PIPE,
@@ -233,14 +256,90 @@ class Loads:
             job.envelope = json.loads("".join(out)) if "".join(out).strip() else None
         except ValueError:
             job.envelope = None
-        if job.envelope is None and code < 0:
-            job.error = KitError(
-                f"the load was stopped (signal {-code}) before it printed its result: it committed one snapshot or "
-                "nothing",
-                "see the Lake page's timeline for a snapshot naming the load, and start it again if there is none",
-            ).line()
-        elif job.envelope is None:
-            job.error = f"Error: the load ended with exit code {code} and no result. Try: read {self.folder}/logs"
+        if job.envelope is None:
+            self._find_out(job, proc.pid, code)
         elif job.envelope.get("status") == "error" and "error" in job.result:
             job.error = str(job.result["error"])
         job.ended = time.time()
+
+    def _find_out(self, job: LoadJob, pgid: int, code: int) -> None:
+        """A load that ended without its envelope: what the lake holds of it, found by its id, in `job.stopped`."""
+        how = (
+            "cancelled"
+            if job.cancelled
+            else (f"stopped by signal {-code}" if code < 0 else f"ended with exit code {code} and no result")
+        )
+        try:
+            if group_alive(pgid):  # its Spark outlived it (the load itself was killed): ended too
+                end_group(pgid)
+            sessions_gone(self.endpoints, app_name(job.id))
+            from ducklake_kit.lake import Lake
+            from ducklake_kit.taxi.load import snapshot_of_load  # Spark's helpers: only once a load ended so
+
+            with Lake(self.endpoints) as lake:
+                job.committed = snapshot_of_load(lake, job.id)
+        except (KitError, OSError, duckdb.Error, psycopg.Error) as exc:
+            job.stopped = KitError(
+                f"the load was {how} and the lake could not say whether it committed ({first_line(exc)})",
+                f"look on the Lake page's timeline for a snapshot whose message starts `load {job.id}:`",
+            ).line()
+            return
+        logs = "" if job.cancelled else f"; read {self.folder}/logs for why"
+        if job.committed is None:
+            job.stopped = (
+                f"load {job.id} {how}: nothing was committed, the lake is as it was (no snapshot carries its id). "
+                f"Next: load again; `maintain --dead-loads` removes the files it wrote but never registered{logs}"
+            )
+        else:
+            job.stopped = (
+                f"load {job.id} {how} after its commit: snapshot {job.committed} holds its rows, but its checks did not "
+                f"run. Next: load the same path again in mode skip: it loads nothing twice and checks what it finds{logs}"
+            )
+
+
+def app_name(load_id: str) -> str:
+    """What the load's PostgreSQL sessions call themselves (application_name)."""
+    return f"ducklake-kit console load {load_id}"
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` is still alive (a zombie is not: it only waits for its parent's wait)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
+        except (OSError, IndexError):
+            continue  # it ended while we looked
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def end_group(pgid: int, grace: float = GRACE_S) -> None:
+    """End process group `pgid` (a load and its Spark: the JVM and its Python workers): SIGTERM, then SIGKILL to
+    what is left after `grace` seconds; returns once none of it is alive (or after SIGKILL's own grace)."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not group_alive(pgid):
+                return
+            time.sleep(0.1)
+
+
+def sessions_gone(ep: Endpoints, name: str, timeout: float = SESSIONS_GONE_S) -> None:
+    """Wait until PostgreSQL holds no session named `name`: a dead client's session may still be finishing a COMMIT
+    it received, and only then is the lake's answer final. KitError after `timeout` seconds."""
+    from ducklake_kit.platforms import postgres
+
+    deadline = time.monotonic() + timeout
+    with postgres.connect(ep.pg, timeout=10) as conn:
+        while True:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", [name]).fetchone()
+            if not row or not row[0]:
+                return
+            if time.monotonic() > deadline:
+                raise KitError(f"PostgreSQL still holds {row[0]} session(s) of the load after {timeout:g} s")
+            time.sleep(0.2)

@@ -10,7 +10,15 @@ from ducklake_kit.lake import Lake
 from ducklake_kit.platforms.kit import Kit
 from ducklake_kit.taxi import sources
 from ducklake_kit.taxi import spark as spark_mod
-from ducklake_kit.taxi.load import MODES, LoadInput, LoadResult, load_snapshots, rows_snapshots, run_load
+from ducklake_kit.taxi.load import (
+    MODES,
+    LoadInput,
+    LoadResult,
+    check_load_id,
+    load_snapshots,
+    rows_snapshots,
+    run_load,
+)
 from ducklake_kit.taxi.verify import replace_kept_other_periods, verify_file
 
 SPARK_LOG = "spark.log"  # in the state folder's logs/: the JVM's own output when a load starts it
@@ -26,6 +34,7 @@ class LoadSpec:
     rows_per_month: int = sources.DEFAULT_ROWS_PER_MONTH
     seed: int = 0
     mode: str = "skip"
+    load_id: str | None = None  # the caller's (`load --load-id`), else the load makes one
 
 
 def load_checked(
@@ -36,6 +45,8 @@ def load_checked(
     mode, state, report = spec.mode, kit.state, kit.reporter
     if mode not in MODES:  # before anything is downloaded or generated
         raise KitError(f"unknown mode '{mode}'", f"choose one of: {', '.join(MODES)}")
+    if spec.load_id is not None:
+        check_load_id(spec.load_id)
     checks = checks if checks is not None else CheckRun()
     ep = kit.platform.endpoints()
     target = spark_mod.target(kit.spark_master, state)  # before any file is made: `standalone` must be running
@@ -50,6 +61,7 @@ def load_checked(
         LoadInput(files, zones_path, zones_note, note),
         mode=mode,
         spark_log=state.log_dir / SPARK_LOG,
+        load_id=spec.load_id,
     )
     with Lake(ep) as lake:
         loaded = [f for f in result.files if f.status == "loaded"]

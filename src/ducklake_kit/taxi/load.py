@@ -363,22 +363,56 @@ class LoadInput:
     source_note: str = ""
 
 
+def check_load_id(load_id: str) -> None:
+    """A load id a caller chose (`load --load-id`): 12 lowercase hex digits, as the load makes them (its files' names
+    and its lock's key carry it), or one line."""
+    if len(load_id) != 12 or any(c not in "0123456789abcdef" for c in load_id):
+        raise KitError(
+            f"the load id '{load_id}' is not 12 hex digits (0-9, a-f)", "leave --load-id out: the load makes one"
+        )
+
+
+def snapshot_of_load(lake: Lake, load_id: str) -> int | None:
+    """The snapshot whose commit carried this load's id in its commit_extra_info (`_commit`), or None: nothing of
+    the load was committed. How a caller that chose the id (`--load-id`) finds out whether a load that ended without
+    saying so committed."""
+    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
+    row = lake.con.execute(
+        f"SELECT min(snapshot_id) FROM {meta}.ducklake_snapshot_changes "
+        "WHERE json_extract_string(commit_extra_info, '$.load') = ?",
+        [load_id],
+    ).fetchone()
+    return int(row[0]) if row and row[0] is not None else None
+
+
 def run_load(
-    kit: Kit, what: LoadInput, *, mode: str = "skip", schema_name: str = "main", spark_log: Path | None = None
+    kit: Kit,
+    what: LoadInput,
+    *,
+    mode: str = "skip",
+    schema_name: str = "main",
+    spark_log: Path | None = None,
+    load_id: str | None = None,
 ) -> LoadResult:
     """Load `what` into `schema_name` on the kit's lake, with its Spark (`kit.spark_master`, see `spark.target`);
-    `spark_log`: the file the JVM's own output goes to when this load starts it (see spark.jvm_output)."""
+    `spark_log`: the file the JVM's own output goes to when this load starts it (see spark.jvm_output); `load_id`:
+    the caller's (see `check_load_id`; one the lake has seen is refused), else a new one."""
     ep, files, report, spark_master = kit.platform.endpoints(), what.files, kit.reporter, kit.spark_master
     zones_path = what.zones_path
-    load_id = uuid.uuid4().hex[:12]
+    if load_id is not None:
+        check_load_id(load_id)
+    load_id = load_id or uuid.uuid4().hex[:12]
     result = LoadResult(load_id, mode, what.source_note, zones=what.zones_note)
     started = time.time()
-    # test hook: kill-before-commit | fail-first-task-attempt | pause-before-commit=SECONDS (ended early by the file
-    # DUCKLAKE_FAULT_RESUME_FILE names, once it exists)
+    # test hook: kill-before-commit | fail-first-task-attempt | pause-before-commit=SECONDS |
+    # pause-after-load-commit=SECONDS (the pauses end early once the file DUCKLAKE_FAULT_RESUME_FILE names exists)
     fault = os.environ.get("DUCKLAKE_FAULT", "")
 
     with Lake(ep) as lake, contextlib.ExitStack() as life:
         result.previous_snapshot = lake.current_snapshot()
+        seen = snapshot_of_load(lake, load_id)
+        if seen is not None:  # its rows, its files' names and its lock are that load's
+            raise KitError(f"the load id {load_id} is already in the lake (snapshot {seen})", "leave --load-id out")
         todo, skipped, superseded = plan(lake, files, mode, schema_name)
         result.files.extend(skipped)
         result.replaced = superseded
@@ -482,6 +516,10 @@ def run_load(
         # the snapshot this load committed (found by its token), not the lake's latest: another writer may have
         # committed since
         result.timings["commit"] = round(time.perf_counter() - t, 2)
+        if fault.startswith("pause-after-load-commit="):  # committed, its result not yet printed nor checked
+            pause = float(fault.split("=", 1)[1])
+            report.say(f"test hook: committed snapshot {result.snapshot_id}, pausing {pause:g} s")  # a test waits
+            faults.pause(pause)
     return result
 
 
