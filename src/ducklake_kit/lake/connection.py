@@ -532,11 +532,16 @@ class Lake:
     def snapshot_of_token(self, token: str) -> int | None:
         """The snapshot whose commit carried `token` (as `commit` in its commit_extra_info, whatever else it holds),
         or None: the way to find out whether a commit whose fate is unknown landed."""
+        return self.snapshot_carrying("commit", token)
+
+    def snapshot_carrying(self, key: str, value: str) -> int | None:
+        """The (last) snapshot whose commit_extra_info has `value` under `key` (`commit`: the kit's token; `load`:
+        a load's id), or None: nothing committed carried it."""
         meta = quote_ident(f"__ducklake_metadata_{self.alias}")
         row = self.con.execute(
             f"SELECT max(snapshot_id) FROM {meta}.ducklake_snapshot_changes "
-            "WHERE json_extract_string(commit_extra_info, '$.commit') = ?",
-            [token],
+            "WHERE json_extract_string(commit_extra_info, '$.' || ?) = ?",
+            [key, value],
         ).fetchone()
         return int(row[0]) if row and row[0] is not None else None
 

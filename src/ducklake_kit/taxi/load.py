@@ -376,13 +376,7 @@ def snapshot_of_load(lake: Lake, load_id: str) -> int | None:
     """The snapshot whose commit carried this load's id in its commit_extra_info (`_commit`), or None: nothing of
     the load was committed. How a caller that chose the id (`--load-id`) finds out whether a load that ended without
     saying so committed."""
-    meta = quote_ident(f"__ducklake_metadata_{lake.alias}")
-    row = lake.con.execute(
-        f"SELECT min(snapshot_id) FROM {meta}.ducklake_snapshot_changes "
-        "WHERE json_extract_string(commit_extra_info, '$.load') = ?",
-        [load_id],
-    ).fetchone()
-    return int(row[0]) if row and row[0] is not None else None
+    return lake.snapshot_carrying("load", load_id)
 
 
 def run_load(
