@@ -19,7 +19,7 @@ def console(ctx: typer.Context, as_json: JsonOpt = False) -> None:
     as a task on the worker plane and draws the answer as a message, a table or a chart; Lake shows the tables, the
     snapshot timeline, any query at a snapshot, a table's data files by snapshot, a table's diff between two
     snapshots and the raw catalog tables; Load loads a CSV or Parquet file (or folder) of trips through the PySpark
-    load, with its progress; Dynamic tables shows each one's lag, mode and refreshes (Refresh now);
+    load, with its progress (Cancel); Dynamic tables shows each one's lag, mode and refreshes (Refresh now);
     Lineage runs a pipeline of the pipelines/ folder and draws its nodes' states live, and a table's lineage;
     Workers lists the plane's workers. It listens on 127.0.0.1 (a free port) and refuses any request without the
     token; the token is also in the state folder's console/token. `down` stops it."""
