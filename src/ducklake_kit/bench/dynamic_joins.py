@@ -27,7 +27,7 @@ from typing import Any
 from ducklake_kit.bench.results import BENCH_SCHEMA
 from ducklake_kit.dynamic_tables import ddl, manage
 from ducklake_kit.dynamic_tables.metadata import SUCCEEDED, Metadata
-from ducklake_kit.dynamic_tables.refresh import INCREMENTAL, Refresher
+from ducklake_kit.dynamic_tables.refresh import INCREMENTAL, PHASES, Refresher
 from ducklake_kit.errors import EXIT_CHECK_FAILED, KitError
 from ducklake_kit.lake import Lake
 from ducklake_kit.lake.transactions import commit
@@ -64,10 +64,20 @@ class StarJoin:
     joined_terms: list[int] = field(default_factory=list)
     joined_copied: list[int] = field(default_factory=list)  # the dimensions each refresh read from memory
     joined_how: str = ""
+    # each refresh's phases (`Refresh.phases`, ms): where the joined table's extra time goes
+    joined_phases: list[dict[str, float]] = field(default_factory=list)
+    plain_phases: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def ratio(self) -> float:
         return round(statistics.median(self.joined_s) / statistics.median(self.plain_s), 3)
+
+    def phase_medians(self, which: str) -> dict[str, float]:
+        """The median of each phase over the `which` ("joined" or "plain") table's timed refreshes, ms."""
+        runs = self.joined_phases if which == "joined" else self.plain_phases
+        return {
+            p: round(statistics.median(r.get(p, 0.0) for r in runs), 1) for p in PHASES if any(p in r for r in runs)
+        }
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -75,6 +85,8 @@ class StarJoin:
             "joined_median_s": round(statistics.median(self.joined_s), 3),
             "plain_median_s": round(statistics.median(self.plain_s), 3),
             "ratio": self.ratio,
+            "joined_phase_medians_ms": self.phase_medians("joined"),
+            "plain_phase_medians_ms": self.phase_medians("plain"),
             "goal": GOAL_STAR,
             "met": self.ratio <= GOAL_STAR and set(self.joined_terms) == {1},
         }
@@ -100,9 +112,9 @@ def _create(lake: Lake, meta: Metadata, name: str, query: str, lag: str = "'1 da
     manage.create(lake, meta, stmt)
 
 
-def _refreshed(refresher: Refresher, meta: Metadata, name: str) -> tuple[float, int, str]:
-    """One INCREMENTAL refresh of `name`: (seconds, delta terms evaluated, its reason); anything else raises
-    (`refresher.copied` then says how many unchanged sources it read from memory)."""
+def _refreshed(refresher: Refresher, meta: Metadata, name: str) -> tuple[float, int, str, dict[str, float]]:
+    """One INCREMENTAL refresh of `name`: (seconds, delta terms evaluated, its reason, its phases); anything else
+    raises (`refresher.copied` then says how many unchanged sources it read from memory)."""
     start = time.perf_counter()
     r = refresher.refresh(meta.get(name), "bench")
     took = round(time.perf_counter() - start, 4)
@@ -112,7 +124,7 @@ def _refreshed(refresher: Refresher, meta: Metadata, name: str) -> tuple[float, 
             f"see `dynamic history {name}`",
             exit_code=EXIT_CHECK_FAILED,
         )
-    return took, refresher.terms, r.reason or ""
+    return took, refresher.terms, r.reason or "", dict(r.phases or {})
 
 
 def checked(lake: Lake, meta: Metadata, names: Sequence[str]) -> None:
@@ -168,10 +180,11 @@ def bench_joins(lake: Lake, meta: Metadata, base_rows: int, say: Callable[[str],
         for i in range(STAR_RUNS):
             commit(lake, f"INSERT INTO lake.{FACTS} {_facts(next_id, per)}", "bench dynamic: a fact append")
             next_id += per
-            order = [(JOINED, star.joined_s), (PLAIN, star.plain_s)]
-            for name, times in order if i % 2 == 0 else reversed(order):
-                took, terms, how = _refreshed(refresher, meta, name)
+            order = [(JOINED, star.joined_s, star.joined_phases), (PLAIN, star.plain_s, star.plain_phases)]
+            for name, times, phases in order if i % 2 == 0 else reversed(order):
+                took, terms, how, spent = _refreshed(refresher, meta, name)
                 times.append(took)
+                phases.append(spent)
                 if name == JOINED:
                     star.joined_terms.append(terms)
                     star.joined_copied.append(refresher.copied)
@@ -180,6 +193,12 @@ def bench_joins(lake: Lake, meta: Metadata, base_rows: int, say: Callable[[str],
                 f"  +{per:,} facts: joined {star.joined_s[-1]} s ({star.joined_terms[-1]} term, "
                 f"{star.joined_copied[-1]} dimensions from memory), plain {star.plain_s[-1]} s"
             )
+        say(
+            "  phases (ms, median): joined "
+            + ", ".join(f"{p} {v:g}" for p, v in star.phase_medians("joined").items())
+            + "; plain "
+            + ", ".join(f"{p} {v:g}" for p, v in star.phase_medians("plain").items())
+        )
         checked(lake, meta, [JOINED, PLAIN])
         for name, query in zip(CHAIN, CHAIN_QUERIES):
             _create(lake, meta, name, query, "DOWNSTREAM")
