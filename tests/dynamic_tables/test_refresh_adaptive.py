@@ -102,11 +102,17 @@ def test_the_catalog_tells_inserts_from_other_changes_and_a_join_reads_only_chan
         read.append((source, args[-1]))
         return real(source, *args)
 
-    refresher._changes = spy
+    real_partial = refresher._inserted_partial
+
+    def spy_partial(source, *args):  # a source whose inserts are read aggregated (`_folded`): its insertions alone
+        read.append((source, feed.INSERTS))
+        return real_partial(source, *args)
+
+    refresher._changes, refresher._inserted_partial = spy, spy_partial
     try:
         r = refresher.refresh(e.meta.get(f"{S}.a_agg"))
     finally:
-        del refresher._changes  # the class's own again
+        del refresher._changes, refresher._inserted_partial  # the class's own again
     assert (r.status, r.mode) == (SUCCEEDED, INCREMENTAL) and r.reason.startswith("inserts merged into 1 groups"), r
     assert sorted(read) == [(f"{S}.udims", feed.NONE), (f"{S}.ufacts", feed.INSERTS)]
     e.equal(f"{S}.a_agg")

@@ -403,6 +403,33 @@ class Refresher:
         finally:
             self._drop_temps([feed_table])
 
+    def _folded(self, d: Definition, plan: planner.Plan, changed: feed.Changed, ids: dict[str, int | None]) -> set[str]:
+        """The sources whose inserts this refresh reads already aggregated as `rewrite.eager` groups them (one
+        statement over the insertions, `_inserted_partial`, instead of a temporary table of every new row and then
+        its aggregate): when the catalog shows only inserts into every changed source (so the refresh is the insert
+        merge), and for a source read by one occurrence only, whose rows the plan aggregates before the joins."""
+        if plan.kind != planner.AGGREGATE or plan.merge is None or d.immutable_where or not plan.eager:
+            return set()
+        how = {s: changed.of(ids[s]) for s in plan.sources}
+        if any(h not in (feed.NONE, feed.INSERTS) for h in how.values()):
+            return set()
+        once = [o for o in plan.occurrences if sum(p.source == o.source for p in plan.occurrences) == 1]
+        return {o.source for o in once if how[o.source] == feed.INSERTS and o.index in plan.eager}
+
+    def _inserted_partial(
+        self, source: str, span: tuple[int, int], name: str, select: exp.Select, plan: planner.Plan
+    ) -> int:
+        """Temporary table `name`: the source's insertions in snapshots `span` aggregated as `rewrite.partial` does
+        for its one occurrence; its rows (groups)."""
+        [o] = [o for o in plan.occurrences if o.source == source]
+        schema, table = source.split(".")
+        args = ", ".join([*map(quote_literal, (self.lake.alias, schema, table)), *(str(int(x)) for x in span)])
+        query = sqlglot.parse_one(
+            f"SELECT * FROM ducklake_table_insertions({args}) AS {quote_ident(o.ref)}", read=DIALECT
+        )
+        insertions = (query.args.get("from_") or query.args.get("from")).this
+        return self.temp(name, sql(rewrite.partial(select, plan, o.index, insertions)))
+
     def read_columns(self, source: str, select: exp.Select, plan: planner.Plan) -> list[str]:
         """The source's columns the query reads: those it names (unqualified, or qualified by one of the source's
         names in the query). All of them whenever that cannot be told for sure: a `*` or COLUMNS(...) (COUNT(*)
@@ -594,11 +621,16 @@ class Refresher:
         pre: dict[str, str] = {}
         post: dict[str, str] = {}
         counts: dict[str, tuple[int, int]] = {}
+        folded = self._folded(d, plan, changed, ids)
         try:
             for j, source in enumerate(plan.sources):
                 pre[source], post[source] = f"__dt_pre_{j}", f"__dt_post_{j}"
                 temps += [pre[source], post[source]]
                 with self.clock.phase("change_feed"):
+                    if source in folded:
+                        span = (prev + 1, now)
+                        counts[source] = 0, self._inserted_partial(source, span, post[source], select, plan)
+                        continue
                     counts[source] = self._changes(
                         source,
                         prev + 1,
@@ -636,7 +668,8 @@ class Refresher:
                 if counts[o.source][0 if images is pre else 1]:
                     bound = {o.index: rewrite.temp_table(images[o.source], o.ref)}
                     t = rewrite.term(select, self.lake.alias, bound, before, after, same)
-                    grouped = rewrite.eager(t, plan, o.index) if merged else None
+                    # a folded source's temporary table holds its inserts aggregated already (`_folded`)
+                    grouped = rewrite.eager(t, plan, o.index, o.source in folded) if merged or folded else None
                     if grouped is not None:
                         eager.append(o.ref)
                     out.append(grouped or t)

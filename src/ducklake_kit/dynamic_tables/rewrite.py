@@ -110,31 +110,38 @@ def _pin_subqueries(select: exp.Select, lake_alias: str, at: int, skip: exp.Expr
 COMBINED = {exp.Sum: exp.Sum, exp.Count: exp.Sum, exp.Min: exp.Min, exp.Max: exp.Max}
 
 
-def eager(term_select: exp.Select, plan: Plan, index: int) -> exp.Select | None:
+def partial(select: exp.Select, plan: Plan, index: int, table: exp.Expression) -> exp.Select:
+    """The rows of `table` (standing for occurrence `index`, under its name) aggregated as `eager` groups them:
+    `SELECT its named columns, each aggregate of the select list AS __dt_p<i> FROM table GROUP BY those columns`."""
+    ref = table.alias_or_name
+    keys = {k.column for k in plan.keys}
+    grouped = [exp.column(c, ref, quoted=True) for c in plan.eager[index]]
+    items = [exp.alias_(g.copy(), c, quoted=True) for g, c in zip(grouped, plan.eager[index])]
+    for i, (name, item) in enumerate(zip(plan.columns, select.selects)):
+        if name not in keys:
+            items.append(exp.alias_(item.unalias().copy(), f"__dt_p{i}", quoted=True))
+    return exp.select(*items).from_(table.copy()).group_by(*grouped)
+
+
+def eager(term_select: exp.Select, plan: Plan, index: int, grouped: bool = False) -> exp.Select | None:
     """A delta term (`term`) whose occurrence `index` reads a temporary table of inserted rows, with those rows
-    aggregated before the joins (`Plan.eager`): the table becomes `(SELECT its named columns, each aggregate over
-    them AS __dt_p<i> FROM the table GROUP BY those columns)` under the same name, and each aggregate of the select
-    list combines the partial ones (SUM and COUNT summed, MIN/MAX again). The same groups and values; None when the
-    plan has no such grouping for that occurrence."""
-    columns = plan.eager.get(index)
-    if columns is None:
+    aggregated before the joins (`Plan.eager`): the table becomes its `partial` under the same name (or, `grouped`,
+    already holds it: the refresh read the inserts that way), and each aggregate of the select list combines the
+    partial ones (SUM and COUNT summed, MIN/MAX again). The same groups and values; None when the plan has no such
+    grouping for that occurrence."""
+    if index not in plan.eager:
         return None
     out = term_select.copy()
     table = _from_tables(out)[index]
     ref = table.alias_or_name
-    inner_table = table.copy()
+    if not grouped:
+        inner = partial(out, plan, index, table)
+        table.replace(exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(ref))))
     keys = {k.column for k in plan.keys}
-    grouped = [exp.column(c, ref, quoted=True) for c in columns]
-    partial = [exp.alias_(g.copy(), c, quoted=True) for g, c in zip(grouped, columns)]
     for i, (name, item) in enumerate(zip(plan.columns, out.selects)):
-        if name in keys:
-            continue
-        agg = item.unalias()
-        part = f"__dt_p{i}"
-        partial.append(exp.alias_(agg.copy(), part, quoted=True))
-        agg.replace(COMBINED[type(agg)](this=exp.column(part, ref, quoted=True)))
-    inner = exp.select(*partial).from_(inner_table).group_by(*grouped)
-    table.replace(exp.Subquery(this=inner, alias=exp.TableAlias(this=exp.to_identifier(ref))))
+        if name not in keys:
+            agg = item.unalias()
+            agg.replace(COMBINED[type(agg)](this=exp.column(f"__dt_p{i}", ref, quoted=True)))
     return out
 
 
