@@ -17,11 +17,12 @@ def test_the_default_chooses_full_for_a_large_change_and_incremental_for_a_small
     assert DEFAULT.estimate(changed=ROWS // 2, rows=ROWS, terms=2).mode == FULL
     assert DEFAULT.estimate(changed=ROWS // 100, rows=ROWS).mode == INCREMENTAL  # a 1 % append
     assert DEFAULT.estimate(changed=ROWS // 1000, rows=ROWS).mode == INCREMENTAL
-    # on the bench's default base of 1.2M rows a 1 % append is cheaper merged (measured so, since merged tables are
-    # compacted), a 5 % one recomputed
+    # on the bench's default base of 1.2M rows a 1 % and a 5 % change are cheaper merged, a month replaced (~212,000
+    # rows changed, ~18 %) recomputed: measured so (bench --suite dynamic: they meet at 8.2-8.8 % there)
     assert DEFAULT.estimate(changed=12_000, rows=1_200_000).mode == INCREMENTAL
-    assert DEFAULT.estimate(changed=60_000, rows=1_200_000).mode == FULL
-    assert DEFAULT.crossover == ADAPTIVE_CROSSOVER and 0 < DEFAULT.crossover_at(1_200_000) < 0.03
+    assert DEFAULT.estimate(changed=60_000, rows=1_200_000).mode == INCREMENTAL
+    assert DEFAULT.estimate(changed=212_000, rows=1_200_000).mode == FULL
+    assert DEFAULT.crossover == ADAPTIVE_CROSSOVER and 0.05 < DEFAULT.crossover_at(1_200_000) < 0.1
     assert 0 < DEFAULT.crossover_at(ROWS) < DEFAULT.crossover < 1
 
 

@@ -93,9 +93,10 @@ class Cost:
 
 
 # measured by `bench --suite dynamic` at the default size (a base of 1.2M rows, appends of 12,000, a month of
-# 212,000 rows replaced; 2 cores, load average 1.2; fixed cost 30 ms), 2026-11-28, after merged tables were compacted
-# (refresh.COMPACT_FILES; before, each merge read one more file than the last, and the incremental constants measured
-# 464-587 ms + 2.3-6.2 us per row), see docs/benchmarks.md: a full refresh ~0.19 us per row of the base (~0.23 s at
-# 1.2M), an incremental one ~0.18 s + 1.9 us per row changed. So at 1.2M rows the crossover is ~2 % (a 1 % append
-# is merged), and on 12M rows ~9 %.
-DEFAULT = Cost(full_us_per_row=0.19, incremental_us_per_row=1.9, incremental_ms=183.0)
+# ~212,000 rows replaced; 2 cores; fixed cost 30-31 ms), 2026-11-28, after small merges were inlined (no file
+# written) and an insert's rows aggregated before the joins: three runs, load 0.4-2.2: full 0.173-0.176 us per row of
+# the base, incremental 31-33 ms + 2.25-2.37 us per row changed (see docs/benchmarks.md). Before those, with one
+# MERGE writing a file every time: 0.19 and 183 ms + 1.9 us (the incremental's own cost six times today's), and
+# before merged tables were compacted 464-587 ms + 2.3-6.2 us. So at 1.2M rows the two meet at a change of ~6.5 %
+# of the sources (measured there: 8.2-8.8 %), on 12M rows at ~7.5 % (measured at 12M: 7.9-8.0 %).
+DEFAULT = Cost(full_us_per_row=0.176, incremental_us_per_row=2.3, incremental_ms=32.0)
