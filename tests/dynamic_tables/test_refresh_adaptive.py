@@ -18,7 +18,7 @@ from ducklake_kit.dynamic_tables.metadata import ADAPTIVE, NO_DATA, SUCCEEDED
 from ducklake_kit.dynamic_tables.refresh import FULL, Refresher, lock_key
 from ducklake_kit.errors import KitError
 from ducklake_kit.platforms import postgres
-from tests.dynamic_tables.oracle import DIMS, FACTS, MORE, apply, ops, schema_env, sources
+from tests.dynamic_tables.oracle import DIMS, FACTS, MORE, apply, ops, sources
 from tests.dynamic_tables.test_refresh import INCREMENTAL, Env, S
 
 TABLES = {
@@ -31,12 +31,6 @@ TABLES = {
 }
 NAMES = [f"{S}.{n}" for n in TABLES]
 CROSSOVERS = st.sampled_from([0.0, 0.5, float("inf")])
-
-
-@pytest.fixture(scope="module")
-def env(stack):
-    with schema_env(stack) as e:
-        yield e
 
 
 @pytest.fixture(scope="module")

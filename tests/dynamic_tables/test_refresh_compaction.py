@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from ducklake_kit.dynamic_tables import manage, refresh
 from ducklake_kit.dynamic_tables.catalog import table_ids_at
 from ducklake_kit.dynamic_tables.cost import Cost
 from ducklake_kit.dynamic_tables.metadata import SUCCEEDED
 from ducklake_kit.dynamic_tables.refresh import COMPACT_FILES, INCREMENTAL, INLINE_ROWS, Refresher
-from tests.dynamic_tables.oracle import schema_env
 from tests.dynamic_tables.test_refresh import S
 
 FACTS = f"lake.{S}.cfacts"
@@ -25,12 +22,6 @@ FACTS = f"lake.{S}.cfacts"
 TOUCHED = INLINE_ROWS + 100
 GROUPS = TOUCHED + 400
 APPENDS = 12  # without compaction the table would reach 13 files
-
-
-@pytest.fixture(scope="module")
-def env(stack):
-    with schema_env(stack) as e:
-        yield e
 
 
 def live_files(env, table: str) -> int:

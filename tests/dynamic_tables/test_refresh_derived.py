@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ducklake_kit.dynamic_tables import plan as planner
-from tests.dynamic_tables.oracle import apply, created, ops, prove, schema_env, sources
+from tests.dynamic_tables.oracle import apply, created, ops, prove, sources
 from tests.dynamic_tables.test_refresh import S
 
 TABLES = {
@@ -32,12 +32,6 @@ TABLES = {
     f"JOIN {S}.udims AS d ON f.d = d.id GROUP BY d.region) SELECT region, s FROM c WHERE n < 3",
 }
 NAMES = [f"{S}.{n}" for n in TABLES]
-
-
-@pytest.fixture(scope="module")
-def env(stack):
-    with schema_env(stack) as e:
-        yield e
 
 
 @pytest.fixture(scope="module")

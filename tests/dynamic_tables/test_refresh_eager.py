@@ -16,7 +16,7 @@ from ducklake_kit.dynamic_tables import plan as planner
 from ducklake_kit.dynamic_tables import rewrite
 from ducklake_kit.dynamic_tables.ddl import DIALECT
 from ducklake_kit.dynamic_tables.refresh import named
-from tests.dynamic_tables.oracle import apply, created, keys, schema_env, sources, values, words
+from tests.dynamic_tables.oracle import apply, created, keys, sources, values, words
 from tests.dynamic_tables.test_refresh import INCREMENTAL, Env, S
 
 EAGER = "aggregated before the joins"  # what a refresh's reason says when it took the path
@@ -54,12 +54,6 @@ ops = st.one_of(  # inserts most often: a refresh after inserts alone takes the 
     *[st.just(("refresh",))] * 3,
 )
 used: list[str] = []  # the tables whose refreshes took the path, over the module's streams
-
-
-@pytest.fixture(scope="module")
-def env(stack):
-    with schema_env(stack) as e:
-        yield e
 
 
 @pytest.fixture(scope="module")

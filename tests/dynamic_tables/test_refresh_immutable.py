@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ducklake_kit.dynamic_tables.metadata import NO_DATA, SUCCEEDED
-from tests.dynamic_tables.oracle import apply, ops, prove, schema_env, sources
+from tests.dynamic_tables.oracle import apply, ops, prove, sources
 from tests.dynamic_tables.test_refresh import INCREMENTAL, Env, S
 
 TABLES = {  # name: (IMMUTABLE WHERE, query)
@@ -39,12 +39,6 @@ def refresh_and_prove(env: Env) -> None:
     prove(env, NAMES)  # the mutable regions equal their queries' (manage.check), INCREMENTAL
     for name in NAMES:
         frozen_equal(env, name)
-
-
-@pytest.fixture(scope="module")
-def env(stack):
-    with schema_env(stack) as e:
-        yield e
 
 
 @pytest.fixture(scope="module")

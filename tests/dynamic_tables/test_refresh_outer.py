@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ducklake_kit.dynamic_tables import plan as planner
 from ducklake_kit.errors import KitError
-from tests.dynamic_tables.oracle import apply, created, ops, prove, schema_env, sources
+from tests.dynamic_tables.oracle import apply, created, ops, prove, sources
 from tests.dynamic_tables.test_refresh import INCREMENTAL, Env, S
 
 TABLES = {
@@ -52,12 +52,6 @@ NAMES = [f"{S}.{n}" for n in TABLES]
 
 def refresh_and_prove(env: Env) -> None:
     prove(env, NAMES)
-
-
-@pytest.fixture(scope="module")
-def env(stack):
-    with schema_env(stack) as e:
-        yield e
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ducklake_kit.dynamic_tables import plan as planner
 from ducklake_kit.errors import KitError
-from tests.dynamic_tables.oracle import apply, created, ops, prove, schema_env, sources
+from tests.dynamic_tables.oracle import apply, created, ops, prove, sources
 from tests.dynamic_tables.test_refresh import INCREMENTAL, S
 
 TABLES = {
@@ -34,12 +34,6 @@ TABLES = {
     "s_not_in_agg": f"SELECT k, count(*) AS n FROM {S}.umore WHERE w NOT IN (SELECT region FROM {S}.udims) GROUP BY k",
 }
 NAMES = [f"{S}.{n}" for n in TABLES]
-
-
-@pytest.fixture(scope="module")
-def env(stack):
-    with schema_env(stack) as e:
-        yield e
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from ducklake_kit.dynamic_tables import counts
 from ducklake_kit.dynamic_tables import plan as planner
 from ducklake_kit.dynamic_tables.metadata import NO_DATA, SUCCEEDED
 from ducklake_kit.errors import KitError
-from tests.dynamic_tables.oracle import apply, created, ops, schema_env, sources
+from tests.dynamic_tables.oracle import apply, created, ops, sources
 from tests.dynamic_tables.test_refresh import INCREMENTAL, Env, S
 
 TABLES = {
@@ -75,12 +75,6 @@ def refresh_and_prove(env: Env) -> None:
             counts_equal(env, table, COUNTED[table])
     for name in NAMES:
         env.equal(name)
-
-
-@pytest.fixture(scope="module")
-def env(stack):
-    with schema_env(stack) as e:
-        yield e
 
 
 @pytest.fixture(scope="module")
