@@ -73,6 +73,23 @@ def test_waiting_reaps_our_own_child_and_gives_up_on_a_live_process():
         os.waitpid(child.pid, os.WNOHANG)  # already reaped: no zombie left behind
 
 
+def test_a_process_group_ends_whole_and_one_that_ignores_sigterm_is_killed():
+    # a leader and a grandchild in a group of their own (as a console load and its Spark JVM); the grandchild
+    # ignores SIGTERM, so only the SIGKILL after the grace period ends it
+    script = "trap '' TERM; sleep 60 & wait"
+    leader = subprocess.Popen(["bash", "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while len(psutil.Process(leader.pid).children()) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    members = [psutil.Process(leader.pid), *psutil.Process(leader.pid).children(recursive=True)]
+    assert procs.group_alive(leader.pid) and all(os.getpgid(p.pid) == leader.pid for p in members)
+    t = time.monotonic()
+    procs.end_group(leader.pid, 0.5)
+    assert 0.5 <= time.monotonic() - t < 5  # it waited out the grace, then killed
+    assert not procs.group_alive(leader.pid)  # zombies not reaped yet count as gone
+    leader.wait(5)
+
+
 def test_wait_until_reports_an_exited_process_with_its_log(tmp_path):
     log = tmp_path / "x.log"
     _, proc = procs.start(

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ import psycopg
 
 from ducklake_kit.errors import KitError, first_line
 from ducklake_kit.platforms.base import Endpoints
+from ducklake_kit.platforms.procs import end_group, group_alive
 from ducklake_kit.platforms.state import write_private
 
 MODES = ("skip", "append", "replace")  # taxi.load.MODES (that module imports Spark's helpers: not here)
@@ -191,7 +191,7 @@ class Loads:
         are a dead load's (`maintain --dead-loads`)."""
         proc = self._proc
         if proc is not None and proc.poll() is None:
-            end_group(proc.pid)
+            end_group(proc.pid, GRACE_S)
 
     def cancel(self) -> bool:
         """The page's Cancel: end the running load's process group (see `end_group`) on a thread of its own, and
@@ -201,7 +201,7 @@ class Loads:
         if job is None or proc is None or not job.running or proc.poll() is not None:
             return False
         job.cancelled = True
-        threading.Thread(target=end_group, args=(proc.pid,), name=f"cancel {job.id}", daemon=True).start()
+        threading.Thread(target=end_group, args=(proc.pid, GRACE_S), name=f"cancel {job.id}", daemon=True).start()
         return True
 
     def _busy(self) -> KitError:
@@ -271,7 +271,7 @@ class Loads:
         )
         try:
             if group_alive(pgid):  # its Spark outlived it (the load itself was killed): ended too
-                end_group(pgid)
+                end_group(pgid, GRACE_S)
             sessions_gone(self.endpoints, app_name(job.id))
             from ducklake_kit.lake import Lake
             from ducklake_kit.taxi.load import snapshot_of_load  # Spark's helpers: only once a load ended so
@@ -300,33 +300,6 @@ class Loads:
 def app_name(load_id: str) -> str:
     """What the load's PostgreSQL sessions call themselves (application_name)."""
     return f"ducklake-kit console load {load_id}"
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a process of group `pgid` is still alive (a zombie is not: it only waits for its parent's wait)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, pgrp, ...
-        except (OSError, IndexError):
-            continue  # it ended while we looked
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
-def end_group(pgid: int, grace: float = GRACE_S) -> None:
-    """End process group `pgid` (a load and its Spark: the JVM and its Python workers): SIGTERM, then SIGKILL to
-    what is left after `grace` seconds; returns once none of it is alive (or after SIGKILL's own grace)."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, grace)):
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not group_alive(pgid):
-                return
-            time.sleep(0.1)
 
 
 def sessions_gone(ep: Endpoints, name: str, timeout: float = SESSIONS_GONE_S) -> None:

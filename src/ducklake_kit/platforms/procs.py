@@ -285,6 +285,32 @@ def wait_exited(proc: psutil.Process, timeout: float) -> None:
         delay = min(delay * 2, 0.05)
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group `pgid` is still alive (a zombie is not, as in `wait_exited`)."""
+    for proc in psutil.process_iter(["status"]):
+        try:
+            if proc.info["status"] != psutil.STATUS_ZOMBIE and os.getpgid(proc.pid) == pgid:
+                return True
+        except (ProcessLookupError, psutil.Error):
+            continue  # it ended while we looked
+    return False
+
+
+def end_group(pgid: int, grace: float) -> None:
+    """End process group `pgid` (e.g. a load and its Spark: the JVM and its Python workers): SIGTERM, then SIGKILL to
+    what is left after `grace` seconds; returns once none of it is alive (or after SIGKILL's own grace)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if not group_alive(pgid):
+                return
+            time.sleep(0.1)
+
+
 class GiveUp(Exception):
     """Raised by a `wait_until` check that knows waiting longer cannot help: `wait_until` raises its `error`."""
 
